@@ -1,0 +1,7 @@
+"""Token-Aware Phase Attention (TAPA, arXiv 2509.12635)."""
+
+__version__ = "0.1.0"
+
+from tapa.ops import tapa_attention  # noqa: E402
+
+__all__ = ["tapa_attention", "__version__"]

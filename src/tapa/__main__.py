@@ -1,0 +1,5 @@
+import sys
+
+from tapa.cli import main
+
+sys.exit(main())

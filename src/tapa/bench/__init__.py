@@ -1,0 +1,1 @@
+"""Benchmarks (GPU): the attention kernel, model training throughput, decoding."""

@@ -1,0 +1,28 @@
+"""`tapa bench {attention,model,decode}`: each benchmark module defines add_arguments and run."""
+
+from __future__ import annotations
+
+import importlib
+
+BENCHMARKS = {
+    "attention": ("tapa.bench.attention", "fused TAPA kernel vs SDPA flash/cuDNN: time, TFLOP/s, memory"),
+    "model": ("tapa.bench.model", "training tokens/s and MFU, TAPA model vs RoPE model"),
+    "decode": ("tapa.bench.decode", "split-KV decode step time vs SDPA"),
+}
+
+
+def add_arguments(parser):
+    sub = parser.add_subparsers(dest="benchmark", required=True, metavar="BENCHMARK")
+    for name, (module_name, help_) in BENCHMARKS.items():
+        sub_parser = sub.add_parser(name, help=help_, description=help_)
+        sub_parser.set_defaults(_module=module_name)
+        try:
+            importlib.import_module(module_name).add_arguments(sub_parser)
+        except ImportError as err:  # benchmark not built or its extra missing: say so when run
+            sub_parser.set_defaults(_import_error=err)
+
+
+def run(args):
+    if getattr(args, "_import_error", None) is not None:
+        raise SystemExit(f"tapa bench {args.benchmark}: {args._import_error}")
+    return importlib.import_module(args._module).run(args)
