@@ -1,0 +1,148 @@
+"""The decoder with every positional encoding: shapes, gradients, learning, cache, TAPA options."""
+
+import pytest
+import torch
+
+from tapa.model import PE_CHOICES, KVCache, ModelConfig, TapaLM
+from tapa.ops import split_dims
+
+VOCAB = 97
+
+
+def tiny_config(**overrides):
+    values = dict(vocab_size=VOCAB, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, original_seq_len=16)
+    values.update(overrides)
+    return ModelConfig(**values)
+
+
+@pytest.mark.parametrize("pe", list(PE_CHOICES))
+def test_forward_backward_and_learning(pe):
+    torch.manual_seed(0)
+    model = TapaLM(tiny_config(pe=pe))
+    ids = torch.randint(0, VOCAB, (2, 33))
+    logits = model(ids)
+    assert logits.shape == (2, 33, VOCAB) and torch.isfinite(logits).all()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(12):
+        loss = model.loss(ids[:, :-1], ids[:, 1:])
+        optimizer.zero_grad()
+        loss.backward()
+        assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+        optimizer.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.7 * losses[0]
+
+
+@pytest.mark.parametrize("pe", ["tapa", "tapa-linear-phase", "rope", "rope-yarn", "nope"])
+def test_kv_cache_matches_full_forward(pe):
+    torch.manual_seed(1)
+    model = TapaLM(tiny_config(pe=pe, rope_scale=2.0)).eval()
+    ids = torch.randint(0, VOCAB, (2, 29))
+    with torch.no_grad():
+        full = model(ids)
+        cache = KVCache(model.config.n_layers)
+        pieces = [model(ids[:, :20], 0, cache)]
+        for pos in range(20, 29):  # one token at a time, as in generation
+            pieces.append(model(ids[:, pos:pos + 1], pos, cache))
+    torch.testing.assert_close(torch.cat(pieces, 1), full, atol=2e-5, rtol=1e-4)
+
+
+def test_causal_future_tokens_do_not_change_past_logits():
+    torch.manual_seed(2)
+    model = TapaLM(tiny_config()).eval()
+    ids = torch.randint(0, VOCAB, (1, 24))
+    changed = ids.clone()
+    changed[0, 15:] = (changed[0, 15:] + 1) % VOCAB
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids)[:, :15], model(changed)[:, :15])
+        assert not torch.allclose(model(ids)[:, 15:], model(changed)[:, 15:])
+
+
+def test_phase_init_scale_scales_only_phase_rows():
+    cfg = tiny_config(phase_init_scale=0.1)
+    torch.manual_seed(3)
+    scaled = TapaLM(cfg)
+    torch.manual_seed(3)
+    plain = TapaLM(tiny_config())
+    amp_dim, _ = split_dims(cfg.head_dim, cfg.theta)
+    for name, heads in (("wq", cfg.n_heads), ("wk", cfg.n_kv_heads)):
+        a = getattr(scaled.layers[0].attn, name).weight.view(heads, cfg.head_dim, -1)
+        b = getattr(plain.layers[0].attn, name).weight.view(heads, cfg.head_dim, -1)
+        torch.testing.assert_close(a[:, :amp_dim], b[:, :amp_dim])
+        torch.testing.assert_close(a[:, amp_dim:], 0.1 * b[:, amp_dim:])
+    torch.testing.assert_close(scaled.layers[0].attn.wv.weight, plain.layers[0].attn.wv.weight)
+
+
+@pytest.mark.parametrize("kind", ["diagonal", "full"])
+def test_phase_matrix_starts_as_identity_and_learns(kind):
+    torch.manual_seed(4)
+    with_matrix = TapaLM(tiny_config(phase_matrix=kind))
+    torch.manual_seed(4)
+    without = TapaLM(tiny_config())
+    ids = torch.randint(0, VOCAB, (2, 17))
+    torch.testing.assert_close(with_matrix(ids), without(ids))
+    with_matrix.loss(ids[:, :-1], ids[:, 1:]).backward()
+    grad = with_matrix.layers[0].attn.phase_matrix.grad
+    assert grad is not None and grad.abs().sum() > 0
+
+
+def test_parameter_count_counts_tied_weights_once():
+    cfg = tiny_config()
+    model = TapaLM(cfg)
+    hd = cfg.head_dim
+    per_layer = (cfg.dim * hd * (cfg.n_heads * 2 + cfg.n_kv_heads * 2) + 3 * cfg.dim * cfg.ffn_dim
+                 + 2 * cfg.dim)
+    expected = VOCAB * cfg.dim + cfg.n_layers * per_layer + cfg.dim
+    assert model.num_parameters() == expected
+    assert model.num_parameters(exclude_embeddings=True) == expected - VOCAB * cfg.dim
+    untied = TapaLM(tiny_config(tie_embeddings=False))
+    assert untied.num_parameters() == expected + VOCAB * cfg.dim
+
+
+def test_set_rope_scale_changes_scaled_methods_only():
+    torch.manual_seed(5)
+    ids = torch.randint(0, VOCAB, (1, 40))
+    for pe, should_change in (("rope-pi", True), ("rope-yarn", True), ("rope-ntk", True),
+                              ("rope", False), ("tapa", False)):
+        model = TapaLM(tiny_config(pe=pe)).eval()
+        with torch.no_grad():
+            before = model(ids)
+            model.set_rope_scale(4.0)
+            after = model(ids)
+        assert (not torch.allclose(before, after)) == should_change, pe
+
+
+@pytest.mark.parametrize("overrides, match", [
+    (dict(pe="alibi"), "pe"),
+    (dict(dim=66), "divisible"),
+    (dict(n_kv_heads=3), "n_kv_heads"),
+    (dict(theta=0.0), "theta"),
+    (dict(alpha=-1.0), "alpha"),
+    (dict(distance="log"), "distance"),
+    (dict(phase_matrix="dense"), "phase_matrix"),
+    (dict(attn_impl="cuda"), "attn_impl"),
+    (dict(n_layers=0), "n_layers"),
+])
+def test_bad_config_is_a_clear_error(overrides, match):
+    with pytest.raises(ValueError, match=match):
+        tiny_config(**overrides)
+
+
+def test_config_round_trip_and_unknown_fields():
+    cfg = tiny_config(pe="rope-yarn", rope_scale=4.0)
+    assert ModelConfig.from_dict(cfg.to_dict()) == cfg
+    with pytest.raises(ValueError, match="unknown"):
+        ModelConfig.from_dict({**cfg.to_dict(), "n_layer": 3})
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("pe", ["tapa", "rope"])
+def test_bf16_autocast_on_gpu(pe):
+    model = TapaLM(tiny_config(pe=pe)).cuda()
+    ids = torch.randint(0, VOCAB, (2, 64), device="cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = model.loss(ids[:, :-1], ids[:, 1:])
+    loss.backward()
+    assert torch.isfinite(loss)
