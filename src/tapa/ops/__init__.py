@@ -16,6 +16,9 @@ from tapa.ops.reference import (
 )
 
 IMPLS = ("auto", "triton", "reference", "naive")
+# Below this many logits (batch * heads * Nq * Nk) "auto" off-GPU uses the materialized reference:
+# at short lengths it is several times faster than the chunked one and its memory is small.
+NAIVE_MAX_LOGITS = 1 << 24
 
 
 def check_args(q, k, v, *, theta, alpha, distance, phase, causal, q_offset, k_offset):
@@ -96,7 +99,8 @@ def tapa_attention(
 
     Returns out (B, Nq, H, Dv) in q's dtype, and with return_lse also lse (B, H, Nq) in float32.
     The function is defined in `tapa.ops.reference`. impl: "auto" (the fused Triton kernel on
-    CUDA tensors when available, else the chunked reference), "triton", "reference" (chunked)
+    CUDA tensors when available; elsewhere the materialized reference for small problems, below
+    NAIVE_MAX_LOGITS logits, and the chunked reference above), "triton", "reference" (chunked)
     or "naive" (materialized logits).
     """
     check_args(q, k, v, theta=theta, alpha=alpha, distance=distance, phase=phase, causal=causal,
@@ -113,7 +117,8 @@ def tapa_attention(
                              "(pip install 'tapa-attention[triton]')")
         if impl == "triton" or (usable and q.is_cuda):
             return backend.tapa_attention_triton(q, k, v, **kwargs)
-    if impl == "naive":
+    n_logits = q.shape[0] * q.shape[2] * q.shape[1] * k.shape[1]
+    if impl == "naive" or (impl == "auto" and n_logits <= NAIVE_MAX_LOGITS):
         return naive_tapa_attention(q, k, v, **kwargs)
     return chunked_tapa_attention(q, k, v, **kwargs)
 
