@@ -1,0 +1,306 @@
+"""The token cache: a source tokenized once into flat token files, reused until the source or the
+tokenizer changes.
+
+Layout of one cache entry, <cache_dir>/<source slug>-<key>/:
+    manifest.json       source, fingerprint, tokenizer hash, per-split docs/bytes/tokens, ...
+    tokenizer/tokenizer.json
+    train.bin, val.bin, test.bin   token ids, uint16 (vocab <= 65536) or uint32, native order;
+                                   every document is followed by the end-of-text id
+The key hashes everything the tokens depend on: the source's fingerprint (its file list with sizes
+and mtimes, or the dataset fingerprint), the split fractions, max_train_bytes and the tokenizer
+(its config when trained here, the sha256 of its tokenizer.json when given). Any change there is
+a new key, hence a rebuild; the same config finds its directory and reuses it. An entry is built in
+a temporary directory and renamed into place, so a reader never sees half a cache, and two
+processes building the same entry at once both end up with one complete copy.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import os
+import shutil
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from tapa._optional import require
+from tapa.data.config import SPLITS, DataConfig
+from tapa.data.sources import Document, Source, open_source
+from tapa.data.tokenizer import (
+    EOT_TOKEN,
+    end_of_text_token,
+    file_sha256,
+    load_tokenizer,
+    save_tokenizer,
+    tokenizer_file,
+    train_bpe,
+)
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+ENCODE_BATCH_BYTES = 1 << 21  # texts per encode_batch call: enough to keep all cores busy
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    return np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.uint32)
+
+
+class Corpus:
+    """A built cache entry: token arrays per split, the tokenizer, and the manifest."""
+
+    def __init__(self, directory: str | Path, *, built: bool = False):
+        self.directory = Path(directory)
+        path = self.directory / MANIFEST
+        try:
+            self.manifest = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as err:
+            raise ValueError(f"{path} is missing or unreadable; delete {self.directory} and rebuild") from err
+        self.built = built  # True when this call tokenized it, False when it came from the cache
+        self.tokenizer_dir = self.directory / "tokenizer"
+        self.vocab_size: int = self.manifest["tokenizer"]["vocab_size"]
+        self.eot_id: int = self.manifest["tokenizer"]["eot_id"]
+        self.dtype = np.dtype(self.manifest["dtype"])
+        self._tokenizer = None
+        for split in SPLITS:
+            expected = self.manifest["splits"][split]["tokens"] * self.dtype.itemsize
+            actual = (self.directory / f"{split}.bin").stat().st_size
+            if actual != expected:
+                raise ValueError(
+                    f"{self.directory / f'{split}.bin'} has {actual} bytes, the manifest says "
+                    f"{expected}; the cache is corrupt, delete {self.directory} and rebuild"
+                )
+
+    def tokens(self, split: str) -> np.ndarray:
+        """All token ids of a split as a read-only memmap (documents separated by eot_id)."""
+        if split not in SPLITS:
+            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+        if self.manifest["splits"][split]["tokens"] == 0:
+            return np.empty(0, dtype=self.dtype)  # np.memmap refuses empty files
+        return np.memmap(self.directory / f"{split}.bin", dtype=self.dtype, mode="r")
+
+    @property
+    def tokenizer(self):
+        if self._tokenizer is None:
+            self._tokenizer = load_tokenizer(self.tokenizer_dir)
+        return self._tokenizer
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text).ids
+
+    def decode(self, ids) -> str:
+        return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
+
+    def __repr__(self) -> str:
+        counts = ", ".join(f"{s}={self.manifest['splits'][s]['tokens']:,}" for s in SPLITS)
+        return f"Corpus({self.directory}, vocab={self.vocab_size}, tokens: {counts})"
+
+
+def cache_key(cfg: DataConfig, source: Source) -> dict:
+    """Everything the cached tokens depend on (hashed into the directory name)."""
+    if cfg.tokenizer is not None:
+        tokenizer = {"kind": "file", "sha256": file_sha256(tokenizer_file(cfg.tokenizer))}
+    else:
+        tokenizer = {
+            "kind": "bpe",
+            "vocab_size": cfg.vocab_size,
+            "train_bytes": cfg.tokenizer_train_bytes,
+        }
+    return {
+        "format": FORMAT_VERSION,
+        "source": source.describe()["source"],
+        "source_kind": source.kind,
+        "fingerprint": source.fingerprint(),
+        "text_field": cfg.text_field if source.kind in ("jsonl", "hf") else None,
+        "val_fraction": cfg.val_fraction,
+        "test_fraction": cfg.test_fraction,
+        "max_train_bytes": cfg.max_train_bytes,
+        "tokenizer": tokenizer,
+    }
+
+
+def corpus_directory(cfg: DataConfig, source: Source | None = None) -> Path:
+    source = source or open_source(cfg)
+    key = hashlib.sha256(json.dumps(cache_key(cfg, source), sort_keys=True).encode()).hexdigest()
+    return Path(cfg.cache_dir).expanduser() / f"{source.slug}-{key[:16]}"
+
+
+def find_corpus(cfg: DataConfig) -> Corpus | None:
+    """The cached corpus for `cfg` if it was built, without building it."""
+    directory = corpus_directory(cfg)
+    return Corpus(directory) if (directory / MANIFEST).is_file() else None
+
+
+def build_corpus(cfg: DataConfig, progress: bool = True) -> Corpus:
+    """Tokenize `cfg.source` into the cache (or reuse the cached copy) and return the Corpus."""
+    source = open_source(cfg)
+    directory = corpus_directory(cfg, source)
+    if (directory / MANIFEST).is_file():
+        return Corpus(directory)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    staging = directory.parent / f".{directory.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        _build_into(staging, cfg, source, progress)
+        try:
+            os.rename(staging, directory)
+        except OSError:
+            if not (directory / MANIFEST).is_file():  # not a concurrent build that won the race
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return Corpus(directory, built=True)
+
+
+def _documents(source: Source, assignment: dict[str, str], splits: set[str], max_train_bytes: int | None
+               ) -> Iterator[tuple[str, Document]]:
+    """(split, document) in source order; the train split stops after max_train_bytes (the last
+    document cut at a character boundary)."""
+    wanted = {key for key, split in assignment.items() if split in splits}
+    train_bytes = 0
+    for doc in source.read(wanted):
+        split = assignment[doc.key]
+        if split == "train" and max_train_bytes is not None:
+            if train_bytes >= max_train_bytes:
+                continue
+            encoded = doc.text.encode("utf-8")
+            if train_bytes + len(encoded) > max_train_bytes:
+                kept = encoded[: max_train_bytes - train_bytes].decode("utf-8", errors="ignore")
+                doc = Document(doc.key, kept)
+                encoded = kept.encode("utf-8")
+            train_bytes += len(encoded)
+            if not doc.text:
+                continue
+        yield split, doc
+
+
+def _tqdm(progress: bool, **kwargs):
+    return require("tqdm").tqdm(disable=not progress, **kwargs)
+
+
+def _build_into(staging: Path, cfg: DataConfig, source: Source, progress: bool) -> None:
+    started = time.perf_counter()
+    staging.mkdir(parents=True)
+    assignment = source.splits(cfg.val_fraction, cfg.test_fraction)
+    tokenizer_dir = staging / "tokenizer"
+
+    if cfg.tokenizer is not None:
+        given = tokenizer_file(cfg.tokenizer)
+        tokenizer_dir.mkdir()
+        for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+            if (given.parent / name).is_file():
+                shutil.copy2(given.parent / name, tokenizer_dir / name)
+        tokenizer = load_tokenizer(tokenizer_dir)
+        tokenizer_info = {"kind": "file", "from": str(given), "trained_on_bytes": None}
+    else:
+        texts = (doc.text for _, doc in _documents(source, assignment, {"train"}, cfg.max_train_bytes))
+        texts = _take_bytes(texts, cfg.tokenizer_train_bytes)
+        counter = _ByteCounter(texts)
+        if progress:
+            print(f"training a byte-level BPE (vocab {cfg.vocab_size}) on the train split", file=sys.stderr)
+        tokenizer = train_bpe(counter, cfg.vocab_size, progress=progress)
+        if counter.bytes == 0:
+            raise ValueError(f"source {cfg.source}: the train split has no text")
+        save_tokenizer(tokenizer, tokenizer_dir)
+        tokenizer_info = {"kind": "bpe", "from": None, "trained_on_bytes": counter.bytes}
+    eot_token = end_of_text_token(tokenizer, tokenizer_dir)
+    eot_id = tokenizer.token_to_id(eot_token)
+    vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+    dtype = token_dtype(vocab_size)
+
+    counts = {split: {"docs": 0, "bytes": 0, "tokens": 0} for split in SPLITS}
+    digests = {split: hashlib.sha256() for split in SPLITS}
+    files = {split: open(staging / f"{split}.bin", "wb") for split in SPLITS}
+    train_keys = {key for key, split in assignment.items() if split == "train"}
+    train_bytes = source.total_bytes(train_keys)
+    if cfg.max_train_bytes is not None:
+        train_bytes = min(train_bytes, cfg.max_train_bytes)
+    total = train_bytes + source.total_bytes(set(assignment) - train_keys)
+    bar = _tqdm(progress, total=total, unit="B", unit_scale=True, desc="tokenizing")
+    try:
+        batch: list[tuple[str, Document]] = []
+        batch_bytes = 0
+
+        def flush() -> None:
+            encodings = tokenizer.encode_batch([doc.text for _, doc in batch])
+            for (split, doc), encoding in zip(batch, encodings):
+                ids = np.asarray(encoding.ids + [eot_id], dtype=dtype)
+                files[split].write(ids.tobytes())
+                digests[split].update(ids.tobytes())
+                count = counts[split]
+                count["docs"] += 1
+                count["bytes"] += len(doc.text.encode("utf-8"))
+                count["tokens"] += len(ids)
+            bar.update(sum(len(doc.text) for _, doc in batch))
+            bar.set_postfix(tokens=f"{sum(c['tokens'] for c in counts.values()):,}")
+            batch.clear()
+
+        for split, doc in _documents(source, assignment, set(SPLITS), cfg.max_train_bytes):
+            batch.append((split, doc))
+            batch_bytes += len(doc.text)
+            if batch_bytes >= ENCODE_BATCH_BYTES:
+                flush()
+                batch_bytes = 0
+        if batch:
+            flush()
+    finally:
+        bar.close()
+        for handle in files.values():
+            handle.close()
+    for split in SPLITS:
+        counts[split]["sha256"] = digests[split].hexdigest()
+    if counts["train"]["tokens"] == 0:
+        raise ValueError(f"source {cfg.source}: the train split has no text")
+
+    manifest = {
+        "format": FORMAT_VERSION,
+        "key": cache_key(cfg, source),
+        "source": source.describe(),
+        "fingerprint": source.fingerprint(),
+        "config": cfg.to_dict(),
+        "tokenizer": {
+            **tokenizer_info,
+            "vocab_size": vocab_size,
+            "sha256": file_sha256(tokenizer_dir / "tokenizer.json"),
+            "eot_token": eot_token,
+            "eot_id": eot_id,
+        },
+        "dtype": dtype.name,
+        "splits": counts,
+        "python_version": sys.version.split()[0],
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "build_seconds": round(time.perf_counter() - started, 2),
+    }
+    (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+
+
+class _ByteCounter:
+    """Passes texts through and counts their UTF-8 bytes (what the tokenizer was trained on)."""
+
+    def __init__(self, texts):
+        self.texts = texts
+        self.bytes = 0
+
+    def __iter__(self):
+        for text in self.texts:
+            self.bytes += len(text.encode("utf-8"))
+            yield text
+
+
+def _take_bytes(texts, limit: int | None):
+    """The texts in order until `limit` UTF-8 bytes (the last one cut); all of them if None."""
+    if limit is None:
+        yield from texts
+        return
+    taken = 0
+    for text in texts:
+        encoded = text.encode("utf-8")
+        if taken + len(encoded) >= limit:
+            yield encoded[: limit - taken].decode("utf-8", errors="ignore")
+            return
+        taken += len(encoded)
+        yield text

@@ -1,0 +1,131 @@
+"""`tapa data build|info`: build the token cache and print its sizes, or show a cached manifest."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from tapa.data.cache import MANIFEST, build_corpus, find_corpus
+from tapa.data.config import SPLITS, DataConfig
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("action", choices=("build", "info"),
+                        help="build: tokenize (or reuse) and print sizes; info: show the cached manifest")
+    defaults = DataConfig()
+    parser.add_argument("--source", default=defaults.source,
+                        help="builtin | a text file | a directory | a .jsonl | hf:<name or saved dir> "
+                             "(default: builtin, the .py files of this Python's stdlib)")
+    parser.add_argument("--vocab-size", type=int, default=defaults.vocab_size,
+                        help="BPE vocabulary size when training a tokenizer (default: %(default)s)")
+    parser.add_argument("--tokenizer", default=None, metavar="DIR",
+                        help="use this existing tokenizer directory (tokenizer.json) instead of training one")
+    parser.add_argument("--cache-dir", default=defaults.cache_dir,
+                        help="where caches live (default: $TAPA_CACHE/data or ~/.cache/tapa/data)")
+    parser.add_argument("--include-site-packages", action="store_true",
+                        help="builtin source: add the site-packages .py files")
+    parser.add_argument("--text-field", default=defaults.text_field,
+                        help="jsonl / hf sources: the field holding the text (default: %(default)s)")
+    parser.add_argument("--val-fraction", type=float, default=defaults.val_fraction)
+    parser.add_argument("--test-fraction", type=float, default=defaults.test_fraction)
+    parser.add_argument("--max-train-bytes", type=int, default=None,
+                        help="keep only this many bytes of the train split (quick runs)")
+    parser.add_argument("--tokenizer-train-bytes", type=int, default=None,
+                        help="train the BPE on only this many bytes of the train split")
+    parser.add_argument("--all", action="store_true",
+                        help="info: list every corpus in the cache directory instead of one manifest")
+    parser.add_argument("--json", action="store_true", help="info: print the whole manifest as JSON")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def config_from_args(args: argparse.Namespace) -> DataConfig:
+    return DataConfig(
+        source=args.source,
+        cache_dir=args.cache_dir,
+        vocab_size=args.vocab_size,
+        tokenizer=args.tokenizer,
+        include_site_packages=args.include_site_packages,
+        text_field=args.text_field,
+        val_fraction=args.val_fraction,
+        test_fraction=args.test_fraction,
+        max_train_bytes=args.max_train_bytes,
+        tokenizer_train_bytes=args.tokenizer_train_bytes,
+    )
+
+
+def sizes_table(manifest: dict) -> str:
+    """A markdown table of docs / bytes / tokens per split, with bytes per token."""
+    rows = ["| split | documents | bytes | tokens | bytes/token |", "|---|---:|---:|---:|---:|"]
+    total = {"docs": 0, "bytes": 0, "tokens": 0}
+    for split in SPLITS:
+        counts = manifest["splits"][split]
+        for name in total:
+            total[name] += counts[name]
+        rows.append(_row(split, counts))
+    rows.append(_row("total", total))
+    return "\n".join(rows)
+
+
+def _row(name: str, counts: dict) -> str:
+    ratio = counts["bytes"] / counts["tokens"] if counts["tokens"] else float("nan")
+    return f"| {name} | {counts['docs']:,} | {counts['bytes']:,} | {counts['tokens']:,} | {ratio:.2f} |"
+
+
+def describe(manifest: dict, directory: Path) -> str:
+    source = manifest["source"]
+    tokenizer = manifest["tokenizer"]
+    lines = [f"corpus:    {directory}", f"source:    {source['source']} ({source['kind']})"]
+    if source["kind"] == "builtin":
+        lines.append(
+            f"           Python {source['python_version']} stdlib at {source['path']}: {source['files']} .py "
+            f"files, {source['empty_files']} empty, {len(source['skipped_files'])} skipped (not UTF-8)"
+        )
+    trained = tokenizer["trained_on_bytes"]
+    origin = f"BPE trained here on {trained:,} bytes" if trained else f"from {tokenizer['from']}"
+    lines += [
+        f"tokenizer: vocab {tokenizer['vocab_size']}, {origin}, eot {tokenizer['eot_token']}={tokenizer['eot_id']}, "
+        f"sha256 {tokenizer['sha256'][:16]}",
+        f"tokens:    {manifest['dtype']}, built {manifest['created']} in {manifest['build_seconds']} s "
+        f"with Python {manifest['python_version']}",
+        "",
+        sizes_table(manifest),
+    ]
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = config_from_args(args)
+    if args.action == "build":
+        started = time.perf_counter()
+        corpus = build_corpus(cfg, progress=not args.quiet)
+        elapsed = time.perf_counter() - started
+        print(describe(corpus.manifest, corpus.directory))
+        print(f"\n{'built' if corpus.built else 'reused the cache'} in {elapsed:.1f} s")
+        return 0
+    if args.all:
+        return _list_all(Path(cfg.cache_dir).expanduser())
+    corpus = find_corpus(cfg)
+    if corpus is None:
+        print(f"no cached corpus for this configuration under {cfg.cache_dir}; run 'tapa data build' "
+              "with the same options (or 'tapa data info --all' to list what is cached)")
+        return 1
+    print(json.dumps(corpus.manifest, indent=2) if args.json else describe(corpus.manifest, corpus.directory))
+    return 0
+
+
+def _list_all(cache_dir: Path) -> int:
+    manifests = sorted(cache_dir.glob(f"*/{MANIFEST}")) if cache_dir.is_dir() else []
+    if not manifests:
+        print(f"no cached corpora under {cache_dir}")
+        return 1
+    print("| directory | source | vocab | train tokens | val tokens | test tokens | created |")
+    print("|---|---|---:|---:|---:|---:|---|")
+    for path in manifests:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+        splits = manifest["splits"]
+        print(f"| {path.parent.name} | {manifest['source']['source']} | {manifest['tokenizer']['vocab_size']} | "
+              f"{splits['train']['tokens']:,} | {splits['val']['tokens']:,} | {splits['test']['tokens']:,} | "
+              f"{manifest['created']} |")
+    return 0
