@@ -323,24 +323,32 @@ def test_valid_edge_cases_pass_the_checks():
 # Dispatch and memory
 
 
-def test_public_op_on_cpu_runs_the_chunked_reference(monkeypatch):
+def test_public_op_on_cpu_dispatches_to_the_references(monkeypatch):
+    # Off-GPU, "auto" runs the materialized reference up to NAIVE_MAX_LOGITS logits and the
+    # chunked one above; "reference" is always chunked. Every path agrees with the float64 spec.
     calls = []
-    real_chunked = tapa.ops.chunked_tapa_attention
+    for name in ("naive_tapa_attention", "chunked_tapa_attention"):
+        real = getattr(tapa.ops, name)
 
-    def spy(*args, **kwargs):
-        calls.append(kwargs)
-        return real_chunked(*args, **kwargs)
+        def spy(*args, _name=name, _real=real, **kwargs):
+            calls.append((_name, kwargs["alpha"]))
+            return _real(*args, **kwargs)
 
-    monkeypatch.setattr(tapa.ops, "chunked_tapa_attention", spy)
+        monkeypatch.setattr(tapa.ops, name, spy)
     assert tapa.tapa_attention is tapa.ops.tapa_attention
-    q, k, v = _qkv(1, 300, 300, 2, 1, 16, 8, torch.float32, seed=4)  # > one default q block
-    for impl in ("auto", "reference"):
-        out = tapa.tapa_attention(q, k, v, alpha=0.2, impl=impl)
-        assert len(calls) == 1 and calls.pop()["alpha"] == 0.2
-        ref = naive_tapa_attention(q.double(), k.double(), v.double(), alpha=0.2)
-        assert rel_rmse(out, ref) < 1e-5
-    tapa.tapa_attention(q, k, v, impl="naive")
-    assert not calls
+    q, k, v = _qkv(1, 300, 300, 2, 1, 16, 8, torch.float32, seed=4)  # 180k logits
+    ref = naive_tapa_attention(q.double(), k.double(), v.double(), alpha=0.2)
+    expected_path = {"auto": "naive_tapa_attention", "reference": "chunked_tapa_attention",
+                     "naive": "naive_tapa_attention"}
+    for limit in (1 << 24, 1000):
+        monkeypatch.setattr(tapa.ops, "NAIVE_MAX_LOGITS", limit)
+        if limit == 1000:
+            expected_path["auto"] = "chunked_tapa_attention"
+        for impl, path in expected_path.items():
+            out = tapa.tapa_attention(q, k, v, alpha=0.2, impl=impl)
+            assert calls == [(path, 0.2)], (impl, limit)
+            calls.clear()
+            assert rel_rmse(out, ref) < 1e-5
 
 
 _MEMORY_SCRIPT = textwrap.dedent("""
