@@ -1,0 +1,81 @@
+"""The fused TAPA kernels as a differentiable torch custom op (`torch.library`).
+
+`tapa.ops.tapa_attention` dispatches here on CUDA tensors. Registering the forward and backward
+as custom ops keeps `torch.compile` from breaking the graph at the Triton launches. Importing
+this module raises ImportError when triton is missing, and the dispatcher then uses the reference.
+"""
+
+from typing import Optional
+
+import torch
+
+from tapa.ops import triton_launch
+from tapa.ops.reference import split_dims
+
+
+def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, theta: float) -> bool:
+    """Whether the fused kernel handles these inputs (dtype and head sizes)."""
+    try:
+        triton_launch.check_supported(q, v)
+    except ValueError:
+        return False
+    return True
+
+
+@torch.library.custom_op("tapa::fused_attention_fwd", mutates_args=())
+def _fused_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, amp_dim: int, alpha: float,
+                   distance: str, phase: str, causal: bool, q_offset: int,
+                   k_offset: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return triton_launch.forward(q, k, v, amp_dim=amp_dim, alpha=alpha, distance=distance,
+                                 phase=phase, causal=causal, q_offset=q_offset, k_offset=k_offset)
+
+
+@_fused_forward.register_fake
+def _(q, k, v, amp_dim, alpha, distance, phase, causal, q_offset, k_offset):
+    batch, n_q, heads, _ = q.shape
+    return (q.new_empty((batch, n_q, heads, v.shape[-1])),
+            q.new_empty((batch, heads, n_q), dtype=torch.float32))
+
+
+@torch.library.custom_op("tapa::fused_attention_bwd", mutates_args=())
+def _fused_backward(dout: torch.Tensor, dlse: Optional[torch.Tensor], q: torch.Tensor,
+                    k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                    amp_dim: int, alpha: float, distance: str, phase: str, causal: bool,
+                    q_offset: int, k_offset: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return triton_launch.backward(dout, dlse, q, k, v, out, lse, amp_dim=amp_dim, alpha=alpha,
+                                  distance=distance, phase=phase, causal=causal,
+                                  q_offset=q_offset, k_offset=k_offset)
+
+
+@_fused_backward.register_fake
+def _(dout, dlse, q, k, v, out, lse, amp_dim, alpha, distance, phase, causal, q_offset, k_offset):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, *params = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.params = params
+
+
+def _backward(ctx, dout, dlse):
+    q, k, v, out, lse = ctx.saved_tensors
+    if dout is None:
+        dout = torch.zeros_like(out)
+    dq, dk, dv = _fused_backward(dout, dlse, q, k, v, out, lse, *ctx.params)
+    return (dq, dk, dv) + (None,) * len(ctx.params)
+
+
+torch.library.register_autograd("tapa::fused_attention_fwd", _backward,
+                                setup_context=_setup_context)
+
+
+def tapa_attention_triton(q, k, v, *, theta, alpha, distance, phase, causal, q_offset, k_offset,
+                          return_lse):
+    """The fused kernel behind `tapa.ops.tapa_attention` (arguments already checked there)."""
+    triton_launch.check_supported(q, v)
+    amp_dim, _ = split_dims(q.shape[-1], theta)
+    out, lse = _fused_forward(q, k, v, amp_dim, float(alpha), distance, phase, bool(causal),
+                              int(q_offset), int(k_offset))
+    return (out, lse) if return_lse else out

@@ -1,0 +1,547 @@
+"""Triton kernels of the fused TAPA attention: forward, backward preprocess, dK/dV and dQ.
+
+The function computed is the one `tapa.ops.reference` defines; this file only says how. Per tile
+of queries m x keys n the kernels form, in float32,
+
+    qk_amp   = q_A . k_A                 (one dot over the amplitude columns)
+    t        = f(|m - n|) * phi / sqrt(d_P)    phi = q_P . k_P (quadratic) or sum q_P + sum k_P
+    logit    = qk_amp / sqrt(d_A) * cos(2 pi (t - round(t)))
+
+and run an online softmax in base 2 (FlashAttention style), never holding an N x N buffer.
+
+Where the time goes (DESIGN.md §4): the special-function unit (MUFU) does 16 ops/clock/SM, so
+per score each exp2 / log2 / cos costs about a quarter of the matmul work at D=128. So:
+- round(t) is two float adds with the 1.5 * 2**23 trick (a conversion would go to a slow pipe);
+- d ** alpha is a degree-6 Taylor series in the relative distance around the tile's centre when
+  the tile lies far from the diagonal (error < 2e-8 relative, checked on the host), and only
+  near the diagonal exp2(alpha * log2 d) per element;
+- cos/sin are odd/even polynomials after the turn reduction (FMA pipes, `TRIG_POLY`), or the
+  MUFU's cos.approx/sin.approx (GPU only); which is faster is measured, not assumed.
+Causal tiles that are entirely visible skip the mask; tiles entirely in the future are never
+visited. GQA: a dK/dV program loops over the query heads of its group, so there are no atomics.
+"""
+
+import triton
+import triton.language as tl
+
+LOG2E: tl.constexpr = 1.4426950408889634
+LN2: tl.constexpr = 0.6931471805599453
+TWO_PI: tl.constexpr = 6.283185307179586
+# Adding and subtracting 1.5 * 2**23 rounds a float32 |t| < 2**22 to the nearest integer (ties to even).
+ROUND_MAGIC: tl.constexpr = 12582912.0
+
+# Least-squares fits on Chebyshev nodes over |u| <= 1/4 (float32 evaluation error < 2.2e-7):
+# sin(2 pi u) = u * S(u^2) and cos(2 pi u) = C(u^2).
+S0: tl.constexpr = 6.283185306485776
+S1: tl.constexpr = -41.34170192921982
+S2: tl.constexpr = 81.605209381538
+S3: tl.constexpr = -76.7036660156435
+S4: tl.constexpr = 41.999960832553896
+S5: tl.constexpr = -14.336855981223756
+C0: tl.constexpr = 0.9999999999992498
+C1: tl.constexpr = -19.739208801001624
+C2: tl.constexpr = 64.93939372101508
+C3: tl.constexpr = -85.4567882051106
+C4: tl.constexpr = 60.243312641375056
+C5: tl.constexpr = -26.39496046109827
+C6: tl.constexpr = 7.536663068315142
+
+
+# ----------------------------------------------------------------------------------------------
+# Element-wise pieces shared by the forward and both backward kernels
+
+
+@triton.jit
+def _turns_fraction(t):
+    """t - round(t), in [-1/2, 1/2]: the phase in turns, reduced before any trigonometry."""
+    return t - ((t + ROUND_MAGIC) - ROUND_MAGIC)
+
+
+@triton.jit
+def _sin_poly(u):
+    w = u * u
+    return u * (S0 + w * (S1 + w * (S2 + w * (S3 + w * (S4 + w * S5)))))
+
+
+@triton.jit
+def _cos_poly(u):
+    w = u * u
+    return C0 + w * (C1 + w * (C2 + w * (C3 + w * (C4 + w * (C5 + w * C6)))))
+
+
+@triton.jit
+def _cos_turns(r, TRIG_POLY: tl.constexpr):
+    """cos(2 pi r) for r in [-1/2, 1/2]."""
+    if TRIG_POLY:
+        return _sin_poly(0.25 - tl.abs(r))  # cos(2 pi r) = sin(2 pi (1/4 - |r|))
+    else:
+        return tl.inline_asm_elementwise("cos.approx.ftz.f32 $0, $1;", "=r,r", [r * TWO_PI],
+                                         dtype=tl.float32, is_pure=True, pack=1)
+
+
+@triton.jit
+def _sincos_turns(r, TRIG_POLY: tl.constexpr):
+    """(cos(2 pi r), sin(2 pi r)) for r in [-1/2, 1/2]."""
+    if TRIG_POLY:
+        u = 0.25 - tl.abs(r)
+        sin_abs = _cos_poly(u)  # sin(2 pi |r|) = cos(2 pi (|r| - 1/4))
+        return _sin_poly(u), tl.where(r < 0, -sin_abs, sin_abs)
+    else:
+        x = r * TWO_PI
+        cos = tl.inline_asm_elementwise("cos.approx.ftz.f32 $0, $1;", "=r,r", [x],
+                                        dtype=tl.float32, is_pure=True, pack=1)
+        sin = tl.inline_asm_elementwise("sin.approx.ftz.f32 $0, $1;", "=r,r", [x],
+                                        dtype=tl.float32, is_pure=True, pack=1)
+        return cos, sin
+
+
+@triton.jit
+def _scaled_distance_weight(s, s_lo, s_hi, alpha, phase_scale, taylor_rho,
+                            b1, b2, b3, b4, b5, b6, DIST_POWER: tl.constexpr):
+    """f(|s|) * phase_scale for a tile of signed distances s = m - n, s_lo <= s <= s_hi.
+
+    Far from the diagonal (the tile on one side of it and its half-span <= taylor_rho * centre),
+    d ** alpha = d0 ** alpha * (1 + u) ** alpha with u = d / d0 - 1, as a Taylor series whose
+    binomial coefficients b_k come from the host.
+    """
+    if DIST_POWER:
+        centre = (s_lo + s_hi) * 0.5
+        d0 = tl.abs(centre)
+        far = ((s_lo > 0) | (s_hi < 0)) & ((s_hi - s_lo) * 0.5 <= taylor_rho * d0)
+        if far:
+            p0 = tl.exp2(alpha * tl.log2(d0)) * phase_scale
+            u = s * (tl.where(centre > 0, 1.0, -1.0) / d0) - 1.0
+            h = p0 * b6
+            h = h * u + p0 * b5
+            h = h * u + p0 * b4
+            h = h * u + p0 * b3
+            h = h * u + p0 * b2
+            h = h * u + p0 * b1
+            fs = h * u + p0
+        else:
+            fs = tl.exp2(alpha * tl.log2(tl.abs(s))) * phase_scale  # log2(0) = -inf: f(0) = 0
+    else:
+        fs = tl.abs(s) * (alpha * phase_scale)
+    return fs
+
+
+@triton.jit
+def _load_tile(ptrs, row_ok, col_ok, ROW_MASK: tl.constexpr, COL_MASK: tl.constexpr):
+    if ROW_MASK and COL_MASK:
+        return tl.load(ptrs, mask=row_ok[:, None] & col_ok[None, :], other=0.0)
+    elif ROW_MASK:
+        return tl.load(ptrs, mask=row_ok[:, None], other=0.0)
+    elif COL_MASK:
+        return tl.load(ptrs, mask=col_ok[None, :], other=0.0)
+    else:
+        return tl.load(ptrs)
+
+
+# ----------------------------------------------------------------------------------------------
+# Forward
+
+
+@triton.jit
+def _fwd_inner(acc, m_i, l_i, q_a, q_p, q_sum, pos_m, q_first,
+               k_base, v_base, stride_kn, stride_vn, n_k, k_offset, lo, hi,
+               logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6,
+               AMP_DIM: tl.constexpr, HEAD_DIM: tl.constexpr, V_DIM: tl.constexpr,
+               BLOCK_DA: tl.constexpr, BLOCK_DP: tl.constexpr, BLOCK_DV: tl.constexpr,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
+               CAUSAL: tl.constexpr, DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr,
+               TRIG_POLY: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    offs_da = tl.arange(0, BLOCK_DA)
+    offs_dp = AMP_DIM + tl.arange(0, BLOCK_DP)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        key_ok = offs_n < n_k
+        rows = offs_n.to(tl.int64)[:, None]
+        k_a = _load_tile(k_base + rows * stride_kn + offs_da[None, :], key_ok, offs_da < AMP_DIM,
+                         MASKED, BLOCK_DA != AMP_DIM)
+        qk_amp = tl.dot(q_a, tl.trans(k_a), input_precision=DOT_PRECISION)
+        s = pos_m[:, None] - (k_offset + offs_n).to(tl.float32)[None, :]
+        key_first = (k_offset + start_n).to(tl.float32)
+        fs = _scaled_distance_weight(s, q_first - (key_first + (BLOCK_N - 1)),
+                                     q_first + (BLOCK_M - 1) - key_first, alpha, phase_scale,
+                                     taylor_rho, b1, b2, b3, b4, b5, b6, DIST_POWER)
+        k_p = _load_tile(k_base + rows * stride_kn + offs_dp[None, :], key_ok,
+                         offs_dp < HEAD_DIM, MASKED, BLOCK_DP != HEAD_DIM - AMP_DIM)
+        if PHASE_QUAD:
+            t = tl.dot(q_p, tl.trans(k_p), input_precision=DOT_PRECISION) * fs
+        else:
+            t = (q_sum[:, None] + tl.sum(k_p.to(tl.float32), axis=1)[None, :]) * fs
+        logit = qk_amp * _cos_turns(_turns_fraction(t), TRIG_POLY)  # times sqrt(d_A)
+        if MASKED:
+            visible = key_ok[None, :]
+            if CAUSAL:
+                visible = visible & (s >= 0)
+            logit = tl.where(visible, logit, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(logit, 1) * logit_scale)
+        # a row that has seen no visible key yet keeps max -inf: shift it by 0 (no inf - inf)
+        shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(logit * logit_scale - shift[:, None])
+        rescale = tl.exp2(m_i - shift)
+        l_i = l_i * rescale + tl.sum(p, 1)
+        v = _load_tile(v_base + rows * stride_vn + offs_dv[None, :], key_ok, offs_dv < V_DIM,
+                       MASKED, BLOCK_DV != V_DIM)
+        acc = acc * rescale[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _fwd_kernel(Q, K, V, Out, Lse,
+                stride_qb, stride_qn, stride_qh, stride_kb, stride_kn, stride_kh,
+                stride_vb, stride_vn, stride_vh, stride_ob, stride_on, stride_oh,
+                n_q, n_k, q_offset, k_offset, heads, group,
+                logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6,
+                AMP_DIM: tl.constexpr, HEAD_DIM: tl.constexpr, V_DIM: tl.constexpr,
+                BLOCK_DA: tl.constexpr, BLOCK_DP: tl.constexpr, BLOCK_DV: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+                DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr, TRIG_POLY: tl.constexpr,
+                DOT_PRECISION: tl.constexpr):
+    block = tl.program_id(0)
+    if CAUSAL:  # the longest rows first, so that the last wave is short
+        block = tl.num_programs(0) - 1 - block
+    start_m = block * BLOCK_M
+    batch = tl.program_id(1) // heads
+    head = tl.program_id(1) % heads
+    kv_head = head // group
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_da = tl.arange(0, BLOCK_DA)
+    offs_dp = AMP_DIM + tl.arange(0, BLOCK_DP)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    row_ok = offs_m < n_q
+    rows = offs_m.to(tl.int64)[:, None]
+    q_base = Q + batch.to(tl.int64) * stride_qb + head.to(tl.int64) * stride_qh
+    q_a = _load_tile(q_base + rows * stride_qn + offs_da[None, :], row_ok, offs_da < AMP_DIM,
+                     True, BLOCK_DA != AMP_DIM)
+    q_p = _load_tile(q_base + rows * stride_qn + offs_dp[None, :], row_ok, offs_dp < HEAD_DIM,
+                     True, BLOCK_DP != HEAD_DIM - AMP_DIM)
+    q_sum = tl.sum(q_p.to(tl.float32), axis=1)
+    pos_m = (q_offset + offs_m).to(tl.float32)
+    q_first = (q_offset + start_m).to(tl.float32)
+    k_base = K + batch.to(tl.int64) * stride_kb + kv_head.to(tl.int64) * stride_kh
+    v_base = V + batch.to(tl.int64) * stride_vb + kv_head.to(tl.int64) * stride_vh
+
+    if CAUSAL:
+        last_row = tl.minimum(start_m + BLOCK_M, n_q) - 1
+        hi = tl.minimum(n_k, q_offset + last_row - k_offset + 1)
+        # key blocks wholly at or before the block's first query need no mask
+        full = tl.minimum((q_offset + start_m - k_offset + 1) // BLOCK_N, n_k // BLOCK_N) * BLOCK_N
+    else:
+        hi = n_k
+        full = (n_k // BLOCK_N) * BLOCK_N
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc, m_i, l_i = _fwd_inner(acc, m_i, l_i, q_a, q_p, q_sum, pos_m, q_first, k_base, v_base,
+                               stride_kn, stride_vn, n_k, k_offset, 0, full,
+                               logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6,
+                               AMP_DIM, HEAD_DIM, V_DIM, BLOCK_DA, BLOCK_DP, BLOCK_DV, BLOCK_M,
+                               BLOCK_N, False, CAUSAL, DIST_POWER, PHASE_QUAD, TRIG_POLY,
+                               DOT_PRECISION)
+    acc, m_i, l_i = _fwd_inner(acc, m_i, l_i, q_a, q_p, q_sum, pos_m, q_first, k_base, v_base,
+                               stride_kn, stride_vn, n_k, k_offset, full, hi,
+                               logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6,
+                               AMP_DIM, HEAD_DIM, V_DIM, BLOCK_DA, BLOCK_DP, BLOCK_DV, BLOCK_M,
+                               BLOCK_N, True, CAUSAL, DIST_POWER, PHASE_QUAD, TRIG_POLY,
+                               DOT_PRECISION)
+    l_safe = tl.where(l_i > 0, l_i, 1.0)  # only padding rows have no visible key
+    out = acc / l_safe[:, None]
+    o_base = Out + batch.to(tl.int64) * stride_ob + head.to(tl.int64) * stride_oh
+    tl.store(o_base + rows * stride_on + offs_dv[None, :], out.to(Out.dtype.element_ty),
+             mask=row_ok[:, None] & (offs_dv < V_DIM)[None, :])
+    lse = (m_i + tl.log2(l_safe)) * LN2
+    tl.store(Lse + tl.program_id(1).to(tl.int64) * n_q + offs_m, lse, mask=row_ok)
+
+
+# ----------------------------------------------------------------------------------------------
+# Backward
+
+
+@triton.jit
+def _bwd_preprocess_kernel(Out, DOut, DLse, Delta, stride_ob, stride_on, stride_oh,
+                           stride_db, stride_dn, stride_dh, n_q, heads,
+                           V_DIM: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr,
+                           HAS_DLSE: tl.constexpr):
+    """delta = rowsum(out * dout) - dlse: the softmax-gradient row term (lse's gradient folded in)."""
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    batch = tl.program_id(1) // heads
+    head = tl.program_id(1) % heads
+    offs_dv = tl.arange(0, BLOCK_DV)
+    mask = (offs_m < n_q)[:, None] & (offs_dv < V_DIM)[None, :]
+    rows = offs_m.to(tl.int64)[:, None]
+    out = tl.load(Out + batch.to(tl.int64) * stride_ob + head * stride_oh + rows * stride_on
+                  + offs_dv[None, :], mask=mask, other=0.0).to(tl.float32)
+    dout = tl.load(DOut + batch.to(tl.int64) * stride_db + head * stride_dh + rows * stride_dn
+                   + offs_dv[None, :], mask=mask, other=0.0).to(tl.float32)
+    delta = tl.sum(out * dout, axis=1)
+    row_index = tl.program_id(1).to(tl.int64) * n_q + offs_m
+    if HAS_DLSE:
+        delta -= tl.load(DLse + row_index, mask=offs_m < n_q, other=0.0)
+    tl.store(Delta + row_index, delta, mask=offs_m < n_q)
+
+
+@triton.jit
+def _dkdv_inner(dk_a, dk_p, dk_psum, dv, k_a, k_p, k_sum, v, pos_n, key_first,
+                q_base, do_base, lse_ptr, delta_ptr, stride_qn, stride_dn, n_q, q_offset, lo, hi,
+                logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6,
+                AMP_DIM: tl.constexpr, HEAD_DIM: tl.constexpr, V_DIM: tl.constexpr,
+                BLOCK_DA: tl.constexpr, BLOCK_DP: tl.constexpr, BLOCK_DV: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
+                DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr, TRIG_POLY: tl.constexpr,
+                DOT_PRECISION: tl.constexpr):
+    """dK/dV of one key block against query blocks [lo, hi); tiles are (keys, queries)."""
+    offs_da = tl.arange(0, BLOCK_DA)
+    offs_dp = AMP_DIM + tl.arange(0, BLOCK_DP)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    for start_m in range(lo, hi, BLOCK_M):
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        row_ok = offs_m < n_q
+        rows = offs_m.to(tl.int64)[:, None]
+        q_a = _load_tile(q_base + rows * stride_qn + offs_da[None, :], row_ok, offs_da < AMP_DIM,
+                         True, BLOCK_DA != AMP_DIM)
+        qk_amp = tl.dot(k_a, tl.trans(q_a), input_precision=DOT_PRECISION)
+        s = (q_offset + offs_m).to(tl.float32)[None, :] - pos_n[:, None]
+        q_first = (q_offset + start_m).to(tl.float32)
+        fs = _scaled_distance_weight(s, q_first - (key_first + (BLOCK_N - 1)),
+                                     q_first + (BLOCK_M - 1) - key_first, alpha, phase_scale,
+                                     taylor_rho, b1, b2, b3, b4, b5, b6, DIST_POWER)
+        q_p = _load_tile(q_base + rows * stride_qn + offs_dp[None, :], row_ok, offs_dp < HEAD_DIM,
+                         True, BLOCK_DP != HEAD_DIM - AMP_DIM)
+        if PHASE_QUAD:
+            t = tl.dot(k_p, tl.trans(q_p), input_precision=DOT_PRECISION) * fs
+        else:
+            t = (k_sum[:, None] + tl.sum(q_p.to(tl.float32), axis=1)[None, :]) * fs
+        cos, sin = _sincos_turns(_turns_fraction(t), TRIG_POLY)
+        # padding query rows load lse = +inf, so p = 0 there
+        lse2 = tl.load(lse_ptr + offs_m, mask=row_ok, other=float("inf")) * LOG2E
+        p = tl.exp2(qk_amp * cos * logit_scale - lse2[None, :])
+        if MASKED:
+            p = tl.where(s >= 0, p, 0.0)
+        do = _load_tile(do_base + rows * stride_dn + offs_dv[None, :], row_ok, offs_dv < V_DIM,
+                        True, BLOCK_DV != V_DIM)
+        dv += tl.dot(p.to(do.dtype), do, input_precision=DOT_PRECISION)
+        dp = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
+        delta = tl.load(delta_ptr + offs_m, mask=row_ok, other=0.0)
+        ds = p * (dp - delta[None, :])
+        dk_a += tl.dot((ds * cos).to(q_a.dtype), q_a, input_precision=DOT_PRECISION)
+        grad_phase = ds * qk_amp * sin * fs
+        if PHASE_QUAD:
+            dk_p += tl.dot(grad_phase.to(q_p.dtype), q_p, input_precision=DOT_PRECISION)
+        else:
+            dk_psum += tl.sum(grad_phase, axis=1)
+    return dk_a, dk_p, dk_psum, dv
+
+
+@triton.jit
+def _bwd_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV,
+                     stride_qb, stride_qn, stride_qh, stride_kb, stride_kn, stride_kh,
+                     stride_vb, stride_vn, stride_vh, stride_db, stride_dn, stride_dh,
+                     stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh,
+                     n_q, n_k, q_offset, k_offset, kv_heads, group,
+                     logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6,
+                     amp_grad_scale, phase_grad_scale,
+                     AMP_DIM: tl.constexpr, HEAD_DIM: tl.constexpr, V_DIM: tl.constexpr,
+                     BLOCK_DA: tl.constexpr, BLOCK_DP: tl.constexpr, BLOCK_DV: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+                     DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr,
+                     TRIG_POLY: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    start_n = tl.program_id(0) * BLOCK_N
+    batch = tl.program_id(1) // kv_heads
+    kv_head = tl.program_id(1) % kv_heads
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_da = tl.arange(0, BLOCK_DA)
+    offs_dp = AMP_DIM + tl.arange(0, BLOCK_DP)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    key_ok = offs_n < n_k
+    rows = offs_n.to(tl.int64)[:, None]
+    k_base = K + batch.to(tl.int64) * stride_kb + kv_head.to(tl.int64) * stride_kh
+    k_a = _load_tile(k_base + rows * stride_kn + offs_da[None, :], key_ok, offs_da < AMP_DIM,
+                     True, BLOCK_DA != AMP_DIM)
+    k_p = _load_tile(k_base + rows * stride_kn + offs_dp[None, :], key_ok, offs_dp < HEAD_DIM,
+                     True, BLOCK_DP != HEAD_DIM - AMP_DIM)
+    k_sum = tl.sum(k_p.to(tl.float32), axis=1)
+    v = _load_tile(V + batch.to(tl.int64) * stride_vb + kv_head.to(tl.int64) * stride_vh
+                   + rows * stride_vn + offs_dv[None, :], key_ok, offs_dv < V_DIM, True,
+                   BLOCK_DV != V_DIM)
+    pos_n = (k_offset + offs_n).to(tl.float32)
+    key_first = (k_offset + start_n).to(tl.float32)
+
+    if CAUSAL:
+        key_last = k_offset + tl.minimum(start_n + BLOCK_N, n_k) - 1
+        # the first query block that sees any key of this block, and the first that sees them all
+        lo = (tl.maximum(k_offset + start_n - q_offset, 0) // BLOCK_M) * BLOCK_M
+        mid = tl.minimum((tl.maximum(key_last - q_offset, 0) + BLOCK_M - 1) // BLOCK_M * BLOCK_M,
+                         n_q)
+        mid = tl.maximum(mid, lo)
+    else:
+        lo = 0
+        mid = 0
+    dk_a = tl.zeros([BLOCK_N, BLOCK_DA], dtype=tl.float32)
+    dk_p = tl.zeros([BLOCK_N, BLOCK_DP], dtype=tl.float32)
+    dk_psum = tl.zeros([BLOCK_N], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
+    heads = kv_heads * group
+    for member in range(0, group):  # the query heads that share this kv head
+        head = kv_head * group + member
+        bh = batch.to(tl.int64) * heads + head
+        q_base = Q + batch.to(tl.int64) * stride_qb + head.to(tl.int64) * stride_qh
+        do_base = DOut + batch.to(tl.int64) * stride_db + head.to(tl.int64) * stride_dh
+        dk_a, dk_p, dk_psum, dv = _dkdv_inner(
+            dk_a, dk_p, dk_psum, dv, k_a, k_p, k_sum, v, pos_n, key_first, q_base, do_base,
+            Lse + bh * n_q, Delta + bh * n_q, stride_qn, stride_dn, n_q, q_offset, lo, mid,
+            logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6,
+            AMP_DIM, HEAD_DIM, V_DIM, BLOCK_DA, BLOCK_DP, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL,
+            DIST_POWER, PHASE_QUAD, TRIG_POLY, DOT_PRECISION)
+        dk_a, dk_p, dk_psum, dv = _dkdv_inner(
+            dk_a, dk_p, dk_psum, dv, k_a, k_p, k_sum, v, pos_n, key_first, q_base, do_base,
+            Lse + bh * n_q, Delta + bh * n_q, stride_qn, stride_dn, n_q, q_offset, mid, n_q,
+            logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6,
+            AMP_DIM, HEAD_DIM, V_DIM, BLOCK_DA, BLOCK_DP, BLOCK_DV, BLOCK_M, BLOCK_N, False,
+            DIST_POWER, PHASE_QUAD, TRIG_POLY, DOT_PRECISION)
+
+    dk_base = DK + batch.to(tl.int64) * stride_dkb + kv_head.to(tl.int64) * stride_dkh
+    tl.store(dk_base + rows * stride_dkn + offs_da[None, :],
+             (dk_a * amp_grad_scale).to(DK.dtype.element_ty),
+             mask=key_ok[:, None] & (offs_da < AMP_DIM)[None, :])
+    if PHASE_QUAD:
+        dk_phase = dk_p * phase_grad_scale
+    else:  # d phi / d k_P is the same for every phase column
+        dk_phase = tl.zeros([BLOCK_N, BLOCK_DP], dtype=tl.float32) + (dk_psum * phase_grad_scale)[:, None]
+    tl.store(dk_base + rows * stride_dkn + offs_dp[None, :], dk_phase.to(DK.dtype.element_ty),
+             mask=key_ok[:, None] & (offs_dp < HEAD_DIM)[None, :])
+    tl.store(DV + batch.to(tl.int64) * stride_dvb + kv_head.to(tl.int64) * stride_dvh
+             + rows * stride_dvn + offs_dv[None, :], dv.to(DV.dtype.element_ty),
+             mask=key_ok[:, None] & (offs_dv < V_DIM)[None, :])
+
+
+@triton.jit
+def _dq_inner(dq_a, dq_p, dq_psum, q_a, q_p, q_sum, do, lse2, delta, pos_m, q_first,
+              k_base, v_base, stride_kn, stride_vn, n_k, k_offset, lo, hi,
+              logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6,
+              AMP_DIM: tl.constexpr, HEAD_DIM: tl.constexpr, V_DIM: tl.constexpr,
+              BLOCK_DA: tl.constexpr, BLOCK_DP: tl.constexpr, BLOCK_DV: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
+              CAUSAL: tl.constexpr, DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr,
+              TRIG_POLY: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """dQ of one query block against key blocks [lo, hi); tiles are (queries, keys)."""
+    offs_da = tl.arange(0, BLOCK_DA)
+    offs_dp = AMP_DIM + tl.arange(0, BLOCK_DP)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        key_ok = offs_n < n_k
+        rows = offs_n.to(tl.int64)[:, None]
+        k_a = _load_tile(k_base + rows * stride_kn + offs_da[None, :], key_ok, offs_da < AMP_DIM,
+                         MASKED, BLOCK_DA != AMP_DIM)
+        qk_amp = tl.dot(q_a, tl.trans(k_a), input_precision=DOT_PRECISION)
+        s = pos_m[:, None] - (k_offset + offs_n).to(tl.float32)[None, :]
+        key_first = (k_offset + start_n).to(tl.float32)
+        fs = _scaled_distance_weight(s, q_first - (key_first + (BLOCK_N - 1)),
+                                     q_first + (BLOCK_M - 1) - key_first, alpha, phase_scale,
+                                     taylor_rho, b1, b2, b3, b4, b5, b6, DIST_POWER)
+        k_p = _load_tile(k_base + rows * stride_kn + offs_dp[None, :], key_ok,
+                         offs_dp < HEAD_DIM, MASKED, BLOCK_DP != HEAD_DIM - AMP_DIM)
+        if PHASE_QUAD:
+            t = tl.dot(q_p, tl.trans(k_p), input_precision=DOT_PRECISION) * fs
+        else:
+            t = (q_sum[:, None] + tl.sum(k_p.to(tl.float32), axis=1)[None, :]) * fs
+        cos, sin = _sincos_turns(_turns_fraction(t), TRIG_POLY)
+        p = tl.exp2(qk_amp * cos * logit_scale - lse2[:, None])
+        if MASKED:
+            visible = key_ok[None, :]
+            if CAUSAL:
+                visible = visible & (s >= 0)
+            p = tl.where(visible, p, 0.0)
+        v = _load_tile(v_base + rows * stride_vn + offs_dv[None, :], key_ok, offs_dv < V_DIM,
+                       MASKED, BLOCK_DV != V_DIM)
+        dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
+        ds = p * (dp - delta[:, None])
+        dq_a += tl.dot((ds * cos).to(k_a.dtype), k_a, input_precision=DOT_PRECISION)
+        grad_phase = ds * qk_amp * sin * fs
+        if PHASE_QUAD:
+            dq_p += tl.dot(grad_phase.to(k_p.dtype), k_p, input_precision=DOT_PRECISION)
+        else:
+            dq_psum += tl.sum(grad_phase, axis=1)
+    return dq_a, dq_p, dq_psum
+
+
+@triton.jit
+def _bwd_dq_kernel(Q, K, V, DOut, Lse, Delta, DQ,
+                   stride_qb, stride_qn, stride_qh, stride_kb, stride_kn, stride_kh,
+                   stride_vb, stride_vn, stride_vh, stride_db, stride_dn, stride_dh,
+                   stride_dqb, stride_dqn, stride_dqh,
+                   n_q, n_k, q_offset, k_offset, heads, group,
+                   logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6,
+                   amp_grad_scale, phase_grad_scale,
+                   AMP_DIM: tl.constexpr, HEAD_DIM: tl.constexpr, V_DIM: tl.constexpr,
+                   BLOCK_DA: tl.constexpr, BLOCK_DP: tl.constexpr, BLOCK_DV: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+                   DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr, TRIG_POLY: tl.constexpr,
+                   DOT_PRECISION: tl.constexpr):
+    block = tl.program_id(0)
+    if CAUSAL:
+        block = tl.num_programs(0) - 1 - block
+    start_m = block * BLOCK_M
+    batch = tl.program_id(1) // heads
+    head = tl.program_id(1) % heads
+    kv_head = head // group
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_da = tl.arange(0, BLOCK_DA)
+    offs_dp = AMP_DIM + tl.arange(0, BLOCK_DP)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    row_ok = offs_m < n_q
+    rows = offs_m.to(tl.int64)[:, None]
+    q_base = Q + batch.to(tl.int64) * stride_qb + head.to(tl.int64) * stride_qh
+    q_a = _load_tile(q_base + rows * stride_qn + offs_da[None, :], row_ok, offs_da < AMP_DIM,
+                     True, BLOCK_DA != AMP_DIM)
+    q_p = _load_tile(q_base + rows * stride_qn + offs_dp[None, :], row_ok, offs_dp < HEAD_DIM,
+                     True, BLOCK_DP != HEAD_DIM - AMP_DIM)
+    q_sum = tl.sum(q_p.to(tl.float32), axis=1)
+    do = _load_tile(DOut + batch.to(tl.int64) * stride_db + head.to(tl.int64) * stride_dh
+                    + rows * stride_dn + offs_dv[None, :], row_ok, offs_dv < V_DIM, True,
+                    BLOCK_DV != V_DIM)
+    row_index = tl.program_id(1).to(tl.int64) * n_q + offs_m
+    lse2 = tl.load(Lse + row_index, mask=row_ok, other=0.0) * LOG2E
+    delta = tl.load(Delta + row_index, mask=row_ok, other=0.0)
+    pos_m = (q_offset + offs_m).to(tl.float32)
+    q_first = (q_offset + start_m).to(tl.float32)
+    k_base = K + batch.to(tl.int64) * stride_kb + kv_head.to(tl.int64) * stride_kh
+    v_base = V + batch.to(tl.int64) * stride_vb + kv_head.to(tl.int64) * stride_vh
+
+    if CAUSAL:
+        last_row = tl.minimum(start_m + BLOCK_M, n_q) - 1
+        hi = tl.minimum(n_k, q_offset + last_row - k_offset + 1)
+        full = tl.minimum((q_offset + start_m - k_offset + 1) // BLOCK_N, n_k // BLOCK_N) * BLOCK_N
+    else:
+        hi = n_k
+        full = (n_k // BLOCK_N) * BLOCK_N
+    dq_a = tl.zeros([BLOCK_M, BLOCK_DA], dtype=tl.float32)
+    dq_p = tl.zeros([BLOCK_M, BLOCK_DP], dtype=tl.float32)
+    dq_psum = tl.zeros([BLOCK_M], dtype=tl.float32)
+    dq_a, dq_p, dq_psum = _dq_inner(
+        dq_a, dq_p, dq_psum, q_a, q_p, q_sum, do, lse2, delta, pos_m, q_first, k_base, v_base,
+        stride_kn, stride_vn, n_k, k_offset, 0, full,
+        logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6,
+        AMP_DIM, HEAD_DIM, V_DIM, BLOCK_DA, BLOCK_DP, BLOCK_DV, BLOCK_M, BLOCK_N, False, CAUSAL,
+        DIST_POWER, PHASE_QUAD, TRIG_POLY, DOT_PRECISION)
+    dq_a, dq_p, dq_psum = _dq_inner(
+        dq_a, dq_p, dq_psum, q_a, q_p, q_sum, do, lse2, delta, pos_m, q_first, k_base, v_base,
+        stride_kn, stride_vn, n_k, k_offset, full, hi,
+        logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6,
+        AMP_DIM, HEAD_DIM, V_DIM, BLOCK_DA, BLOCK_DP, BLOCK_DV, BLOCK_M, BLOCK_N, True, CAUSAL,
+        DIST_POWER, PHASE_QUAD, TRIG_POLY, DOT_PRECISION)
+
+    dq_base = DQ + batch.to(tl.int64) * stride_dqb + head.to(tl.int64) * stride_dqh
+    tl.store(dq_base + rows * stride_dqn + offs_da[None, :],
+             (dq_a * amp_grad_scale).to(DQ.dtype.element_ty),
+             mask=row_ok[:, None] & (offs_da < AMP_DIM)[None, :])
+    if PHASE_QUAD:
+        dq_phase = dq_p * phase_grad_scale
+    else:
+        dq_phase = tl.zeros([BLOCK_M, BLOCK_DP], dtype=tl.float32) + (dq_psum * phase_grad_scale)[:, None]
+    tl.store(dq_base + rows * stride_dqn + offs_dp[None, :], dq_phase.to(DQ.dtype.element_ty),
+             mask=row_ok[:, None] & (offs_dp < HEAD_DIM)[None, :])

@@ -1,0 +1,166 @@
+"""Host side of the fused TAPA kernels: block-size choice, constants, grids and launches.
+
+`forward` returns (out, lse); `backward` returns (dq, dk, dv). Autograd and the torch custom op
+around them live in `tapa.ops.triton_attention`; the kernels in `tapa.ops.triton_kernels`.
+"""
+
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from tapa.ops import triton_kernels as kernels
+
+MAX_HEAD_DIM = 256
+# Error target of the Taylor series of d ** alpha around a tile's centre distance (relative).
+TAYLOR_TOLERANCE = 1e-8
+TAYLOR_ORDER = 6
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """Block sizes and launch options of one kernel: queries x keys per tile, warps, stages."""
+
+    block_m: int
+    block_n: int
+    num_warps: int = 4
+    num_stages: int = 2
+
+
+@dataclass(frozen=True)
+class LaunchConfigs:
+    fwd: KernelConfig
+    dkdv: KernelConfig
+    dq: KernelConfig
+    trig_poly: bool = True  # cos/sin as polynomials on the FMA pipes (else MUFU cos.approx)
+
+
+def interpreting() -> bool:
+    """True when the kernels run under Triton's CPU interpreter (TRITON_INTERPRET=1)."""
+    return type(kernels._fwd_kernel).__name__ == "InterpretedFunction"
+
+
+def default_configs(head_dim: int, v_dim: int, dtype: torch.dtype) -> LaunchConfigs:
+    """Block sizes by head size and dtype (Hopper choices; see results/kernel-h200/NOTES.md)."""
+    if interpreting():  # small tiles: several per test shape, and quick on a CPU
+        return LaunchConfigs(KernelConfig(32, 16), KernelConfig(16, 32), KernelConfig(32, 16))
+    width = max(head_dim, v_dim)
+    if dtype == torch.float32:  # float32 operands take twice the registers and shared memory
+        width *= 2
+    if width <= 64:
+        return LaunchConfigs(KernelConfig(128, 64, 4, 3), KernelConfig(32, 128, 4, 3),
+                             KernelConfig(128, 32, 4, 3))
+    if width <= 128:
+        return LaunchConfigs(KernelConfig(128, 64, 8, 3), KernelConfig(32, 128, 8, 2),
+                             KernelConfig(128, 32, 8, 2))
+    if width <= 256:
+        return LaunchConfigs(KernelConfig(64, 64, 4, 2), KernelConfig(16, 64, 4, 2),
+                             KernelConfig(64, 16, 4, 2))
+    return LaunchConfigs(KernelConfig(32, 32, 4, 1), KernelConfig(16, 32, 4, 1),
+                         KernelConfig(32, 16, 4, 1))
+
+
+def check_supported(q: torch.Tensor, v: torch.Tensor) -> None:
+    """Raise ValueError for inputs the kernels do not handle (the reference handles them)."""
+    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise ValueError(f"the fused TAPA kernel takes float16, bfloat16 or float32, got {q.dtype}")
+    if q.shape[-1] > MAX_HEAD_DIM or v.shape[-1] > MAX_HEAD_DIM:
+        raise ValueError(f"the fused TAPA kernel takes head_dim <= {MAX_HEAD_DIM}, got "
+                         f"q/k {q.shape[-1]}, v {v.shape[-1]}; use impl='reference'")
+
+
+def _binomial(alpha: float, order: int) -> float:
+    value = 1.0
+    for i in range(order):
+        value *= (alpha - i) / (i + 1)
+    return value
+
+
+def taylor_constants(alpha: float) -> tuple[float, list[float]]:
+    """(rho, [b_1..b_6]): (1 + u) ** alpha = 1 + sum b_k u**k within TAYLOR_TOLERANCE for |u| <= rho."""
+    coefficients = [_binomial(alpha, order) for order in range(1, TAYLOR_ORDER + 1)]
+    remainder = abs(_binomial(alpha, TAYLOR_ORDER + 1))
+    rho = 0.5 if remainder == 0 else min(0.5, (TAYLOR_TOLERANCE / 2 / remainder) ** (1 / (TAYLOR_ORDER + 1)))
+    return rho, coefficients
+
+
+def _pow2(n: int) -> int:
+    return max(16, triton.next_power_of_2(n))
+
+
+def _common_args(q, k, v, amp_dim, alpha, distance, phase, causal):
+    head_dim, v_dim = q.shape[-1], v.shape[-1]
+    phase_dim = head_dim - amp_dim
+    rho, coefficients = taylor_constants(alpha)
+    scalars = [math.log2(math.e) / math.sqrt(amp_dim), 1 / math.sqrt(phase_dim), float(alpha),
+               rho, *coefficients]
+    constexprs = dict(AMP_DIM=amp_dim, HEAD_DIM=head_dim, V_DIM=v_dim, BLOCK_DA=_pow2(amp_dim),
+                      BLOCK_DP=_pow2(phase_dim), BLOCK_DV=_pow2(v_dim), CAUSAL=causal,
+                      DIST_POWER=distance == "power", PHASE_QUAD=phase == "quadratic",
+                      DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
+    return scalars, constexprs
+
+
+def _row_strides(t: torch.Tensor):
+    return t.stride(0), t.stride(1), t.stride(2)
+
+
+def _contiguous_last(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def forward(q, k, v, *, amp_dim, alpha, distance, phase, causal, q_offset, k_offset,
+            configs: LaunchConfigs | None = None):
+    """Fused forward: out (B, Nq, H, Dv) in q's dtype and lse (B, H, Nq) float32 (natural log)."""
+    check_supported(q, v)
+    q, k, v = (_contiguous_last(t) for t in (q, k, v))
+    batch, n_q, heads, _ = q.shape
+    n_k, kv_heads = k.shape[1], k.shape[2]
+    configs = configs or default_configs(q.shape[-1], v.shape[-1], q.dtype)
+    cfg = configs.fwd
+    out = torch.empty((batch, n_q, heads, v.shape[-1]), dtype=q.dtype, device=q.device)
+    lse = torch.empty((batch, heads, n_q), dtype=torch.float32, device=q.device)
+    scalars, constexprs = _common_args(q, k, v, amp_dim, alpha, distance, phase, causal)
+    grid = (triton.cdiv(n_q, cfg.block_m), batch * heads)
+    kernels._fwd_kernel[grid](
+        q, k, v, out, lse, *_row_strides(q), *_row_strides(k), *_row_strides(v),
+        *_row_strides(out), n_q, n_k, q_offset, k_offset, heads, heads // kv_heads, *scalars,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, TRIG_POLY=configs.trig_poly or interpreting(),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **constexprs)
+    return out, lse
+
+
+def backward(dout, dlse, q, k, v, out, lse, *, amp_dim, alpha, distance, phase, causal, q_offset,
+             k_offset, configs: LaunchConfigs | None = None):
+    """Fused backward: (dq, dk, dv) for the gradients dout of out and dlse (or None) of lse."""
+    q, k, v, out, dout = (_contiguous_last(t) for t in (q, k, v, out, dout))
+    batch, n_q, heads, _ = q.shape
+    n_k, kv_heads = k.shape[1], k.shape[2]
+    v_dim = v.shape[-1]
+    configs = configs or default_configs(q.shape[-1], v_dim, q.dtype)
+    trig_poly = configs.trig_poly or interpreting()
+    delta = torch.empty((batch, heads, n_q), dtype=torch.float32, device=q.device)
+    preprocess_rows = 64
+    kernels._bwd_preprocess_kernel[(triton.cdiv(n_q, preprocess_rows), batch * heads)](
+        out, dout, dlse if dlse is not None else delta, delta, *_row_strides(out),
+        *_row_strides(dout), n_q, heads, V_DIM=v_dim, BLOCK_DV=_pow2(v_dim),
+        BLOCK_M=preprocess_rows, HAS_DLSE=dlse is not None)
+    scalars, constexprs = _common_args(q, k, v, amp_dim, alpha, distance, phase, causal)
+    grad_scales = [1 / math.sqrt(amp_dim), -2 * math.pi / math.sqrt(amp_dim)]
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+    cfg = configs.dkdv
+    kernels._bwd_dkdv_kernel[(triton.cdiv(n_k, cfg.block_n), batch * kv_heads)](
+        q, k, v, dout, lse, delta, dk, dv, *_row_strides(q), *_row_strides(k), *_row_strides(v),
+        *_row_strides(dout), *_row_strides(dk), *_row_strides(dv), n_q, n_k, q_offset, k_offset,
+        kv_heads, heads // kv_heads, *scalars, *grad_scales, BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n, TRIG_POLY=trig_poly, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages, **constexprs)
+    cfg = configs.dq
+    kernels._bwd_dq_kernel[(triton.cdiv(n_q, cfg.block_m), batch * heads)](
+        q, k, v, dout, lse, delta, dq, *_row_strides(q), *_row_strides(k), *_row_strides(v),
+        *_row_strides(dout), *_row_strides(dq), n_q, n_k, q_offset, k_offset, heads,
+        heads // kv_heads, *scalars, *grad_scales, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        TRIG_POLY=trig_poly, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **constexprs)
+    return dq, dk, dv
