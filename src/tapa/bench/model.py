@@ -1,0 +1,240 @@
+"""`tapa bench model`: training throughput (tokens/s) and MFU of a ~125M-parameter decoder,
+TAPA (fused kernel through attn_impl="auto") vs RoPE (F.scaled_dot_product_attention forced to
+the FLASH_ATTENTION backend), at several context lengths, in one process.
+
+One training step = forward, float32 cross-entropy, backward, fused AdamW step, under bf16
+autocast, on random token ids (the data does not change the work). Each configuration runs
+`warmup` untimed steps (compilation, autotuning) and then `steps` timed ones.
+
+Model FLOPs per token (the PaLM convention, causal attention counted once):
+    6 * N_matmul + 6 * n_layers * seq_len * dim
+where N_matmul counts the weights that multiply activations (all but the embedding lookup; a tied
+lm_head counts). MFU = achieved model FLOP/s / peak bf16 dense FLOP/s of the GPU.
+
+    tapa bench model                     # H200: 2k, 8k, 32k; writes results/model-throughput-h200/
+    tapa bench model --cpu-smoke --out /tmp/smoke    # the same logic, tiny, on CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import platform
+import shlex
+import sys
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from tapa.model import ModelConfig, TapaLM
+
+# bf16 dense peak TFLOP/s (no sparsity), by a substring of torch.cuda.get_device_name()
+PEAK_BF16_TFLOPS = {"H200": 989.4, "H100": 989.4, "A100": 312.0, "L40S": 362.1, "A10G": 125.0}
+
+BENCH_MODEL = dict(dim=768, n_layers=12, n_heads=6, vocab_size=50304)  # head_dim 128, ~124M params
+SMOKE_MODEL = dict(dim=64, n_layers=2, n_heads=2, vocab_size=512)
+FIELDS = ("model", "pe", "attention", "seq_len", "batch", "params_m", "step_ms", "tokens_per_s",
+          "tflops", "mfu", "peak_mem_gib", "tapa_over_rope")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--lengths", type=int, nargs="+", default=[2048, 8192, 32768],
+                        help="context lengths (default: 2048 8192 32768)")
+    parser.add_argument("--tokens-per-step", type=int, default=32768,
+                        help="tokens per training step; batch = this // seq_len (default 32768)")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps per config (default 3)")
+    parser.add_argument("--steps", type=int, default=10, help="timed steps per config (default 10)")
+    parser.add_argument("--pes", nargs="+", default=["tapa", "rope"], help="positional encodings")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the decoder blocks")
+    parser.add_argument("--peak-tflops", type=float, default=None,
+                        help="peak bf16 TFLOP/s for MFU (default: looked up from the GPU name)")
+    parser.add_argument("--out", default="results/model-throughput-h200",
+                        help="output directory for results.csv and README.md")
+    parser.add_argument("--cpu-smoke", action="store_true",
+                        help="a tiny float32 run on CPU that exercises the same code (for tests)")
+
+
+def matmul_params(model: TapaLM) -> int:
+    """Weights that multiply activations: everything except the embedding lookup (a tied
+    lm_head still multiplies, so it counts)."""
+    total = model.num_parameters()
+    if not model.config.tie_embeddings:
+        total -= model.embed.weight.numel()
+    return total
+
+
+def flops_per_token(model: TapaLM, seq_len: int) -> float:
+    cfg = model.config
+    return 6.0 * matmul_params(model) + 6.0 * cfg.n_layers * seq_len * cfg.dim
+
+
+def attention_path(cfg: ModelConfig, device: torch.device) -> str:
+    """What computes attention: "tapa-triton", "tapa-reference", "sdpa-flash" or "sdpa"."""
+    if cfg.family != "tapa":
+        return "sdpa-flash" if device.type == "cuda" else "sdpa"
+    from tapa.ops import _triton_backend
+
+    backend = _triton_backend()
+    if backend is None or device.type != "cuda":
+        return "tapa-reference"
+    probe = torch.empty(1, 16, cfg.n_heads, cfg.head_dim, device=device, dtype=torch.bfloat16)
+    return "tapa-triton" if backend.supports(probe, probe, probe, theta=cfg.theta) else "tapa-reference"
+
+
+def _sdpa_context(path: str):
+    if path == "sdpa-flash":
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        return sdpa_kernel([SDPBackend.FLASH_ATTENTION])
+    return nullcontext()
+
+
+def measure(cfg: ModelConfig, *, seq_len: int, batch: int, warmup: int, steps: int,
+            device: torch.device, compile_model: bool = False) -> dict:
+    """Time `steps` training steps of a fresh model; returns the measured row (no MFU)."""
+    torch.manual_seed(0)
+    model = TapaLM(cfg).to(device)
+    if compile_model:
+        for block in model.layers:
+            block.compile()
+    fused = device.type == "cuda"
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused)
+    path = attention_path(cfg, device)
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
+    tokens = torch.randint(0, cfg.vocab_size, (batch, seq_len + 1), device=device)
+
+    def step():
+        with _sdpa_context(path), autocast:
+            logits = model(tokens[:, :-1])
+        loss = F.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten())
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    for _ in range(warmup):
+        step()
+    sync()
+    start = time.perf_counter()
+    for _ in range(steps):
+        loss = step()
+    sync()
+    elapsed = time.perf_counter() - start
+    if not torch.isfinite(loss):
+        raise RuntimeError(f"non-finite loss in the {cfg.pe} benchmark at seq_len {seq_len}")
+    step_s = elapsed / steps
+    row = {
+        "model": f"{cfg.dim}d x {cfg.n_layers}L x {cfg.n_heads}h", "pe": cfg.pe, "attention": path,
+        "seq_len": seq_len, "batch": batch, "params_m": round(model.num_parameters() / 1e6, 1),
+        "step_ms": round(1e3 * step_s, 2), "tokens_per_s": round(batch * seq_len / step_s, 1),
+        "tflops": float(f"{batch * seq_len * flops_per_token(model, seq_len) / step_s / 1e12:.4g}"),
+        "peak_mem_gib": (round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
+                         if device.type == "cuda" else None),
+    }
+    del model, optimizer
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return row
+
+
+def run_benchmark(*, model_kwargs: dict, lengths: list[int], pes: list[str], tokens_per_step: int,
+                  warmup: int, steps: int, device: torch.device, peak_tflops: float | None,
+                  compile_model: bool = False, progress: bool = True) -> list[dict]:
+    """One row per (length, pe), with MFU and the TAPA / RoPE tokens/s ratio filled in."""
+    from tapa._optional import require
+
+    configs = [(n, pe) for n in lengths for pe in pes]
+    rows = []
+    bar = require("tqdm").tqdm(configs, desc="bench model", disable=not progress)
+    for seq_len, pe in bar:
+        bar.set_postfix(pe=pe, seq_len=seq_len)
+        if tokens_per_step < seq_len:
+            raise ValueError(f"tokens_per_step ({tokens_per_step}) must be >= seq_len ({seq_len})")
+        cfg = ModelConfig(pe=pe, **model_kwargs)
+        try:
+            row = measure(cfg, seq_len=seq_len, batch=tokens_per_step // seq_len, warmup=warmup,
+                          steps=steps, device=device, compile_model=compile_model)
+        except torch.cuda.OutOfMemoryError:
+            torch.cuda.empty_cache()
+            row = {"pe": pe, "seq_len": seq_len, "attention": "OOM"}
+        row["mfu"] = (round(row["tflops"] / peak_tflops, 4)
+                      if peak_tflops and row.get("tflops") is not None else None)
+        rows.append(row)
+    for row in rows:  # ratio against the RoPE row of the same length
+        rope = next((r for r in rows if r["seq_len"] == row["seq_len"] and r["pe"] == "rope"
+                     and r.get("tokens_per_s")), None)
+        if rope and row.get("tokens_per_s"):
+            row["tapa_over_rope"] = round(row["tokens_per_s"] / rope["tokens_per_s"], 3)
+    return rows
+
+
+def peak_for(device_name: str) -> float | None:
+    return next((tf for key, tf in PEAK_BF16_TFLOPS.items() if key in device_name), None)
+
+
+def write_results(rows: list[dict], out_dir: Path, *, command: str, device_name: str,
+                  peak_tflops: float | None, notes: list[str]) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with open(out_dir / "results.csv", "w", newline="") as handle:
+        writer = csv.DictWriter(handle, FIELDS)
+        writer.writeheader()
+        writer.writerows({k: row.get(k) for k in FIELDS} for row in rows)
+    header = "| " + " | ".join(FIELDS) + " |"
+    lines = [
+        "# Model training throughput: TAPA vs RoPE", "",
+        f"- Command: `{command}`",
+        f"- Date (UTC): {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M}",
+        f"- Device: {device_name}; torch {torch.__version__}; Python {platform.python_version()}",
+        f"- Peak bf16 for MFU: {peak_tflops} TFLOP/s" if peak_tflops else "- MFU: no peak known",
+        "- FLOPs/token = 6 * N_matmul + 6 * n_layers * seq_len * dim (causal attention);"
+        " tapa_over_rope = TAPA tokens/s / RoPE tokens/s at the same length (target >= 0.9).",
+        *[f"- {note}" for note in notes], "",
+        header, "|" + "---|" * len(FIELDS),
+        *["| " + " | ".join("" if row.get(k) is None else str(row.get(k)) for k in FIELDS) + " |"
+          for row in rows], "",
+    ]
+    (out_dir / "README.md").write_text("\n".join(lines))
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.cpu_smoke:
+        device, model_kwargs = torch.device("cpu"), SMOKE_MODEL
+        lengths = [n for n in args.lengths if n <= 256] or [64, 128]
+        tokens_per_step, device_name = max(lengths) * 2, f"CPU ({platform.processor() or 'cpu'})"
+    else:
+        if not torch.cuda.is_available():
+            raise SystemExit("tapa bench model needs a CUDA GPU (use --cpu-smoke to check the code "
+                             "path on CPU)")
+        device, model_kwargs = torch.device("cuda"), BENCH_MODEL
+        lengths, tokens_per_step = args.lengths, args.tokens_per_step
+        device_name = torch.cuda.get_device_name(device)
+    peak = args.peak_tflops or (None if args.cpu_smoke else peak_for(device_name))
+    rows = run_benchmark(model_kwargs=model_kwargs, lengths=lengths, pes=args.pes,
+                         tokens_per_step=tokens_per_step, warmup=args.warmup, steps=args.steps,
+                         device=device, peak_tflops=peak, compile_model=args.compile)
+    notes = []
+    if any(r.get("attention") == "tapa-reference" for r in rows) and not args.cpu_smoke:
+        notes.append("WARNING: the fused TAPA kernel was not used (tapa.ops.triton_attention "
+                     "missing or unsupported); TAPA rows time the PyTorch reference.")
+    command = "tapa bench model " + " ".join(shlex.quote(a) for a in sys.argv[3:]) \
+        if sys.argv[1:3] == ["bench", "model"] else "tapa bench model"
+    write_results(rows, Path(args.out), command=command.strip(), device_name=device_name,
+                  peak_tflops=peak, notes=notes)
+    for row in rows:
+        print(f"{row['pe']:>6} L={row['seq_len']:>6}  {row.get('attention'):>14}  "
+              f"{row.get('tokens_per_s')} tok/s  MFU {row.get('mfu')}  "
+              f"TAPA/RoPE {row.get('tapa_over_rope')}")
+    for note in notes:
+        print(note)
+    print(f"wrote {args.out}/results.csv and README.md")
+    return 0
