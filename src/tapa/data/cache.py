@@ -24,6 +24,7 @@ import shutil
 import sys
 import time
 import uuid
+import warnings
 from pathlib import Path
 from typing import Iterator
 
@@ -205,6 +206,11 @@ def _build_into(staging: Path, cfg: DataConfig, source: Source, progress: bool) 
         tokenizer = train_bpe(counter, cfg.vocab_size, progress=progress)
         if counter.bytes == 0:
             raise ValueError(f"source {cfg.source}: the train split has no text")
+        if tokenizer.get_vocab_size() < cfg.vocab_size:
+            warnings.warn(
+                f"the train split of {cfg.source} yields only {tokenizer.get_vocab_size()} BPE tokens, "
+                f"fewer than vocab_size={cfg.vocab_size}; the corpus uses the smaller vocabulary"
+            )
         save_tokenizer(tokenizer, tokenizer_dir)
         tokenizer_info = {"kind": "bpe", "from": None, "trained_on_bytes": counter.bytes}
     eot_token = end_of_text_token(tokenizer, tokenizer_dir)

@@ -1,0 +1,158 @@
+"""Token cache: layout, reuse, rebuild on change, determinism, and the `tapa data` command."""
+
+import os
+import time
+
+import numpy as np
+import pytest
+
+pytest.importorskip("tokenizers")
+
+from tapa.cli import main as tapa_main  # noqa: E402
+from tapa.data import SPLITS, DataConfig, build_corpus, find_corpus  # noqa: E402
+from tapa.data.cache import token_dtype  # noqa: E402
+from tapa.data.tokenizer import EOT_TOKEN, save_tokenizer, train_bpe  # noqa: E402
+
+SMALL_VOCAB = 300
+
+
+def make_text_dir(root, n_files=12):
+    root.mkdir(parents=True, exist_ok=True)
+    for i in range(n_files):
+        body = "".join(f"def function_{i}_{j}(x):\n    return x * {j} + {i}\n\n" for j in range(20))
+        (root / f"module_{i:02d}.py").write_text(f'"""Module {i}: café ∑."""\n' + body, encoding="utf-8")
+    return root
+
+
+def small_config(tmp_path, source, **overrides):
+    values = dict(source=str(source), cache_dir=str(tmp_path / "cache"), vocab_size=SMALL_VOCAB,
+                  val_fraction=0.15, test_fraction=0.15)
+    return DataConfig(**{**values, **overrides})
+
+
+def split_documents(corpus, split):
+    """Decode a split back into its documents (each ends with the end-of-text id)."""
+    ids = np.asarray(corpus.tokens(split))
+    assert ids.size == 0 or ids[-1] == corpus.eot_id
+    ends = np.flatnonzero(ids == corpus.eot_id)
+    starts = np.concatenate([[0], ends[:-1] + 1])
+    return [corpus.decode(ids[s:e]) for s, e in zip(starts, ends)]
+
+
+def test_build_layout_and_contents(tmp_path):
+    source = make_text_dir(tmp_path / "src")
+    corpus = build_corpus(small_config(tmp_path, source), progress=False)
+    assert corpus.built and corpus.vocab_size == SMALL_VOCAB
+    assert corpus.eot_id == corpus.tokenizer.token_to_id(EOT_TOKEN)
+    assert corpus.dtype == np.uint16 and corpus.tokens("train").dtype == np.uint16
+    manifest = corpus.manifest
+    files = {p.name: p.read_text(encoding="utf-8") for p in source.iterdir()}
+    seen = []
+    for split in SPLITS:
+        docs = split_documents(corpus, split)
+        counts = manifest["splits"][split]
+        assert counts["docs"] == len(docs) > 0
+        assert counts["tokens"] == len(corpus.tokens(split))
+        assert counts["bytes"] == sum(len(d.encode("utf-8")) for d in docs)
+        seen += docs
+    # every file is one document in exactly one split, in full
+    assert sorted(seen) == sorted(files.values())
+    assert corpus.decode(corpus.encode("x = 1  # ∑\n")) == "x = 1  # ∑\n"
+    assert (corpus.tokenizer_dir / "tokenizer.json").is_file()
+    assert manifest["source"]["kind"] == "directory" and manifest["tokenizer"]["kind"] == "bpe"
+    assert not [p for p in (tmp_path / "cache").iterdir() if ".tmp-" in p.name]  # staging removed
+    assert token_dtype(65536) == np.uint16 and token_dtype(65537) == np.uint32
+
+
+def test_rerun_reuses_the_cache(tmp_path):
+    cfg = small_config(tmp_path, make_text_dir(tmp_path / "src"))
+    first = build_corpus(cfg, progress=False)
+    stamps = {p.name: p.stat().st_mtime_ns for p in first.directory.iterdir()}
+    second = build_corpus(cfg, progress=False)
+    assert not second.built and second.directory == first.directory
+    assert {p.name: p.stat().st_mtime_ns for p in second.directory.iterdir()} == stamps
+    assert find_corpus(cfg).directory == first.directory
+
+
+def test_changed_source_or_tokenizer_rebuilds(tmp_path):
+    source = make_text_dir(tmp_path / "src")
+    cfg = small_config(tmp_path, source)
+    original = build_corpus(cfg, progress=False)
+
+    changed = source / "module_03.py"
+    changed.write_text(changed.read_text() + "extra = 1\n")
+    os.utime(changed, ns=(time.time_ns(), time.time_ns() + 10**9))  # mtime moves even on coarse clocks
+    edited = build_corpus(cfg, progress=False)
+    assert edited.built and edited.directory != original.directory
+
+    bigger_vocab = build_corpus(small_config(tmp_path, source, vocab_size=SMALL_VOCAB + 20), progress=False)
+    assert bigger_vocab.built and bigger_vocab.vocab_size == SMALL_VOCAB + 20
+
+    # an existing tokenizer directory: its content is part of the key
+    tok_dir = tmp_path / "tok"
+    words = [f"word{i} {i * 7} {i % 13}\n" for i in range(300)]
+    save_tokenizer(train_bpe(iter(words), 280, progress=False), tok_dir)
+    given = build_corpus(small_config(tmp_path, source, tokenizer=str(tok_dir)), progress=False)
+    assert given.built and given.manifest["tokenizer"]["kind"] == "file" and given.vocab_size == 280
+    assert not build_corpus(small_config(tmp_path, source, tokenizer=str(tok_dir)), progress=False).built
+    save_tokenizer(train_bpe(iter(f"other{i} text {i * 3}\n" for i in range(300)), 280, progress=False), tok_dir)
+    retrained = build_corpus(small_config(tmp_path, source, tokenizer=str(tok_dir)), progress=False)
+    assert retrained.built and retrained.directory != given.directory
+
+
+def test_jsonl_and_max_train_bytes(tmp_path):
+    path = tmp_path / "docs.jsonl"
+    rows = [f'{{"text": "document {i}: {"word " * (i + 5)}"}}' for i in range(40)]
+    path.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    full = build_corpus(small_config(tmp_path, path), progress=False)
+    # 300 bytes cannot fill 300 BPE entries: a warning, and the corpus keeps the real size
+    with pytest.warns(UserWarning, match="fewer than vocab_size=300"):
+        capped = build_corpus(small_config(tmp_path, path, max_train_bytes=300), progress=False)
+    assert capped.vocab_size == capped.tokenizer.get_vocab_size() < 300
+    assert capped.directory != full.directory
+    assert capped.manifest["splits"]["train"]["bytes"] == 300 < full.manifest["splits"]["train"]["bytes"]
+    for split in ("val", "test"):  # only train is capped
+        assert np.array_equal(capped.tokens(split), full.tokens(split)) or (
+            capped.manifest["tokenizer"]["sha256"] != full.manifest["tokenizer"]["sha256"]
+        )
+        assert capped.manifest["splits"][split]["bytes"] == full.manifest["splits"][split]["bytes"]
+
+
+def test_builtin_build_is_deterministic(tmp_path):
+    kwargs = dict(vocab_size=400, max_train_bytes=60_000, val_fraction=0.004, test_fraction=0.004)
+    first = build_corpus(DataConfig(cache_dir=str(tmp_path / "a"), **kwargs), progress=False)
+    second = build_corpus(DataConfig(cache_dir=str(tmp_path / "b"), **kwargs), progress=False)
+    assert first.built and second.built
+    assert first.manifest["splits"] == second.manifest["splits"]
+    assert first.manifest["tokenizer"]["sha256"] == second.manifest["tokenizer"]["sha256"]
+    assert first.manifest["splits"]["train"]["bytes"] == 60_000
+    assert all(first.manifest["splits"][s]["tokens"] > 0 for s in SPLITS)
+    source = first.manifest["source"]
+    assert source["kind"] == "builtin" and source["files"] > 500
+
+
+def test_truncated_cache_file_is_a_clear_error(tmp_path):
+    corpus = build_corpus(small_config(tmp_path, make_text_dir(tmp_path / "src")), progress=False)
+    path = corpus.directory / "train.bin"
+    path.write_bytes(path.read_bytes()[:-2])
+    with pytest.raises(ValueError, match="cache is corrupt"):
+        build_corpus(small_config(tmp_path, tmp_path / "src"), progress=False)
+
+
+def test_cli_build_and_info(tmp_path, capsys):
+    source = make_text_dir(tmp_path / "src")
+    args = ["--source", str(source), "--cache-dir", str(tmp_path / "cache"), "--vocab-size", str(SMALL_VOCAB),
+            "--val-fraction", "0.15", "--test-fraction", "0.15", "--quiet"]
+    assert tapa_main(["data", "info", *args]) == 1
+    assert "no cached corpus" in capsys.readouterr().out
+    assert tapa_main(["data", "build", *args]) == 0
+    out = capsys.readouterr().out
+    assert "| train |" in out and "| total | 12 |" in out and "built in" in out
+    assert tapa_main(["data", "build", *args]) == 0
+    assert "reused the cache" in capsys.readouterr().out
+    assert tapa_main(["data", "info", *args]) == 0
+    assert f"vocab {SMALL_VOCAB}" in capsys.readouterr().out
+    assert tapa_main(["data", "info", "--all", "--cache-dir", str(tmp_path / "cache")]) == 0
+    assert "src-" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="does not exist"):
+        tapa_main(["data", "build", "--source", str(tmp_path / "nope"), "--cache-dir", str(tmp_path)])
