@@ -1,0 +1,329 @@
+"""Split-KV TAPA decoding: one or a few new query tokens against a long KV cache (Triton).
+
+Computes the function of `tapa.ops.reference` (see its docstring) for the decode setting:
+
+    row b: valid keys are the slots start_b <= n < seqlen_b of the cache (start_b = 0 unless
+           cache_starts is given, e.g. left padding); query t (0 <= t < Nq) sits at slot
+           seqlen_b - Nq + t and sees keys n <= its slot; TAPA distances are slot differences.
+
+Work split (flash-decoding): program (b, kv head, split) handles one contiguous range of cache
+slots for all query rows of that kv head: the G = H / Hk query heads of the group times the Nq
+tokens are packed into one tile, so the group shares every k/v load (GQA packed). Each split
+keeps an online softmax and writes its normalized partial output and log-sum-exp; a second
+kernel merges the splits, out = sum_s exp(lse_s - lse) * out_s with lse = logsumexp_s(lse_s).
+With a single split the first kernel writes the final output directly.
+
+Half-precision inputs: the logits and the softmax are float32, q.k and p.v run on the input
+dtype's tensor cores with float32 accumulation (p is cast to the value dtype, as in
+FlashAttention); float32 inputs use IEEE float32 dots.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from tapa.ops.reference import DISTANCES, PHASES, split_dims
+
+MAX_QUERY_ROWS = 64  # G * Nq rows per program; more queries are prefill work for the fused kernel
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+TWO_PI = 2.0 * math.pi
+
+
+@triton.jit
+def _split_kernel(
+    Q, K, V, SEQLENS, STARTS, OUT, LSE,
+    stride_qb, stride_qn, stride_qh, stride_qd,
+    stride_kb, stride_kn, stride_kh, stride_kd,
+    stride_vb, stride_vn, stride_vh, stride_vd,
+    stride_ob, stride_o1, stride_o2, stride_o3, stride_od,
+    stride_lb, stride_l1, stride_l2, stride_l3,
+    kv_heads, q_len, group, head_dim, v_dim, amp_dim, keys_per_split,
+    amp_scale, phase_scale, alpha,
+    HAS_STARTS: tl.constexpr, POWER_DISTANCE: tl.constexpr, QUADRATIC_PHASE: tl.constexpr,
+    FINAL: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+):
+    """One (batch, kv head, split). FINAL: OUT is (B, Nq, H, Dv), LSE (B, H, Nq); otherwise
+    OUT is the float32 partial buffer (B, Hk, splits, rows, Dv) and LSE (B, Hk, splits, rows)."""
+    pid = tl.program_id(0)
+    split = tl.program_id(1)
+    batch = pid // kv_heads
+    kv_head = pid % kv_heads
+
+    seqlen = tl.load(SEQLENS + batch)
+    if HAS_STARTS:
+        first_key = tl.load(STARTS + batch)
+    else:
+        first_key = 0
+    lo = tl.maximum(split * keys_per_split, first_key)
+    hi = tl.minimum((split + 1) * keys_per_split, seqlen)
+
+    # packed query rows: row = g * q_len + t -> query head kv_head * group + g, token t
+    rows = tl.arange(0, BLOCK_M)
+    row_valid = rows < group * q_len
+    token = rows % q_len
+    head = kv_head * group + rows // q_len
+    query_slot = seqlen - q_len + token
+    dims = tl.arange(0, BLOCK_D)
+    vdims = tl.arange(0, BLOCK_DV)
+
+    q_ptrs = (Q + batch * stride_qb + token[:, None] * stride_qn + head[:, None] * stride_qh
+              + dims[None, :] * stride_qd)
+    q = tl.load(q_ptrs, mask=row_valid[:, None] & (dims[None, :] < head_dim), other=0.0)
+    is_amp = dims[None, :] < amp_dim
+    q_amp = tl.where(is_amp, q, tl.zeros_like(q))
+    q_phase = tl.where(is_amp, tl.zeros_like(q), q)
+    if not QUADRATIC_PHASE:
+        q_phase_sum = tl.sum(q_phase.to(tl.float32), axis=1)
+
+    row_max = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+    row_sum = tl.zeros((BLOCK_M,), tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_DV), tl.float32)
+    k_base = K + batch * stride_kb + kv_head * stride_kh
+    v_base = V + batch * stride_vb + kv_head * stride_vh
+    for start in range(lo, hi, BLOCK_N):
+        keys = start + tl.arange(0, BLOCK_N)
+        key_valid = keys < hi
+        k = tl.load(k_base + keys[:, None] * stride_kn + dims[None, :] * stride_kd,
+                    mask=key_valid[:, None] & (dims[None, :] < head_dim), other=0.0)
+        if IEEE:
+            amplitude = tl.dot(q_amp, tl.trans(k), input_precision="ieee")
+        else:
+            amplitude = tl.dot(q_amp, tl.trans(k))
+        if QUADRATIC_PHASE:
+            if IEEE:
+                phi = tl.dot(q_phase, tl.trans(k), input_precision="ieee")
+            else:
+                phi = tl.dot(q_phase, tl.trans(k))
+        else:
+            k_phase_sum = tl.sum(tl.where(is_amp, 0.0, k.to(tl.float32)), axis=1)
+            phi = q_phase_sum[:, None] + k_phase_sum[None, :]
+        dist = (query_slot[:, None] - keys[None, :]).to(tl.float32)
+        if POWER_DISTANCE:
+            weight = tl.where(dist > 0, tl.exp2(alpha * tl.log2(tl.maximum(dist, 1.0))), 0.0)
+        else:
+            weight = alpha * dist
+        turns = weight * (phi * phase_scale)
+        turns = turns - tl.floor(turns + 0.5)  # range reduction in turns, before the cosine
+        logits = amplitude * amp_scale * tl.cos(TWO_PI * turns)
+        visible = key_valid[None, :] & (keys[None, :] <= query_slot[:, None]) & row_valid[:, None]
+        logits = tl.where(visible, logits, float("-inf"))
+
+        new_max = tl.maximum(row_max, tl.max(logits, axis=1))
+        safe_max = tl.where(new_max == float("-inf"), 0.0, new_max)
+        probs = tl.exp(logits - safe_max[:, None])
+        rescale = tl.exp(row_max - safe_max)
+        row_sum = row_sum * rescale + tl.sum(probs, axis=1)
+        v = tl.load(v_base + keys[:, None] * stride_vn + vdims[None, :] * stride_vd,
+                    mask=key_valid[:, None] & (vdims[None, :] < v_dim), other=0.0)
+        if IEEE:
+            acc = acc * rescale[:, None] + tl.dot(probs, v, input_precision="ieee")
+        else:
+            acc = acc * rescale[:, None] + tl.dot(probs.to(v.dtype), v)
+        row_max = new_max
+
+    # rows that saw no key in this split: out 0, lse -inf (they get weight 0 in the merge)
+    out = acc / tl.where(row_sum > 0, row_sum, 1.0)[:, None]
+    lse = tl.where(row_sum > 0, row_max + tl.log(tl.where(row_sum > 0, row_sum, 1.0)), float("-inf"))
+    store_mask = row_valid[:, None] & (vdims[None, :] < v_dim)
+    if FINAL:
+        o_ptrs = (OUT + batch * stride_ob + token[:, None] * stride_o1 + head[:, None] * stride_o2
+                  + vdims[None, :] * stride_od)
+        tl.store(o_ptrs, out.to(OUT.dtype.element_ty), mask=store_mask)
+        tl.store(LSE + batch * stride_lb + head * stride_l1 + token * stride_l2, lse, mask=row_valid)
+    else:
+        o_ptrs = (OUT + batch * stride_ob + kv_head * stride_o1 + split * stride_o2
+                  + rows[:, None] * stride_o3 + vdims[None, :] * stride_od)
+        tl.store(o_ptrs, out, mask=store_mask)
+        tl.store(LSE + batch * stride_lb + kv_head * stride_l1 + split * stride_l2 + rows * stride_l3,
+                 lse, mask=row_valid)
+
+
+@triton.jit
+def _merge_kernel(
+    PART, PART_LSE, OUT, LSE,
+    stride_pb, stride_ph, stride_ps, stride_pm, stride_pd,
+    stride_plb, stride_plh, stride_pls, stride_plm,
+    stride_ob, stride_on, stride_oh, stride_od,
+    stride_lb, stride_lh, stride_ln,
+    kv_heads, num_splits, q_len, group, v_dim,
+    BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr,
+):
+    """Merge the splits of one (batch, kv head): exact log-sum-exp weighting."""
+    pid = tl.program_id(0)
+    batch = pid // kv_heads
+    kv_head = pid % kv_heads
+    rows = tl.arange(0, BLOCK_M)
+    row_valid = rows < group * q_len
+    vdims = tl.arange(0, BLOCK_DV)
+    lse_base = PART_LSE + batch * stride_plb + kv_head * stride_plh + rows * stride_plm
+    part_base = (PART + batch * stride_pb + kv_head * stride_ph + rows[:, None] * stride_pm
+                 + vdims[None, :] * stride_pd)
+    part_mask = row_valid[:, None] & (vdims[None, :] < v_dim)
+
+    lse_max = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+    for split in range(0, num_splits):
+        lse_max = tl.maximum(lse_max, tl.load(lse_base + split * stride_pls, mask=row_valid,
+                                              other=float("-inf")))
+    safe_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)
+    total = tl.zeros((BLOCK_M,), tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_DV), tl.float32)
+    for split in range(0, num_splits):
+        weight = tl.exp(tl.load(lse_base + split * stride_pls, mask=row_valid, other=float("-inf"))
+                        - safe_max)
+        total += weight
+        acc += weight[:, None] * tl.load(part_base + split * stride_ps, mask=part_mask, other=0.0)
+    out = acc / tl.where(total > 0, total, 1.0)[:, None]
+    lse = tl.where(total > 0, safe_max + tl.log(tl.where(total > 0, total, 1.0)), float("-inf"))
+
+    token = rows % q_len
+    head = kv_head * group + rows // q_len
+    o_ptrs = (OUT + batch * stride_ob + token[:, None] * stride_on + head[:, None] * stride_oh
+              + vdims[None, :] * stride_od)
+    tl.store(o_ptrs, out.to(OUT.dtype.element_ty), mask=part_mask)
+    tl.store(LSE + batch * stride_lb + head * stride_lh + token * stride_ln, lse, mask=row_valid)
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _pow2(n: int, minimum: int = 16) -> int:
+    return max(minimum, triton.next_power_of_2(n))
+
+
+def default_num_splits(batch: int, kv_heads: int, capacity: int, device: torch.device,
+                       block_n: int) -> int:
+    """Enough programs for about two waves over the SMs, each split at least one key block."""
+    sms = _num_sms(device.index or 0) if device.type == "cuda" else 4
+    wanted = triton.cdiv(2 * sms, batch * kv_heads)
+    return max(1, min(wanted, triton.cdiv(capacity, block_n), 128))
+
+
+def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """True when the decode kernel can run these shapes (few query rows per kv head)."""
+    if q.dtype not in DTYPES or q.dim() != 4 or k.dim() != 4:
+        return False
+    rows = q.shape[1] * (q.shape[2] // max(k.shape[2], 1))
+    return rows <= MAX_QUERY_ROWS and q.shape[-1] <= 256 and v.shape[-1] <= 256
+
+
+def _check(q, k_cache, v_cache, cache_seqlens, cache_starts, theta, alpha, distance, phase):
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            raise ValueError(f"{name} must be a rank-4 tensor (batch, seqlen, heads, head_dim)")
+    if q.dtype not in DTYPES or k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
+        raise ValueError(f"q, k_cache, v_cache must share one dtype of {DTYPES}, got "
+                         f"{q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
+    batch, q_len, heads, head_dim = q.shape
+    if k_cache.shape[0] != batch or v_cache.shape[:3] != k_cache.shape[:3] or k_cache.shape[3] != head_dim:
+        raise ValueError(f"cache shapes k {tuple(k_cache.shape)}, v {tuple(v_cache.shape)} do not fit "
+                         f"q {tuple(q.shape)}")
+    if heads % k_cache.shape[2]:
+        raise ValueError(f"heads: q heads ({heads}) must be a multiple of kv heads ({k_cache.shape[2]})")
+    if not supports(q, k_cache, v_cache):
+        raise ValueError(f"q_len * heads / kv_heads must be <= {MAX_QUERY_ROWS} and head dims <= 256 "
+                         f"for the decode kernel, got q {tuple(q.shape)}, kv heads {k_cache.shape[2]}")
+    for name, t in (("cache_seqlens", cache_seqlens), ("cache_starts", cache_starts)):
+        if t is None and name == "cache_starts":
+            continue
+        if not isinstance(t, torch.Tensor) or t.shape != (batch,) or t.dtype != torch.int32:
+            raise ValueError(f"{name} must be an int32 tensor of shape ({batch},)")
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device}, q on {q.device}")
+    amp_dim, phase_dim = split_dims(head_dim, theta)
+    if not 0 < theta < 1 or amp_dim == 0 or phase_dim == 0:
+        raise ValueError(f"theta={theta!r} leaves an empty part of head_dim={head_dim}")
+    if not alpha > 0:
+        raise ValueError(f"alpha must be > 0, got {alpha!r}")
+    if distance not in DISTANCES:
+        raise ValueError(f"distance must be one of {DISTANCES}, got {distance!r}")
+    if phase not in PHASES:
+        raise ValueError(f"phase must be one of {PHASES}, got {phase!r}")
+
+
+def _check_lengths(q_len, capacity, cache_seqlens, cache_starts):
+    """Value checks on the lengths (a device sync: the caller may skip them for lengths it built)."""
+    if bool((cache_seqlens < q_len).any()) or bool((cache_seqlens > capacity).any()):
+        raise ValueError(f"cache_seqlens must lie in [q_len={q_len}, cache capacity={capacity}], "
+                         f"got {cache_seqlens.tolist()}")
+    if cache_starts is not None and bool(((cache_starts < 0) | (cache_starts > cache_seqlens - q_len)).any()):
+        raise ValueError(f"cache_starts must lie in [0, cache_seqlens - q_len] so every query sees a key, "
+                         f"got {cache_starts.tolist()}")
+
+
+def tapa_decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    *,
+    theta: float = 0.5,
+    alpha: float = 0.1,
+    distance: str = "power",
+    phase: str = "quadratic",
+    cache_starts: torch.Tensor | None = None,
+    num_splits: int | None = None,
+    return_lse: bool = False,
+    check_lengths: bool = True,
+):
+    """TAPA attention of Nq new tokens against a KV cache (see the module docstring).
+
+    q (B, Nq, H, D); k_cache (B, S, Hk, D) and v_cache (B, S, Hk, Dv), any strides (e.g. a
+    transposed (B, Hk, S, D) cache); cache_seqlens (B,) int32: valid slots per sequence,
+    the Nq new tokens included (they are its last Nq slots); cache_starts (B,) int32: first valid
+    slot per sequence (left padding), default 0. Returns out (B, Nq, H, Dv) in q's dtype, and
+    with return_lse also lse (B, H, Nq) float32. check_lengths=False skips the value checks of
+    the lengths, which cost a device sync.
+    """
+    _check(q, k_cache, v_cache, cache_seqlens, cache_starts, theta, alpha, distance, phase)
+    batch, q_len, heads, head_dim = q.shape
+    capacity, kv_heads, v_dim = k_cache.shape[1], k_cache.shape[2], v_cache.shape[3]
+    if check_lengths:
+        _check_lengths(q_len, capacity, cache_seqlens, cache_starts)
+    group = heads // kv_heads
+    rows = group * q_len
+    amp_dim, phase_dim = split_dims(head_dim, theta)
+    block_d, block_dv = _pow2(head_dim), _pow2(v_dim)
+    block_n = 64 if max(block_d, block_dv) <= 128 else 32
+    if num_splits is None:
+        num_splits = default_num_splits(batch, kv_heads, capacity, q.device, block_n)
+    keys_per_split = triton.cdiv(triton.cdiv(capacity, num_splits), block_n) * block_n
+    num_splits = triton.cdiv(capacity, keys_per_split)
+
+    out = torch.empty(batch, q_len, heads, v_dim, dtype=q.dtype, device=q.device)
+    lse = torch.empty(batch, heads, q_len, dtype=torch.float32, device=q.device)
+    final = num_splits == 1
+    if final:
+        part, part_lse = out, lse
+        part_strides = (out.stride(0), out.stride(1), out.stride(2), 0, out.stride(3))
+        lse_strides = (lse.stride(0), lse.stride(1), lse.stride(2), 0)
+    else:
+        part = torch.empty(batch, kv_heads, num_splits, rows, v_dim, dtype=torch.float32, device=q.device)
+        part_lse = torch.empty(batch, kv_heads, num_splits, rows, dtype=torch.float32, device=q.device)
+        part_strides, lse_strides = part.stride(), part_lse.stride()
+    starts = cache_starts if cache_starts is not None else cache_seqlens  # unused when HAS_STARTS=False
+    block_m = _pow2(rows)
+    _split_kernel[(batch * kv_heads, num_splits)](
+        q, k_cache, v_cache, cache_seqlens, starts, part, part_lse,
+        *q.stride(), *k_cache.stride(), *v_cache.stride(), *part_strides, *lse_strides,
+        kv_heads, q_len, group, head_dim, v_dim, amp_dim, keys_per_split,
+        1.0 / math.sqrt(amp_dim), 1.0 / math.sqrt(phase_dim), float(alpha),
+        HAS_STARTS=cache_starts is not None, POWER_DISTANCE=distance == "power",
+        QUADRATIC_PHASE=phase == "quadratic", FINAL=final, IEEE=q.dtype == torch.float32,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, BLOCK_DV=block_dv,
+        num_warps=4, num_stages=2,
+    )
+    if not final:
+        _merge_kernel[(batch * kv_heads,)](
+            part, part_lse, out, lse, *part.stride(), *part_lse.stride(), *out.stride(), *lse.stride(),
+            kv_heads, num_splits, q_len, group, v_dim,
+            BLOCK_M=block_m, BLOCK_DV=block_dv, num_warps=4,
+        )
+    return (out, lse) if return_lse else out
