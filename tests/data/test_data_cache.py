@@ -116,6 +116,13 @@ def test_jsonl_and_max_train_bytes(tmp_path):
             capped.manifest["tokenizer"]["sha256"] != full.manifest["tokenizer"]["sha256"]
         )
         assert capped.manifest["splits"][split]["bytes"] == full.manifest["splits"][split]["bytes"]
+    assert full.manifest["tokenizer"]["trained_on_bytes"] == full.manifest["splits"]["train"]["bytes"]
+    with pytest.warns(UserWarning, match="fewer than vocab_size"):
+        subset = build_corpus(small_config(tmp_path, path, tokenizer_train_bytes=500), progress=False)
+    assert subset.manifest["tokenizer"]["trained_on_bytes"] == 500
+    assert subset.manifest["splits"]["train"] == {**full.manifest["splits"]["train"],
+                                                  "tokens": subset.manifest["splits"]["train"]["tokens"],
+                                                  "sha256": subset.manifest["splits"]["train"]["sha256"]}
 
 
 def test_builtin_build_is_deterministic(tmp_path):

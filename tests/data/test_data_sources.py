@@ -64,6 +64,19 @@ def test_builtin_lists_stdlib_sorted_and_disjoint():
     assert source.describe()["python_version"].startswith(f"{sys.version_info.major}.{sys.version_info.minor}")
 
 
+def test_builtin_site_packages_only_on_request(tmp_path, monkeypatch):
+    stdlib = write_tree(tmp_path / "lib", {"os.py": "import sys\n", "json/__init__.py": "x = 1\n",
+                                           "notes.txt": "not python", "site-packages/pkg/mod.py": "y = 2\n"})
+    paths = {"stdlib": str(stdlib), "purelib": str(stdlib / "site-packages"),
+             "platlib": str(stdlib / "site-packages")}
+    monkeypatch.setattr("sysconfig.get_paths", lambda: paths)
+    monkeypatch.setattr("site.getsitepackages", lambda: [])
+    assert BuiltinPythonSource().keys() == ["json/__init__.py", "os.py"]
+    with_site = BuiltinPythonSource(include_site_packages=True)
+    assert with_site.keys() == ["json/__init__.py", "os.py", "site-packages/pkg/mod.py"]
+    assert with_site.slug.endswith("-site") and with_site.fingerprint() != BuiltinPythonSource().fingerprint()
+
+
 def test_directory_source_recursive_sorted_skips_hidden_and_empty(tmp_path):
     write_tree(tmp_path, {"b.txt": "bee\n", "a/z.md": "zed\n", "a/y.txt": "why\n", ".git/x": "hidden",
                           ".hidden.txt": "h", "empty.txt": ""})

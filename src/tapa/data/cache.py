@@ -159,24 +159,44 @@ def build_corpus(cfg: DataConfig, progress: bool = True) -> Corpus:
 
 def _documents(source: Source, assignment: dict[str, str], splits: set[str], max_train_bytes: int | None
                ) -> Iterator[tuple[str, Document]]:
-    """(split, document) in source order; the train split stops after max_train_bytes (the last
-    document cut at a character boundary)."""
+    """(split, document) in source order; the train split stops after max_train_bytes."""
     wanted = {key for key, split in assignment.items() if split in splits}
-    train_bytes = 0
+    train_budget = max_train_bytes
     for doc in source.read(wanted):
         split = assignment[doc.key]
-        if split == "train" and max_train_bytes is not None:
-            if train_bytes >= max_train_bytes:
+        if split == "train" and train_budget is not None:
+            if train_budget <= 0:
                 continue
-            encoded = doc.text.encode("utf-8")
-            if train_bytes + len(encoded) > max_train_bytes:
-                kept = encoded[: max_train_bytes - train_bytes].decode("utf-8", errors="ignore")
-                doc = Document(doc.key, kept)
-                encoded = kept.encode("utf-8")
-            train_bytes += len(encoded)
-            if not doc.text:
+            text, used = _cut_utf8(doc.text, train_budget)
+            train_budget = train_budget - used if text == doc.text else 0  # a cut ends the split
+            if not text:
                 continue
+            doc = Document(doc.key, text)
         yield split, doc
+
+
+def _cut_utf8(text: str, limit: int) -> tuple[str, int]:
+    """The longest prefix of `text` within `limit` UTF-8 bytes (cut at a character boundary),
+    and its size in bytes."""
+    encoded = text.encode("utf-8")
+    if len(encoded) <= limit:
+        return text, len(encoded)
+    kept = encoded[:limit].decode("utf-8", errors="ignore")
+    return kept, len(kept.encode("utf-8"))
+
+
+def _take_bytes(texts: Iterator[str], limit: int | None) -> Iterator[str]:
+    """The texts in order until `limit` UTF-8 bytes in all (the last one cut); all if None."""
+    budget = limit
+    for text in texts:
+        if budget is not None:
+            if budget <= 0:
+                return
+            kept, used = _cut_utf8(text, budget)
+            budget = budget - used if kept == text else 0
+            text = kept
+        if text:
+            yield text
 
 
 def _tqdm(progress: bool, **kwargs):
@@ -295,18 +315,3 @@ class _ByteCounter:
         for text in self.texts:
             self.bytes += len(text.encode("utf-8"))
             yield text
-
-
-def _take_bytes(texts, limit: int | None):
-    """The texts in order until `limit` UTF-8 bytes (the last one cut); all of them if None."""
-    if limit is None:
-        yield from texts
-        return
-    taken = 0
-    for text in texts:
-        encoded = text.encode("utf-8")
-        if taken + len(encoded) >= limit:
-            yield encoded[: limit - taken].decode("utf-8", errors="ignore")
-            return
-        taken += len(encoded)
-        yield text

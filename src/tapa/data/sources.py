@@ -321,22 +321,24 @@ class TextFileSource(Source):
 
     kind = "file"
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, val_fraction: float, test_fraction: float):
         self.path = path
         self.slug = _slug(path.name)
         self.size = path.stat().st_size
         if self.size == 0:
             raise ValueError(f"source file {path} is empty")
+        self.fractions = (val_fraction, test_fraction)
 
     def keys(self) -> list[str]:
         return list(SPLITS)
 
     def splits(self, val_fraction: float, test_fraction: float) -> dict[str, str]:
-        self._fractions = (val_fraction, test_fraction)
+        if (val_fraction, test_fraction) != self.fractions:
+            raise ValueError(f"{self.path} was opened for fractions {self.fractions}")
         return {split: split for split in SPLITS}
 
     def read(self, wanted: set[str]) -> Iterator[Document]:
-        val_fraction, test_fraction = self._fractions
+        val_fraction, test_fraction = self.fractions
         lines = read_text(self.path).splitlines(keepends=True)
         needed = 1 + (val_fraction > 0) + (test_fraction > 0)
         if len(lines) < needed:
@@ -473,4 +475,4 @@ def open_source(cfg: DataConfig) -> Source:
         raise ValueError(f"cannot read source file {path} (permission denied)")
     if path.suffix == ".jsonl":
         return JsonlSource(path, cfg.text_field)
-    return TextFileSource(path)
+    return TextFileSource(path, cfg.val_fraction, cfg.test_fraction)
