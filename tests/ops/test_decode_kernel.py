@@ -1,0 +1,139 @@
+"""The split-KV decode kernel against the float64 reference (Triton interpreter on CPU)."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernel module is imported
+
+pytest.importorskip("triton")
+from helpers import rel_rmse  # noqa: E402
+
+from tapa.ops import decode_kernel  # noqa: E402
+from tapa.ops.reference import naive_tapa_attention  # noqa: E402
+
+if not torch.cuda.is_available() and type(decode_kernel._split_kernel).__name__ != "InterpretedFunction":
+    decode_kernel = importlib.reload(sys.modules["tapa.ops.decode_kernel"])  # imported earlier without the interpreter
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def reference(q, k_cache, v_cache, lengths, starts, **op_args):
+    """Per sequence: the naive op on its valid keys, queries at the last q_len slots."""
+    outs, lses = [], []
+    for row in range(q.shape[0]):
+        first = 0 if starts is None else int(starts[row])
+        stop = int(lengths[row])
+        out, lse = naive_tapa_attention(q[row:row + 1], k_cache[row:row + 1, first:stop],
+                                        v_cache[row:row + 1, first:stop], q_offset=stop - q.shape[1],
+                                        k_offset=first, return_lse=True, **op_args)
+        outs.append(out)
+        lses.append(lse)
+    return torch.cat(outs), torch.cat(lses)
+
+
+def random_case(batch, q_len, heads, kv_heads, head_dim, capacity, dtype, *, seed, transposed_cache=True):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(batch, q_len, heads, head_dim, generator=gen).to(DEVICE, dtype)
+    if transposed_cache:  # the layout transformers' caches use: (B, Hk, S, D), viewed as (B, S, Hk, D)
+        k = torch.randn(batch, kv_heads, capacity, head_dim, generator=gen).to(DEVICE, dtype).transpose(1, 2)
+    else:
+        k = torch.randn(batch, capacity, kv_heads, head_dim, generator=gen).to(DEVICE, dtype)
+    v = torch.randn(batch, capacity, kv_heads, head_dim, generator=gen).to(DEVICE, dtype)
+    lengths = torch.randint(q_len, capacity + 1, (batch,), generator=gen, dtype=torch.int32)
+    lengths[0] = capacity  # one full cache
+    starts = (torch.rand(batch, generator=gen) * (lengths - q_len).float()).to(torch.int32)
+    return q, k, v, lengths.to(DEVICE), starts.to(DEVICE)
+
+
+CASES = [
+    # batch, q_len, heads, kv_heads, head_dim, capacity, num_splits, theta, distance, phase
+    (3, 1, 8, 2, 64, 300, None, 0.5, "power", "quadratic"),
+    (2, 3, 4, 4, 48, 203, 3, 0.3, "linear", "quadratic"),
+    (2, 2, 6, 3, 32, 130, 1, 0.75, "power", "linear"),
+    (1, 1, 4, 1, 40, 77, 5, 0.5, "power", "quadratic"),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("with_starts", [False, True])
+def test_decode_matches_reference(case, dtype, with_starts, monkeypatch):
+    batch, q_len, heads, kv_heads, head_dim, capacity, splits, theta, distance, phase = case
+    q, k, v, lengths, starts = random_case(batch, q_len, heads, kv_heads, head_dim, capacity, dtype,
+                                           seed=CASES.index(case))
+    starts = starts if with_starts else None
+    op_args = dict(theta=theta, alpha=0.1 if distance == "power" else 0.05, distance=distance, phase=phase)
+
+    # poison every buffer the kernel allocates: each element it should write must be written
+    real_empty = torch.empty
+
+    def poisoned_empty(*args, **kwargs):
+        t = real_empty(*args, **kwargs)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    monkeypatch.setattr(torch, "empty", poisoned_empty)
+    out, lse = decode_kernel.tapa_decode_attention(q, k, v, lengths, cache_starts=starts,
+                                                   num_splits=splits, return_lse=True, **op_args)
+    monkeypatch.setattr(torch, "empty", real_empty)
+    assert not out.isnan().any() and not lse.isnan().any()
+
+    exact_out, exact_lse = reference(q.double(), k.double(), v.double(), lengths, starts, **op_args)
+    same_dtype_out, _ = reference(q, k, v, lengths, starts, **op_args)
+    err = rel_rmse(out, exact_out)
+    ref_err = rel_rmse(same_dtype_out, exact_out)
+    assert err <= 2 * ref_err + 1e-6, (err, ref_err)
+    assert rel_rmse(lse, exact_lse) < 1e-5
+
+
+def test_splits_agree_and_lengths_are_per_sequence():
+    """The split count changes only rounding; a sequence's result ignores slots past its length."""
+    q, k, v, lengths, _ = random_case(2, 1, 4, 2, 32, 150, torch.float32, seed=3)
+    one = decode_kernel.tapa_decode_attention(q, k, v, lengths, num_splits=1)
+    many = decode_kernel.tapa_decode_attention(q, k, v, lengths, num_splits=7)
+    assert rel_rmse(many, one) < 1e-6
+    k_garbage, v_garbage = k.clone(), v.clone()
+    for row, length in enumerate(lengths.tolist()):
+        k_garbage[row, length:] = 1e4
+        v_garbage[row, length:] = float("nan")
+    garbage = decode_kernel.tapa_decode_attention(q, k_garbage, v_garbage, lengths, num_splits=7)
+    assert torch.equal(garbage, many)
+
+
+def test_decode_bad_input():
+    q, k, v, lengths, starts = random_case(2, 1, 4, 2, 32, 40, torch.float32, seed=1)
+    with pytest.raises(ValueError, match="cache_seqlens"):
+        decode_kernel.tapa_decode_attention(q, k, v, lengths.long())
+    with pytest.raises(ValueError, match="cache_seqlens"):
+        decode_kernel.tapa_decode_attention(q, k, v, torch.tensor([41, 3], dtype=torch.int32, device=DEVICE))
+    with pytest.raises(ValueError, match="cache_starts"):
+        decode_kernel.tapa_decode_attention(q, k, v, lengths, cache_starts=lengths)
+    with pytest.raises(ValueError, match="multiple of kv heads"):
+        decode_kernel.tapa_decode_attention(q[:, :, :3], k, v, lengths)
+    with pytest.raises(ValueError, match="dtype"):
+        decode_kernel.tapa_decode_attention(q.half(), k, v, lengths)
+    with pytest.raises(ValueError, match="theta"):
+        decode_kernel.tapa_decode_attention(q, k, v, lengths, theta=1.0)
+    with pytest.raises(ValueError, match="distance"):
+        decode_kernel.tapa_decode_attention(q, k, v, lengths, distance="log")
+    with pytest.raises(ValueError, match="<= 64"):
+        decode_kernel.tapa_decode_attention(q.expand(2, 40, 4, 32), k, v, lengths)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_decode_long_cache_cuda(dtype):
+    """bf16 (which the interpreter cannot check) on a long ragged cache, 32 q heads on 8 kv heads."""
+    q, k, v, lengths, starts = random_case(3, 1, 32, 8, 128, 20000, dtype, seed=5)
+    for cache_starts in (None, starts):
+        out = decode_kernel.tapa_decode_attention(q, k, v, lengths, cache_starts=cache_starts)
+        exact, _ = reference(q.double(), k.double(), v.double(), lengths, cache_starts)
+        same_dtype, _ = reference(q, k, v, lengths, cache_starts)
+        assert rel_rmse(out, exact) <= 2 * rel_rmse(same_dtype, exact) + 1e-6
