@@ -186,6 +186,14 @@ def test_hf_load_from_disk_directory(tmp_path):
         open_source(DataConfig(source=f"hf:{tmp_path / 'saved'}", text_field="body"))
     with pytest.raises(ValueError, match="does not exist"):
         open_source(DataConfig(source=f"hf:{tmp_path / 'nowhere'}"))
+    # a DatasetDict with its own splits keeps them
+    parts = {name: datasets.Dataset.from_dict({"text": [f"{name} {i}" for i in range(n)]})
+             for name, n in (("train", 5), ("validation", 2), ("test", 3))}
+    datasets.DatasetDict(parts).save_to_disk(str(tmp_path / "dict"))
+    assignment, docs = read_all(open_source(DataConfig(source=f"hf:{tmp_path / 'dict'}")))
+    for key, split in assignment.items():
+        assert docs[key].split()[0] == {"train": "train", "val": "validation", "test": "test"}[split]
+    assert len(docs) == 10
 
 
 @pytest.mark.parametrize(

@@ -393,7 +393,13 @@ class HFDatasetSource(Source):
                 raise ValueError(f"cannot load a datasets directory from {local}: {err}") from err
         else:
             name, _, config = spec.partition(":")
-            loaded = datasets.load_dataset(name, config or None)
+            try:
+                loaded = datasets.load_dataset(name, config or None)
+            except Exception as err:  # offline, unknown name, bad config: all end here
+                raise ValueError(
+                    f"cannot load hf dataset {name!r}{f' (config {config!r})' if config else ''} "
+                    f"with datasets.load_dataset: {err}"
+                ) from err
         if isinstance(loaded, datasets.DatasetDict):
             self.parts = dict(loaded)
         else:
