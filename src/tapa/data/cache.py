@@ -233,6 +233,7 @@ def _build_into(staging: Path, cfg: DataConfig, source: Source, progress: bool) 
             )
         save_tokenizer(tokenizer, tokenizer_dir)
         tokenizer_info = {"kind": "bpe", "from": None, "trained_on_bytes": counter.bytes}
+    tokenizer_seconds = time.perf_counter() - started
     eot_token = end_of_text_token(tokenizer, tokenizer_dir)
     eot_id = tokenizer.token_to_id(eot_token)
     vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
@@ -300,6 +301,7 @@ def _build_into(staging: Path, cfg: DataConfig, source: Source, progress: bool) 
         "python_version": sys.version.split()[0],
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "build_seconds": round(time.perf_counter() - started, 2),
+        "tokenizer_seconds": round(tokenizer_seconds, 2),  # training (or copying) the tokenizer
     }
     (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
 

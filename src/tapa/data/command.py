@@ -85,10 +85,10 @@ def describe(manifest: dict, directory: Path) -> str:
     trained = tokenizer["trained_on_bytes"]
     origin = f"BPE trained here on {trained:,} bytes" if trained else f"from {tokenizer['from']}"
     lines += [
-        f"tokenizer: vocab {tokenizer['vocab_size']}, {origin}, eot {tokenizer['eot_token']}={tokenizer['eot_id']}, "
-        f"sha256 {tokenizer['sha256'][:16]}",
+        f"tokenizer: vocab {tokenizer['vocab_size']}, {origin}, "
+        f"eot {tokenizer['eot_token']}={tokenizer['eot_id']}, sha256 {tokenizer['sha256'][:16]}",
         f"tokens:    {manifest['dtype']}, built {manifest['created']} in {manifest['build_seconds']} s "
-        f"with Python {manifest['python_version']}",
+        f"({manifest['tokenizer_seconds']} s of it for the tokenizer) with Python {manifest['python_version']}",
         "",
         sizes_table(manifest),
     ]
@@ -124,8 +124,7 @@ def _list_all(cache_dir: Path) -> int:
     print("|---|---|---:|---:|---:|---:|---|")
     for path in manifests:
         manifest = json.loads(path.read_text(encoding="utf-8"))
-        splits = manifest["splits"]
+        tokens = " | ".join(f"{manifest['splits'][split]['tokens']:,}" for split in SPLITS)
         print(f"| {path.parent.name} | {manifest['source']['source']} | {manifest['tokenizer']['vocab_size']} | "
-              f"{splits['train']['tokens']:,} | {splits['val']['tokens']:,} | {splits['test']['tokens']:,} | "
-              f"{manifest['created']} |")
+              f"{tokens} | {manifest['created']} |")
     return 0

@@ -423,8 +423,9 @@ class HFDatasetSource(Source):
         return self._keys
 
     def splits(self, val_fraction: float, test_fraction: float) -> dict[str, str]:
-        if self.own_splits:
-            return {k: self.part_split[k.split(":")[0]] for k in self._keys if k.split(":")[0] in self.part_split}
+        if self.own_splits:  # rows of parts with other names (e.g. "unsupervised") are left out
+            parts = {key: key.split(":")[0] for key in self._keys}
+            return {key: self.part_split[part] for key, part in parts.items() if part in self.part_split}
         return super().splits(val_fraction, test_fraction)
 
     def read(self, wanted: set[str]) -> Iterator[Document]:
