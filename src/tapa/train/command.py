@@ -111,6 +111,8 @@ def configs_from_args(args: argparse.Namespace):
         saved = json.loads(saved_path.read_text())
         merged = {section: {**saved[section], **overrides[section]} for section in _SECTIONS}
         merged["train"]["run_dir"] = run_dir
+        # an interruption point is not part of the run: resume to the end unless asked again
+        merged["train"]["stop_after"] = overrides["train"].get("stop_after")
         return build_configs(None, merged)
     if overrides["train"].get("init_from"):
         from tapa.train.checkpoint import read_state, resolve_checkpoint

@@ -204,6 +204,8 @@ def _train(train_cfg: TrainConfig, model_cfg: ModelConfig | None, data_cfg: Data
         base_cfg = ModelConfig.from_dict(ckpt.read_state(init_checkpoint)["model"])
         if model_cfg is None:
             model_cfg = base_cfg
+        # the vocabulary follows the tokenizer, checked against the corpus below
+        model_cfg = dataclasses.replace(model_cfg, vocab_size=base_cfg.vocab_size)
         check_continual(base_cfg, model_cfg)
         init_weights = ckpt.load_weights(init_checkpoint, model_cfg)
     elif model_cfg is None:

@@ -1,0 +1,96 @@
+"""Recipes, command-line overrides, and the continual-pretraining rules."""
+
+import argparse
+import dataclasses
+
+import pytest
+import torch
+
+from tapa.model import ModelConfig, TapaLM
+from tapa.train import command
+from tapa.train.config import (TrainConfig, available_recipes, build_configs,
+                               continual_model_config, load_recipe)
+
+
+def _params(recipe: str) -> int:
+    train_cfg, model_cfg, data_cfg = build_configs(load_recipe(recipe))
+    model_cfg = dataclasses.replace(model_cfg, vocab_size=data_cfg.vocab_size)
+    with torch.device("meta"):
+        return TapaLM(model_cfg).num_parameters()
+
+
+def test_required_recipes_exist_and_build():
+    names = available_recipes()
+    for required in ("tiny", "toy-gpu", "gpu-350m", "paper-7b"):
+        assert required in names
+    for name in names:
+        train_cfg, model_cfg, data_cfg = build_configs(load_recipe(name))
+        assert train_cfg.name == name
+
+
+@pytest.mark.parametrize("recipe, low, high", [("tiny", 0.2e6, 3e6), ("toy-gpu", 20e6, 40e6),
+                                                ("gpu-350m", 300e6, 400e6),
+                                                ("paper-7b", 6.5e9, 8.5e9)])
+def test_recipe_sizes(recipe, low, high):
+    assert low <= _params(recipe) <= high
+
+
+def _parse(argv):
+    parser = argparse.ArgumentParser()
+    command.add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def test_command_line_overrides_recipe():
+    args = _parse(["--recipe", "tiny", "--pe", "rope", "--seq-len", "512", "--lr", "3e-4",
+                   "--steps", "7", "--data", "/some/dir", "--vocab-size", "500", "--no-progress",
+                   "--micro-batch-size", "none", "--rope-scale", "2"])
+    train_cfg, model_cfg, data_cfg = command.configs_from_args(args)
+    recipe = load_recipe("tiny")
+    assert (model_cfg.pe, model_cfg.rope_scale, model_cfg.dim) == ("rope", 2.0, recipe["model"]["dim"])
+    assert (train_cfg.seq_len, train_cfg.lr, train_cfg.steps, train_cfg.progress) == (512, 3e-4, 7, False)
+    assert train_cfg.micro_batch_size is None
+    assert train_cfg.batch_size == recipe["train"]["batch_size"]  # untouched values stay
+    assert (data_cfg.source, data_cfg.vocab_size) == ("/some/dir", 500)
+
+
+def test_bad_recipes_and_values(tmp_path):
+    with pytest.raises(ValueError, match="unknown recipe 'no-such-recipe'"):
+        load_recipe("no-such-recipe")
+    with pytest.raises(ValueError, match="does not exist"):
+        load_recipe(str(tmp_path / "missing.toml"))
+    cases = {
+        "syntax.toml": ("[train\nsteps = 1", "not valid TOML"),
+        "table.toml": ("[optimizer]\nlr = 1.0", "unknown tables"),
+        "field.toml": ("[train]\nlearning_rate = 1.0", r"unknown \[train\] fields \['learning_rate'\]"),
+        "vocab.toml": ("[model]\nvocab_size = 100", "set vocab_size in \\[data\\]"),
+    }
+    for name, (text, message) in cases.items():
+        (tmp_path / name).write_text(text)
+        with pytest.raises(ValueError, match=message):
+            load_recipe(str(tmp_path / name))
+    (tmp_path / "bad_value.toml").write_text("[train]\nlr = -1.0")
+    with pytest.raises(ValueError, match="lr must be > 0"):
+        build_configs(load_recipe(str(tmp_path / "bad_value.toml")))
+    for bad, message in [(dict(seq_len=0), "seq_len"), (dict(precision="fp8"), "precision"),
+                         (dict(parallel="tp"), "parallel"), (dict(passkey_fraction=2.0), "passkey"),
+                         (dict(min_lr_ratio=1.5), "min_lr_ratio"), (dict(stop_after=0), "stop_after")]:
+        with pytest.raises(ValueError, match=message):
+            TrainConfig(**bad)
+    with pytest.raises(SystemExit):  # argparse: not an int
+        _parse(["--steps", "many"])
+
+
+def test_continual_rules():
+    tapa = ModelConfig(dim=32, n_heads=2, pe="tapa")
+    assert continual_model_config(tapa, {"dim": 32, "pe": "tapa"}) == tapa
+    assert continual_model_config(tapa, {"attn_impl": "reference"}).attn_impl == "reference"
+    for field, value in [("theta", 0.25), ("alpha", 0.2), ("pe", "rope"), ("dim", 64),
+                         ("pe", "tapa-linear-phase"), ("phase_init_scale", 0.5)]:
+        with pytest.raises(ValueError, match=f"keeps the checkpoint's {field}="):
+            continual_model_config(tapa, {field: value})
+    rope = ModelConfig(dim=32, n_heads=2, pe="rope")
+    yarn = continual_model_config(rope, {"pe": "rope-yarn", "rope_scale": 4.0, "original_seq_len": 256})
+    assert (yarn.pe, yarn.rope_scale, yarn.original_seq_len) == ("rope-yarn", 4.0, 256)
+    with pytest.raises(ValueError, match="pe="):
+        continual_model_config(rope, {"pe": "tapa"})

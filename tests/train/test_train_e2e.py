@@ -1,0 +1,62 @@
+"""`tapa train` end to end on the built-in corpus: pretrain, then continue at twice the length."""
+
+import json
+
+import pytest
+from trainkit import records, one_thread  # noqa: F401 (autouse fixture)
+
+from tapa.cli import main
+
+
+def _common(tmp_path):
+    return ["--recipe", "tiny", "--cache-dir", str(tmp_path / "cache"), "--vocab-size", "300",
+            "--max-train-bytes", "200000", "--dim", "32", "--n-layers", "2", "--n-heads", "2",
+            "--batch-size", "4", "--log-every", "1", "--eval-batches", "1", "--no-progress",
+            "--no-plot", "--device", "cpu"]
+
+
+def test_pretrain_then_continual_at_twice_the_length(tmp_path, capsys):
+    pre = tmp_path / "pre"
+    assert main(["train", *_common(tmp_path), "--seq-len", "32", "--steps", "30", "--lr", "1e-2",
+                 "--warmup-steps", "3", "--eval-every", "15", "--run-dir", str(pre)]) == 0
+    assert f"run: {pre}" in capsys.readouterr().out
+    losses = [r["loss"] for r in records(pre)]
+    assert max(losses[-5:]) < min(losses[:3]) - 0.5  # the loss falls
+    vals = [r["val_loss"] for r in records(pre) if r["val_loss"] is not None]
+    assert len(vals) == 2 and vals[1] < vals[0]
+
+    cont = tmp_path / "cont"
+    assert main(["train", *_common(tmp_path), "--init-from", str(pre), "--seq-len", "64",
+                 "--steps", "3", "--eval-every", "0", "--run-dir", str(cont)]) == 0
+    config = json.loads((cont / "config.json").read_text())
+    assert config["train"]["seq_len"] == 64 and config["init_from"].endswith("step_000030")
+    assert records(cont)[0]["loss"] < losses[0] - 0.5  # continues from the trained weights
+
+    # TAPA's settings are fixed by the checkpoint: a clear message, no run
+    with pytest.raises(SystemExit, match="keeps the checkpoint's alpha"):
+        main(["train", *_common(tmp_path), "--init-from", str(pre), "--seq-len", "64",
+              "--alpha", "0.2", "--run-dir", str(tmp_path / "bad")])
+    assert not (tmp_path / "bad").exists()
+
+
+def test_rope_continual_may_change_its_scaling(tmp_path):
+    pre = tmp_path / "rope"
+    assert main(["train", *_common(tmp_path), "--pe", "rope", "--seq-len", "32", "--steps", "2",
+                 "--eval-every", "0", "--run-dir", str(pre)]) == 0
+    cont = tmp_path / "yarn"
+    assert main(["train", *_common(tmp_path), "--pe", "rope-yarn", "--rope-scale", "2",
+                 "--original-seq-len", "32", "--init-from", str(pre), "--seq-len", "64",
+                 "--steps", "1", "--eval-every", "0", "--run-dir", str(cont)]) == 0
+    model = json.loads((cont / "config.json").read_text())["model"]
+    assert (model["pe"], model["rope_scale"], model["original_seq_len"]) == ("rope-yarn", 2.0, 32)
+
+
+def test_resume_from_the_command_line(tmp_path):
+    run_dir = tmp_path / "run"
+    args = [*_common(tmp_path), "--seq-len", "32", "--steps", "4", "--eval-every", "0",
+            "--run-dir", str(run_dir)]
+    assert main(["train", *args, "--stop-after", "2"]) == 0
+    assert main(["train", "--run-dir", str(run_dir), "--resume", "--no-progress"]) == 0
+    assert [r["step"] for r in records(run_dir)] == [1, 2, 3, 4]
+    with pytest.raises(SystemExit, match="not found"):
+        main(["train", "--run-dir", str(tmp_path / "missing"), "--resume"])
