@@ -116,7 +116,14 @@ class TapaForCausalLM(PreTrainedModel, GenerationMixin):
         """transformers' from_pretrained, but missing, unexpected or mis-shaped weights are a
         ValueError instead of a warning (a TAPA checkpoint never has optional weights)."""
         want_info = kwargs.pop("output_loading_info", False)
-        model, info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
+        where = args[0] if args else kwargs.get("pretrained_model_name_or_path", "")
+        try:
+            model, info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
+        except RuntimeError as err:  # transformers refuses mis-shaped weights: load again to list them
+            if "mismatch" not in str(err):
+                raise
+            kwargs["ignore_mismatched_sizes"] = True
+            model, info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
         tied = set(cls._tied_weights_keys) if model.config.tie_embeddings else set()
         problems = {
             "missing": sorted(set(info.get("missing_keys", ())) - tied),
@@ -126,7 +133,7 @@ class TapaForCausalLM(PreTrainedModel, GenerationMixin):
         }
         problems = {kind: names for kind, names in problems.items() if names}
         if problems:
-            raise ValueError(f"checkpoint {args[0] if args else ''} does not match its config "
+            raise ValueError(f"checkpoint {where} does not match its config "
                              f"(model_type {cls.config_class.model_type!r}): {problems}")
         return (model, info) if want_info else model
 

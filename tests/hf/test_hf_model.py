@@ -1,0 +1,218 @@
+"""transformers integration: save/load, trust_remote_code, cached and padded generation, chunked
+prefill, clear errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
+
+from tapa.hf import TapaConfig, TapaForCausalLM  # noqa: E402
+from tapa.hf.modeling import CACHE_OUTPUT_NAME  # noqa: E402
+from tapa.model import ModelConfig, TapaLM  # noqa: E402
+
+VOCAB = 97
+
+
+def tiny_model(pe: str = "tapa", seed: int = 0, **overrides) -> TapaForCausalLM:
+    """A tiny random model; init_std 0.3 makes greedy continuations vary from token to token."""
+    torch.manual_seed(seed)
+    fields = dict(vocab_size=VOCAB, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, pe=pe, init_std=0.3)
+    return TapaForCausalLM(TapaConfig(**{**fields, **overrides})).eval()
+
+
+def random_ids(lengths, seed=1):
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(1, VOCAB, (n,), generator=gen) for n in lengths]
+
+
+def left_pad(seqs):
+    width = max(len(s) for s in seqs)
+    ids = torch.zeros(len(seqs), width, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, seq in enumerate(seqs):
+        ids[row, width - len(seq):] = seq
+        mask[row, width - len(seq):] = 1
+    return ids, mask
+
+
+def greedy(model, ids, **kwargs):
+    out = model.generate(ids, max_new_tokens=8, do_sample=False, pad_token_id=0, **kwargs)
+    return out[:, ids.shape[1]:]
+
+
+def test_hf_logits_equal_tapa_lm_and_loss():
+    model = tiny_model(phase_matrix="diagonal")
+    ids = random_ids([13])[0][None]
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, model.model(ids))
+        loss = model(ids, labels=ids).loss
+        assert torch.allclose(loss, model.model.loss(ids[:, :-1], ids[:, 1:]))
+
+
+@pytest.mark.parametrize("pe", ["tapa", "rope"])
+def test_save_load_round_trip(tmp_path, pe):
+    model = tiny_model(pe, tie_embeddings=pe == "tapa", phase_init_scale=0.1)
+    model.save_pretrained(tmp_path)
+    assert (tmp_path / "model.safetensors").is_file()
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["model_type"] == "tapa-llama"
+    assert {k: saved[k] for k in ModelConfig().to_dict()} == model.config.model_config().to_dict()
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert isinstance(loaded, TapaForCausalLM)
+    assert loaded.config.model_config() == model.config.model_config()
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], tensor), name
+    assert (loaded.model.lm_head.weight is loaded.model.embed.weight) == (pe == "tapa")
+    ids = random_ids([9])[0][None]
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, model(ids).logits)
+
+
+def test_trust_remote_code_without_importing_tapa(tmp_path):
+    model = tiny_model()
+    model.save_pretrained(tmp_path)
+    ids = random_ids([7])[0][None]
+    with torch.no_grad():
+        torch.save({"ids": ids, "logits": model(ids).logits}, tmp_path / "expected.pt")
+    script = textwrap.dedent(f"""
+        import sys, torch
+        from transformers import AutoModelForCausalLM
+        assert "tapa" not in sys.modules
+        model = AutoModelForCausalLM.from_pretrained({str(tmp_path)!r}, trust_remote_code=True).eval()
+        expected = torch.load({str(tmp_path / "expected.pt")!r})
+        with torch.no_grad():
+            assert torch.equal(model(expected["ids"]).logits, expected["logits"])
+        print("remote code ok", type(model).__name__)
+    """)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env,
+                            cwd=tmp_path, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "remote code ok TapaForCausalLM" in result.stdout
+
+
+@pytest.mark.parametrize("pe", ["tapa", "rope", "tapa-linear-phase"])
+def test_generate_with_cache_equals_without(pe):
+    model = tiny_model(pe)
+    ids = torch.stack(random_ids([10, 10], seed=2))
+    cached = greedy(model, ids)
+    uncached = greedy(model, ids, use_cache=False)
+    assert torch.equal(cached, uncached)
+    assert len(set(cached.flatten().tolist())) > 3  # a real continuation, not one repeated token
+
+
+@pytest.mark.parametrize("pe", ["tapa", "rope", "nope"])
+def test_left_padded_batch_generates_as_each_sequence_alone(pe):
+    model = tiny_model(pe, phase_matrix="full")
+    seqs = random_ids([5, 11, 2], seed=3)
+    alone = [greedy(model, seq[None])[0] for seq in seqs]
+    ids, mask = left_pad(seqs)
+    batched = greedy(model, ids, attention_mask=mask)
+    for row, expected in enumerate(alone):
+        assert torch.equal(batched[row], expected), (row, batched[row], expected)
+    assert torch.equal(greedy(model, ids, attention_mask=mask, use_cache=False), batched)
+
+
+@pytest.mark.parametrize("pe", ["tapa", "rope"])
+def test_mask_with_holes_equals_sequence_without_them(pe):
+    """A 0 in the middle of the mask hides that token: the logits of the others equal those of the
+    sequence with the token removed (positions restart from the mask's cumsum)."""
+    model = tiny_model(pe).double()  # float64: the comparison is then exact up to ~1e-12
+    ids = random_ids([12], seed=4)[0][None]
+    mask = torch.ones_like(ids)
+    mask[0, [3, 7]] = 0
+    keep = mask[0].bool()
+    with torch.no_grad():
+        holes = model(ids, attention_mask=mask, use_cache=False).logits[0, keep]
+        removed = model(ids[:, keep], use_cache=False).logits[0]
+    torch.testing.assert_close(holes, removed, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("pe", ["tapa", "rope"])
+@pytest.mark.parametrize("padded", [False, True])
+def test_chunked_prefill_equals_one_shot(pe, padded):
+    model = tiny_model(pe).double()
+    seqs = random_ids([23, 17], seed=5)
+    ids, mask = left_pad(seqs)
+    if not padded:
+        ids, mask = ids[:1], None
+    with torch.no_grad():
+        one_shot = model(ids, attention_mask=mask).logits
+        cache, chunks = None, []
+        for start in range(0, ids.shape[1], 7):
+            stop = min(start + 7, ids.shape[1])
+            chunk_mask = None if mask is None else mask[:, :stop]
+            out = model(ids[:, start:stop], attention_mask=chunk_mask, cache=cache, use_cache=True)
+            cache = out[CACHE_OUTPUT_NAME]
+            chunks.append(out.logits)
+    chunked = torch.cat(chunks, dim=1)
+    real = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.bool()
+    torch.testing.assert_close(chunked[real], one_shot[real], rtol=1e-10, atol=1e-10)
+
+
+def test_bad_inputs(tmp_path):
+    with pytest.raises(ValueError, match="pe must be one of"):
+        TapaConfig(pe="alibi")
+    with pytest.raises(ValueError, match="contradicts"):
+        TapaConfig(dim=64, hidden_size=128)
+    # a config of another model type
+    other = tmp_path / "llama"
+    other.mkdir()
+    (other / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 64}))
+    with pytest.raises(ValueError, match="model_type is 'llama'.*tapa convert"):
+        TapaConfig.from_pretrained(other)
+    with pytest.raises(ValueError, match="model_type is 'llama'"):
+        TapaForCausalLM.from_pretrained(other)
+    unknown = tmp_path / "unknown"
+    unknown.mkdir()
+    (unknown / "config.json").write_text(json.dumps({"model_type": "no-such-model"}))
+    with pytest.raises(ValueError, match="no-such-model"):
+        AutoConfig.from_pretrained(unknown)
+    # weights that do not fit the config
+    saved = tmp_path / "model"
+    tiny_model().save_pretrained(saved)
+    config = json.loads((saved / "config.json").read_text())
+    config["ffn_dim"] = 128
+    (saved / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="does not match its config.*ffn"):
+        AutoModelForCausalLM.from_pretrained(saved)
+    model = tiny_model()
+    with pytest.raises(ValueError, match="attention_mask must be"):
+        model(torch.ones(2, 5, dtype=torch.long), attention_mask=torch.ones(2, 4, dtype=torch.long))
+
+
+def test_tapa_lm_weights_wrap_exactly():
+    torch.manual_seed(0)
+    lm = TapaLM(ModelConfig(vocab_size=VOCAB, dim=64, n_layers=2, n_heads=4, pe="tapa")).eval()
+    wrapped = TapaForCausalLM.from_tapa_lm(lm).eval()
+    ids = random_ids([8])[0][None]
+    with torch.no_grad():
+        assert torch.equal(wrapped(ids).logits, lm(ids))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_generation_uses_decode_kernel(monkeypatch):
+    from tapa.ops import decode_kernel
+
+    calls = []
+    real = decode_kernel.tapa_decode_attention
+    monkeypatch.setattr(decode_kernel, "tapa_decode_attention",
+                        lambda *a, **k: calls.append(1) or real(*a, **k))
+    model = tiny_model().cuda()
+    seqs = [s.cuda() for s in random_ids([6, 9], seed=6)]
+    ids, mask = left_pad(seqs)
+    ids, mask = ids.cuda(), mask.cuda()
+    batched = greedy(model, ids, attention_mask=mask)
+    assert calls, "the decode kernel was not used"
+    for row, seq in enumerate(seqs):
+        assert torch.equal(batched[row], greedy(model, seq[None], use_cache=False)[0])
