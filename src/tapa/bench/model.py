@@ -22,7 +22,6 @@ import csv
 import datetime
 import platform
 import shlex
-import sys
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -206,6 +205,17 @@ def write_results(rows: list[dict], out_dir: Path, *, command: str, device_name:
     (out_dir / "README.md").write_text("\n".join(lines))
 
 
+def command_line(args: argparse.Namespace) -> str:
+    """The full command that reproduces this run, every option spelled out."""
+    parts = ["tapa bench model", "--lengths", *map(str, args.lengths),
+             "--tokens-per-step", str(args.tokens_per_step), "--warmup", str(args.warmup),
+             "--steps", str(args.steps), "--pes", *args.pes]
+    if args.peak_tflops:
+        parts += ["--peak-tflops", str(args.peak_tflops)]
+    parts += ["--compile"] * args.compile + ["--cpu-smoke"] * args.cpu_smoke
+    return " ".join(shlex.quote(p) if p != "tapa bench model" else p for p in parts + ["--out", args.out])
+
+
 def run(args: argparse.Namespace) -> int:
     if args.cpu_smoke:
         device, model_kwargs = torch.device("cpu"), SMOKE_MODEL
@@ -226,9 +236,7 @@ def run(args: argparse.Namespace) -> int:
     if any(r.get("attention") == "tapa-reference" for r in rows) and not args.cpu_smoke:
         notes.append("WARNING: the fused TAPA kernel was not used (tapa.ops.triton_attention "
                      "missing or unsupported); TAPA rows time the PyTorch reference.")
-    command = "tapa bench model " + " ".join(shlex.quote(a) for a in sys.argv[3:]) \
-        if sys.argv[1:3] == ["bench", "model"] else "tapa bench model"
-    write_results(rows, Path(args.out), command=command.strip(), device_name=device_name,
+    write_results(rows, Path(args.out), command=command_line(args), device_name=device_name,
                   peak_tflops=peak, notes=notes)
     for row in rows:
         print(f"{row['pe']:>6} L={row['seq_len']:>6}  {row.get('attention'):>14}  "

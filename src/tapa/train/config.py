@@ -36,7 +36,7 @@ CONTINUAL_MUTABLE = ("rope_base", "rope_scale", "original_seq_len", "yarn_beta_f
                      "yarn_beta_slow", "attn_impl")
 
 # TrainConfig fields a resumed run may change without changing the loss trajectory.
-RESUME_MUTABLE = ("run_dir", "steps", "stop_after", "eval_every", "save_every", "keep_checkpoints",
+RESUME_MUTABLE = ("name", "run_dir", "steps", "stop_after", "eval_every", "save_every", "keep_checkpoints",
                   "log_every", "progress", "compile", "device", "parallel", "micro_batch_size",
                   "resume", "plot")
 
