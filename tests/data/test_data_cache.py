@@ -163,3 +163,22 @@ def test_cli_build_and_info(tmp_path, capsys):
     assert "src-" in capsys.readouterr().out
     with pytest.raises(ValueError, match="does not exist"):
         tapa_main(["data", "build", "--source", str(tmp_path / "nope"), "--cache-dir", str(tmp_path)])
+
+
+def test_concurrent_builds_of_one_entry_end_with_one_copy(tmp_path, monkeypatch):
+    """Two processes building the same entry: the one that renames second keeps the first copy."""
+    import tapa.data.cache as cache
+
+    cfg = small_config(tmp_path, make_text_dir(tmp_path / "src"))
+    real_build_into = cache._build_into
+
+    def build_while_another_process_wins(staging, *args):
+        real_build_into(staging, *args)
+        rival = staging.parent / "rival-staging"
+        real_build_into(rival, *args)
+        os.rename(rival, cache.corpus_directory(cfg))
+
+    monkeypatch.setattr(cache, "_build_into", build_while_another_process_wins)
+    corpus = build_corpus(cfg, progress=False)
+    assert corpus.tokens("train").size > 0
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == [corpus.directory.name]  # no staging left

@@ -34,7 +34,6 @@ from tapa._optional import require
 from tapa.data.config import SPLITS, DataConfig
 from tapa.data.sources import Document, Source, open_source
 from tapa.data.tokenizer import (
-    EOT_TOKEN,
     end_of_text_token,
     file_sha256,
     load_tokenizer,
@@ -45,7 +44,7 @@ from tapa.data.tokenizer import (
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
-ENCODE_BATCH_BYTES = 1 << 21  # texts per encode_batch call: enough to keep all cores busy
+ENCODE_BATCH_BYTES = 1 << 21  # text per encode_batch call: enough to keep all cores busy
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -70,10 +69,11 @@ class Corpus:
         self._tokenizer = None
         for split in SPLITS:
             expected = self.manifest["splits"][split]["tokens"] * self.dtype.itemsize
-            actual = (self.directory / f"{split}.bin").stat().st_size
+            path = self.directory / f"{split}.bin"
+            actual = path.stat().st_size if path.is_file() else None
             if actual != expected:
                 raise ValueError(
-                    f"{self.directory / f'{split}.bin'} has {actual} bytes, the manifest says "
+                    f"{path} has {actual if actual is not None else 'no'} bytes, the manifest says "
                     f"{expected}; the cache is corrupt, delete {self.directory} and rebuild"
                 )
 
@@ -297,6 +297,7 @@ def _build_into(staging: Path, cfg: DataConfig, source: Source, progress: bool) 
             "eot_id": eot_id,
         },
         "dtype": dtype.name,
+        "byteorder": sys.byteorder,
         "splits": counts,
         "python_version": sys.version.split()[0],
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

@@ -79,8 +79,10 @@ def describe(manifest: dict, directory: Path) -> str:
     lines = [f"corpus:    {directory}", f"source:    {source['source']} ({source['kind']})"]
     if source["kind"] == "builtin":
         lines.append(
-            f"           Python {source['python_version']} stdlib at {source['path']}: {source['files']} .py "
-            f"files, {source['empty_files']} empty, {len(source['skipped_files'])} skipped (not UTF-8)"
+            f"           Python {source['python_version']} stdlib at {source['path']}"
+            + (f" and site-packages {', '.join(source['site_dirs'])}" if source["include_site_packages"] else "")
+            + f": {source['files']} .py files, {source['empty_files']} empty, "
+            f"{len(source['skipped_files'])} skipped (not UTF-8)"
         )
     trained = tokenizer["trained_on_bytes"]
     origin = f"BPE trained here on {trained:,} bytes" if trained else f"from {tokenizer['from']}"
