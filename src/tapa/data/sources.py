@@ -386,7 +386,8 @@ class HFDatasetSource(Source):
         if looks_like_path:
             if not local.is_dir():
                 raise ValueError(f"hf source directory {local} does not exist")
-            self.path = local
+            self.path = local = local.resolve()
+            self.spec = spec = str(local)
             try:
                 loaded = datasets.load_from_disk(str(local))
             except Exception as err:  # datasets raises several types; name the path either way
@@ -476,6 +477,7 @@ def open_source(cfg: DataConfig) -> Source:
     path = Path(spec).expanduser()
     if not path.exists():
         raise ValueError(f"source path {path} does not exist (source={spec!r})")
+    path = path.resolve()  # one cache entry however the path is spelled
     if path.is_dir():
         return DirectorySource(path)
     if not os.access(path, os.R_OK):
