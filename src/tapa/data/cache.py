@@ -157,46 +157,30 @@ def build_corpus(cfg: DataConfig, progress: bool = True) -> Corpus:
     return Corpus(directory, built=True)
 
 
-def _documents(source: Source, assignment: dict[str, str], splits: set[str], max_train_bytes: int | None
-               ) -> Iterator[tuple[str, Document]]:
-    """(split, document) in source order; the train split stops after max_train_bytes."""
-    wanted = {key for key, split in assignment.items() if split in splits}
-    train_budget = max_train_bytes
-    for doc in source.read(wanted):
-        split = assignment[doc.key]
-        if split == "train" and train_budget is not None:
-            if train_budget <= 0:
-                continue
-            text, used = _cut_utf8(doc.text, train_budget)
-            train_budget = train_budget - used if text == doc.text else 0  # a cut ends the split
-            if not text:
-                continue
-            doc = Document(doc.key, text)
-        yield split, doc
+def _split_documents(source: Source, assignment: dict[str, str], split: str, byte_limit: int | None = None
+                     ) -> Iterator[Document]:
+    """The documents of one split in source order, stopping after `byte_limit` UTF-8 bytes (the
+    last document cut at a character boundary); files past the limit are never read."""
+    budget = byte_limit
+    for doc in source.read({key for key, part in assignment.items() if part == split}):
+        if budget is None:
+            yield doc
+            continue
+        text, used = _cut_utf8(doc.text, budget)
+        budget = budget - used if text == doc.text else 0
+        if text:
+            yield Document(doc.key, text)
+        if budget <= 0:
+            return
 
 
 def _cut_utf8(text: str, limit: int) -> tuple[str, int]:
-    """The longest prefix of `text` within `limit` UTF-8 bytes (cut at a character boundary),
-    and its size in bytes."""
+    """The longest prefix of `text` within `limit` UTF-8 bytes, and its size in bytes."""
     encoded = text.encode("utf-8")
     if len(encoded) <= limit:
         return text, len(encoded)
     kept = encoded[:limit].decode("utf-8", errors="ignore")
     return kept, len(kept.encode("utf-8"))
-
-
-def _take_bytes(texts: Iterator[str], limit: int | None) -> Iterator[str]:
-    """The texts in order until `limit` UTF-8 bytes in all (the last one cut); all if None."""
-    budget = limit
-    for text in texts:
-        if budget is not None:
-            if budget <= 0:
-                return
-            kept, used = _cut_utf8(text, budget)
-            budget = budget - used if kept == text else 0
-            text = kept
-        if text:
-            yield text
 
 
 def _tqdm(progress: bool, **kwargs):
@@ -218,9 +202,10 @@ def _build_into(staging: Path, cfg: DataConfig, source: Source, progress: bool) 
         tokenizer = load_tokenizer(tokenizer_dir)
         tokenizer_info = {"kind": "file", "from": str(given), "trained_on_bytes": None}
     else:
-        texts = (doc.text for _, doc in _documents(source, assignment, {"train"}, cfg.max_train_bytes))
-        texts = _take_bytes(texts, cfg.tokenizer_train_bytes)
-        counter = _ByteCounter(texts)
+        # the tokenizer's bytes are a prefix of the (possibly capped) train split
+        limits = [n for n in (cfg.max_train_bytes, cfg.tokenizer_train_bytes) if n is not None]
+        train_docs = _split_documents(source, assignment, "train", min(limits, default=None))
+        counter = _ByteCounter(doc.text for doc in train_docs)
         if progress:
             print(f"training a byte-level BPE (vocab {cfg.vocab_size}) on the train split", file=sys.stderr)
         tokenizer = train_bpe(counter, cfg.vocab_size, progress=progress)
@@ -266,12 +251,14 @@ def _build_into(staging: Path, cfg: DataConfig, source: Source, progress: bool) 
             bar.set_postfix(tokens=f"{sum(c['tokens'] for c in counts.values()):,}")
             batch.clear()
 
-        for split, doc in _documents(source, assignment, set(SPLITS), cfg.max_train_bytes):
-            batch.append((split, doc))
-            batch_bytes += len(doc.text)
-            if batch_bytes >= ENCODE_BATCH_BYTES:
-                flush()
-                batch_bytes = 0
+        for split in SPLITS:
+            limit = cfg.max_train_bytes if split == "train" else None
+            for doc in _split_documents(source, assignment, split, limit):
+                batch.append((split, doc))
+                batch_bytes += len(doc.text)
+                if batch_bytes >= ENCODE_BATCH_BYTES:
+                    flush()
+                    batch_bytes = 0
         if batch:
             flush()
     finally:
