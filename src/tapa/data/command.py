@@ -28,8 +28,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="builtin source: add the site-packages .py files")
     parser.add_argument("--text-field", default=defaults.text_field,
                         help="jsonl / hf sources: the field holding the text (default: %(default)s)")
-    parser.add_argument("--val-fraction", type=float, default=defaults.val_fraction)
-    parser.add_argument("--test-fraction", type=float, default=defaults.test_fraction)
+    parser.add_argument("--val-fraction", type=float, default=defaults.val_fraction,
+                        help="share of documents (by hash of their name) for validation (default: %(default)s)")
+    parser.add_argument("--test-fraction", type=float, default=defaults.test_fraction,
+                        help="share of documents for test (default: %(default)s)")
     parser.add_argument("--max-train-bytes", type=int, default=None,
                         help="keep only this many bytes of the train split (quick runs)")
     parser.add_argument("--tokenizer-train-bytes", type=int, default=None,

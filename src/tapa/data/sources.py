@@ -9,7 +9,7 @@ Sources:
   real code and more than half the bytes. site-packages/dist-packages are skipped unless
   include_site_packages, in which case the site directories are added under "site-packages/".
   The stdlib ships a few files that are deliberately not UTF-8 (encoding tests); they are
-  skipped and listed in the manifest. Empty files (many __init__.py) are skipped.
+  skipped, and those met while reading are listed in the manifest. Empty files (many __init__.py) are skipped.
 - a directory: every regular file below it (recursively, sorted by relative path, hidden names
   and __pycache__ skipped) is one document. A file that is not UTF-8 text is an error.
 - a .jsonl file: one document per non-blank line, from the string field `text_field`.
