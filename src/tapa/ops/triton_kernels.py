@@ -24,27 +24,27 @@ visited. GQA: a dK/dV program loops over the query heads of its group, so there 
 import triton
 import triton.language as tl
 
-LOG2E: tl.constexpr = 1.4426950408889634
-LN2: tl.constexpr = 0.6931471805599453
-TWO_PI: tl.constexpr = 6.283185307179586
+LOG2E = tl.constexpr(1.4426950408889634)
+LN2 = tl.constexpr(0.6931471805599453)
+TWO_PI = tl.constexpr(6.283185307179586)
 # Adding and subtracting 1.5 * 2**23 rounds a float32 |t| < 2**22 to the nearest integer (ties to even).
-ROUND_MAGIC: tl.constexpr = 12582912.0
+ROUND_MAGIC = tl.constexpr(12582912.0)
 
 # Least-squares fits on Chebyshev nodes over |u| <= 1/4 (float32 evaluation error < 2.2e-7):
 # sin(2 pi u) = u * S(u^2) and cos(2 pi u) = C(u^2).
-S0: tl.constexpr = 6.283185306485776
-S1: tl.constexpr = -41.34170192921982
-S2: tl.constexpr = 81.605209381538
-S3: tl.constexpr = -76.7036660156435
-S4: tl.constexpr = 41.999960832553896
-S5: tl.constexpr = -14.336855981223756
-C0: tl.constexpr = 0.9999999999992498
-C1: tl.constexpr = -19.739208801001624
-C2: tl.constexpr = 64.93939372101508
-C3: tl.constexpr = -85.4567882051106
-C4: tl.constexpr = 60.243312641375056
-C5: tl.constexpr = -26.39496046109827
-C6: tl.constexpr = 7.536663068315142
+S0 = tl.constexpr(6.283185306485776)
+S1 = tl.constexpr(-41.34170192921982)
+S2 = tl.constexpr(81.605209381538)
+S3 = tl.constexpr(-76.7036660156435)
+S4 = tl.constexpr(41.999960832553896)
+S5 = tl.constexpr(-14.336855981223756)
+C0 = tl.constexpr(0.9999999999992498)
+C1 = tl.constexpr(-19.739208801001624)
+C2 = tl.constexpr(64.93939372101508)
+C3 = tl.constexpr(-85.4567882051106)
+C4 = tl.constexpr(60.243312641375056)
+C5 = tl.constexpr(-26.39496046109827)
+C6 = tl.constexpr(7.536663068315142)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -96,8 +96,19 @@ def _sincos_turns(r, TRIG_POLY: tl.constexpr):
 
 
 @triton.jit
+def _log2(x, PTX_ASM: tl.constexpr):
+    """log2; with PTX_ASM (GPU) the MUFU's lg2.approx instead of libdevice's accurate log2f."""
+    if not PTX_ASM:
+        return tl.log2(x)
+    else:
+        return tl.inline_asm_elementwise("lg2.approx.ftz.f32 $0, $1;", "=r,r", [x],
+                                         dtype=tl.float32, is_pure=True, pack=1)
+
+
+@triton.jit
 def _scaled_distance_weight(s, s_lo, s_hi, alpha, phase_scale, taylor_rho,
-                            b1, b2, b3, b4, b5, b6, DIST_POWER: tl.constexpr):
+                            b1, b2, b3, b4, b5, b6, DIST_POWER: tl.constexpr,
+                            PTX_ASM: tl.constexpr):
     """f(|s|) * phase_scale for a tile of signed distances s = m - n, s_lo <= s <= s_hi.
 
     Far from the diagonal (the tile on one side of it and its half-span <= taylor_rho * centre),
@@ -119,7 +130,7 @@ def _scaled_distance_weight(s, s_lo, s_hi, alpha, phase_scale, taylor_rho,
             h = h * u + p0 * b1
             fs = h * u + p0
         else:
-            fs = tl.exp2(alpha * tl.log2(tl.abs(s))) * phase_scale  # log2(0) = -inf: f(0) = 0
+            fs = tl.exp2(alpha * _log2(tl.abs(s), PTX_ASM)) * phase_scale  # log2(0) = -inf: f(0) = 0
     else:
         fs = tl.abs(s) * (alpha * phase_scale)
     return fs
@@ -149,7 +160,7 @@ def _fwd_inner(acc, m_i, l_i, q_a, q_p, q_sum, pos_m, q_first,
                BLOCK_DA: tl.constexpr, BLOCK_DP: tl.constexpr, BLOCK_DV: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
                CAUSAL: tl.constexpr, DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr,
-               TRIG_POLY: tl.constexpr, DOT_PRECISION: tl.constexpr):
+               TRIG_POLY: tl.constexpr, PTX_ASM: tl.constexpr, DOT_PRECISION: tl.constexpr):
     offs_da = tl.arange(0, BLOCK_DA)
     offs_dp = AMP_DIM + tl.arange(0, BLOCK_DP)
     offs_dv = tl.arange(0, BLOCK_DV)
@@ -157,20 +168,20 @@ def _fwd_inner(acc, m_i, l_i, q_a, q_p, q_sum, pos_m, q_first,
         offs_n = start_n + tl.arange(0, BLOCK_N)
         key_ok = offs_n < n_k
         rows = offs_n.to(tl.int64)[:, None]
-        k_a = _load_tile(k_base + rows * stride_kn + offs_da[None, :], key_ok, offs_da < AMP_DIM,
-                         MASKED, BLOCK_DA != AMP_DIM)
-        qk_amp = tl.dot(q_a, tl.trans(k_a), input_precision=DOT_PRECISION)
         s = pos_m[:, None] - (k_offset + offs_n).to(tl.float32)[None, :]
         key_first = (k_offset + start_n).to(tl.float32)
         fs = _scaled_distance_weight(s, q_first - (key_first + (BLOCK_N - 1)),
                                      q_first + (BLOCK_M - 1) - key_first, alpha, phase_scale,
-                                     taylor_rho, b1, b2, b3, b4, b5, b6, DIST_POWER)
+                                     taylor_rho, b1, b2, b3, b4, b5, b6, DIST_POWER, PTX_ASM)
         k_p = _load_tile(k_base + rows * stride_kn + offs_dp[None, :], key_ok,
                          offs_dp < HEAD_DIM, MASKED, BLOCK_DP != HEAD_DIM - AMP_DIM)
         if PHASE_QUAD:
             t = tl.dot(q_p, tl.trans(k_p), input_precision=DOT_PRECISION) * fs
         else:
             t = (q_sum[:, None] + tl.sum(k_p.to(tl.float32), axis=1)[None, :]) * fs
+        k_a = _load_tile(k_base + rows * stride_kn + offs_da[None, :], key_ok, offs_da < AMP_DIM,
+                         MASKED, BLOCK_DA != AMP_DIM)
+        qk_amp = tl.dot(q_a, tl.trans(k_a), input_precision=DOT_PRECISION)
         logit = qk_amp * _cos_turns(_turns_fraction(t), TRIG_POLY)  # times sqrt(d_A)
         if MASKED:
             visible = key_ok[None, :]
@@ -199,7 +210,7 @@ def _fwd_kernel(Q, K, V, Out, Lse,
                 AMP_DIM: tl.constexpr, HEAD_DIM: tl.constexpr, V_DIM: tl.constexpr,
                 BLOCK_DA: tl.constexpr, BLOCK_DP: tl.constexpr, BLOCK_DV: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-                DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr, TRIG_POLY: tl.constexpr,
+                DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr, TRIG_POLY: tl.constexpr, PTX_ASM: tl.constexpr,
                 DOT_PRECISION: tl.constexpr):
     block = tl.program_id(0)
     if CAUSAL:  # the longest rows first, so that the last wave is short
@@ -240,13 +251,13 @@ def _fwd_kernel(Q, K, V, Out, Lse,
                                stride_kn, stride_vn, n_k, k_offset, 0, full,
                                logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6,
                                AMP_DIM, HEAD_DIM, V_DIM, BLOCK_DA, BLOCK_DP, BLOCK_DV, BLOCK_M,
-                               BLOCK_N, False, CAUSAL, DIST_POWER, PHASE_QUAD, TRIG_POLY,
+                               BLOCK_N, False, CAUSAL, DIST_POWER, PHASE_QUAD, TRIG_POLY, PTX_ASM,
                                DOT_PRECISION)
     acc, m_i, l_i = _fwd_inner(acc, m_i, l_i, q_a, q_p, q_sum, pos_m, q_first, k_base, v_base,
                                stride_kn, stride_vn, n_k, k_offset, full, hi,
                                logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6,
                                AMP_DIM, HEAD_DIM, V_DIM, BLOCK_DA, BLOCK_DP, BLOCK_DV, BLOCK_M,
-                               BLOCK_N, True, CAUSAL, DIST_POWER, PHASE_QUAD, TRIG_POLY,
+                               BLOCK_N, True, CAUSAL, DIST_POWER, PHASE_QUAD, TRIG_POLY, PTX_ASM,
                                DOT_PRECISION)
     l_safe = tl.where(l_i > 0, l_i, 1.0)  # only padding rows have no visible key
     out = acc / l_safe[:, None]
@@ -291,7 +302,7 @@ def _dkdv_inner(dk_a, dk_p, dk_psum, dv, k_a, k_p, k_sum, v, pos_n, key_first,
                 AMP_DIM: tl.constexpr, HEAD_DIM: tl.constexpr, V_DIM: tl.constexpr,
                 BLOCK_DA: tl.constexpr, BLOCK_DP: tl.constexpr, BLOCK_DV: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
-                DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr, TRIG_POLY: tl.constexpr,
+                DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr, TRIG_POLY: tl.constexpr, PTX_ASM: tl.constexpr,
                 DOT_PRECISION: tl.constexpr):
     """dK/dV of one key block against query blocks [lo, hi); tiles are (keys, queries)."""
     offs_da = tl.arange(0, BLOCK_DA)
@@ -301,26 +312,27 @@ def _dkdv_inner(dk_a, dk_p, dk_psum, dv, k_a, k_p, k_sum, v, pos_n, key_first,
         offs_m = start_m + tl.arange(0, BLOCK_M)
         row_ok = offs_m < n_q
         rows = offs_m.to(tl.int64)[:, None]
-        q_a = _load_tile(q_base + rows * stride_qn + offs_da[None, :], row_ok, offs_da < AMP_DIM,
-                         True, BLOCK_DA != AMP_DIM)
-        qk_amp = tl.dot(k_a, tl.trans(q_a), input_precision=DOT_PRECISION)
         s = (q_offset + offs_m).to(tl.float32)[None, :] - pos_n[:, None]
         q_first = (q_offset + start_m).to(tl.float32)
         fs = _scaled_distance_weight(s, q_first - (key_first + (BLOCK_N - 1)),
                                      q_first + (BLOCK_M - 1) - key_first, alpha, phase_scale,
-                                     taylor_rho, b1, b2, b3, b4, b5, b6, DIST_POWER)
+                                     taylor_rho, b1, b2, b3, b4, b5, b6, DIST_POWER, PTX_ASM)
         q_p = _load_tile(q_base + rows * stride_qn + offs_dp[None, :], row_ok, offs_dp < HEAD_DIM,
                          True, BLOCK_DP != HEAD_DIM - AMP_DIM)
         if PHASE_QUAD:
             t = tl.dot(k_p, tl.trans(q_p), input_precision=DOT_PRECISION) * fs
         else:
             t = (k_sum[:, None] + tl.sum(q_p.to(tl.float32), axis=1)[None, :]) * fs
+        q_a = _load_tile(q_base + rows * stride_qn + offs_da[None, :], row_ok, offs_da < AMP_DIM,
+                         True, BLOCK_DA != AMP_DIM)
+        qk_amp = tl.dot(k_a, tl.trans(q_a), input_precision=DOT_PRECISION)
         cos, sin = _sincos_turns(_turns_fraction(t), TRIG_POLY)
         # padding query rows load lse = +inf, so p = 0 there
         lse2 = tl.load(lse_ptr + offs_m, mask=row_ok, other=float("inf")) * LOG2E
         p = tl.exp2(qk_amp * cos * logit_scale - lse2[None, :])
         if MASKED:
             p = tl.where(s >= 0, p, 0.0)
+        phase_factor = qk_amp * sin * fs  # d logit / d (q_P . k_P), up to -2 pi / sqrt(d_A)
         do = _load_tile(do_base + rows * stride_dn + offs_dv[None, :], row_ok, offs_dv < V_DIM,
                         True, BLOCK_DV != V_DIM)
         dv += tl.dot(p.to(do.dtype), do, input_precision=DOT_PRECISION)
@@ -328,7 +340,7 @@ def _dkdv_inner(dk_a, dk_p, dk_psum, dv, k_a, k_p, k_sum, v, pos_n, key_first,
         delta = tl.load(delta_ptr + offs_m, mask=row_ok, other=0.0)
         ds = p * (dp - delta[None, :])
         dk_a += tl.dot((ds * cos).to(q_a.dtype), q_a, input_precision=DOT_PRECISION)
-        grad_phase = ds * qk_amp * sin * fs
+        grad_phase = ds * phase_factor
         if PHASE_QUAD:
             dk_p += tl.dot(grad_phase.to(q_p.dtype), q_p, input_precision=DOT_PRECISION)
         else:
@@ -348,7 +360,7 @@ def _bwd_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV,
                      BLOCK_DA: tl.constexpr, BLOCK_DP: tl.constexpr, BLOCK_DV: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
                      DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr,
-                     TRIG_POLY: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                     TRIG_POLY: tl.constexpr, PTX_ASM: tl.constexpr, DOT_PRECISION: tl.constexpr):
     start_n = tl.program_id(0) * BLOCK_N
     batch = tl.program_id(1) // kv_heads
     kv_head = tl.program_id(1) % kv_heads
@@ -395,13 +407,13 @@ def _bwd_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV,
             Lse + bh * n_q, Delta + bh * n_q, stride_qn, stride_dn, n_q, q_offset, lo, mid,
             logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6,
             AMP_DIM, HEAD_DIM, V_DIM, BLOCK_DA, BLOCK_DP, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL,
-            DIST_POWER, PHASE_QUAD, TRIG_POLY, DOT_PRECISION)
+            DIST_POWER, PHASE_QUAD, TRIG_POLY, PTX_ASM, DOT_PRECISION)
         dk_a, dk_p, dk_psum, dv = _dkdv_inner(
             dk_a, dk_p, dk_psum, dv, k_a, k_p, k_sum, v, pos_n, key_first, q_base, do_base,
             Lse + bh * n_q, Delta + bh * n_q, stride_qn, stride_dn, n_q, q_offset, mid, n_q,
             logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6,
             AMP_DIM, HEAD_DIM, V_DIM, BLOCK_DA, BLOCK_DP, BLOCK_DV, BLOCK_M, BLOCK_N, False,
-            DIST_POWER, PHASE_QUAD, TRIG_POLY, DOT_PRECISION)
+            DIST_POWER, PHASE_QUAD, TRIG_POLY, PTX_ASM, DOT_PRECISION)
 
     dk_base = DK + batch.to(tl.int64) * stride_dkb + kv_head.to(tl.int64) * stride_dkh
     tl.store(dk_base + rows * stride_dkn + offs_da[None, :],
@@ -426,7 +438,7 @@ def _dq_inner(dq_a, dq_p, dq_psum, q_a, q_p, q_sum, do, lse2, delta, pos_m, q_fi
               BLOCK_DA: tl.constexpr, BLOCK_DP: tl.constexpr, BLOCK_DV: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
               CAUSAL: tl.constexpr, DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr,
-              TRIG_POLY: tl.constexpr, DOT_PRECISION: tl.constexpr):
+              TRIG_POLY: tl.constexpr, PTX_ASM: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """dQ of one query block against key blocks [lo, hi); tiles are (queries, keys)."""
     offs_da = tl.arange(0, BLOCK_DA)
     offs_dp = AMP_DIM + tl.arange(0, BLOCK_DP)
@@ -435,20 +447,20 @@ def _dq_inner(dq_a, dq_p, dq_psum, q_a, q_p, q_sum, do, lse2, delta, pos_m, q_fi
         offs_n = start_n + tl.arange(0, BLOCK_N)
         key_ok = offs_n < n_k
         rows = offs_n.to(tl.int64)[:, None]
-        k_a = _load_tile(k_base + rows * stride_kn + offs_da[None, :], key_ok, offs_da < AMP_DIM,
-                         MASKED, BLOCK_DA != AMP_DIM)
-        qk_amp = tl.dot(q_a, tl.trans(k_a), input_precision=DOT_PRECISION)
         s = pos_m[:, None] - (k_offset + offs_n).to(tl.float32)[None, :]
         key_first = (k_offset + start_n).to(tl.float32)
         fs = _scaled_distance_weight(s, q_first - (key_first + (BLOCK_N - 1)),
                                      q_first + (BLOCK_M - 1) - key_first, alpha, phase_scale,
-                                     taylor_rho, b1, b2, b3, b4, b5, b6, DIST_POWER)
+                                     taylor_rho, b1, b2, b3, b4, b5, b6, DIST_POWER, PTX_ASM)
         k_p = _load_tile(k_base + rows * stride_kn + offs_dp[None, :], key_ok,
                          offs_dp < HEAD_DIM, MASKED, BLOCK_DP != HEAD_DIM - AMP_DIM)
         if PHASE_QUAD:
             t = tl.dot(q_p, tl.trans(k_p), input_precision=DOT_PRECISION) * fs
         else:
             t = (q_sum[:, None] + tl.sum(k_p.to(tl.float32), axis=1)[None, :]) * fs
+        k_a = _load_tile(k_base + rows * stride_kn + offs_da[None, :], key_ok, offs_da < AMP_DIM,
+                         MASKED, BLOCK_DA != AMP_DIM)
+        qk_amp = tl.dot(q_a, tl.trans(k_a), input_precision=DOT_PRECISION)
         cos, sin = _sincos_turns(_turns_fraction(t), TRIG_POLY)
         p = tl.exp2(qk_amp * cos * logit_scale - lse2[:, None])
         if MASKED:
@@ -456,12 +468,13 @@ def _dq_inner(dq_a, dq_p, dq_psum, q_a, q_p, q_sum, do, lse2, delta, pos_m, q_fi
             if CAUSAL:
                 visible = visible & (s >= 0)
             p = tl.where(visible, p, 0.0)
+        phase_factor = qk_amp * sin * fs
         v = _load_tile(v_base + rows * stride_vn + offs_dv[None, :], key_ok, offs_dv < V_DIM,
                        MASKED, BLOCK_DV != V_DIM)
         dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
         ds = p * (dp - delta[:, None])
         dq_a += tl.dot((ds * cos).to(k_a.dtype), k_a, input_precision=DOT_PRECISION)
-        grad_phase = ds * qk_amp * sin * fs
+        grad_phase = ds * phase_factor
         if PHASE_QUAD:
             dq_p += tl.dot(grad_phase.to(k_p.dtype), k_p, input_precision=DOT_PRECISION)
         else:
@@ -480,7 +493,7 @@ def _bwd_dq_kernel(Q, K, V, DOut, Lse, Delta, DQ,
                    AMP_DIM: tl.constexpr, HEAD_DIM: tl.constexpr, V_DIM: tl.constexpr,
                    BLOCK_DA: tl.constexpr, BLOCK_DP: tl.constexpr, BLOCK_DV: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-                   DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr, TRIG_POLY: tl.constexpr,
+                   DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr, TRIG_POLY: tl.constexpr, PTX_ASM: tl.constexpr,
                    DOT_PRECISION: tl.constexpr):
     block = tl.program_id(0)
     if CAUSAL:
@@ -527,13 +540,13 @@ def _bwd_dq_kernel(Q, K, V, DOut, Lse, Delta, DQ,
         stride_kn, stride_vn, n_k, k_offset, 0, full,
         logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6,
         AMP_DIM, HEAD_DIM, V_DIM, BLOCK_DA, BLOCK_DP, BLOCK_DV, BLOCK_M, BLOCK_N, False, CAUSAL,
-        DIST_POWER, PHASE_QUAD, TRIG_POLY, DOT_PRECISION)
+        DIST_POWER, PHASE_QUAD, TRIG_POLY, PTX_ASM, DOT_PRECISION)
     dq_a, dq_p, dq_psum = _dq_inner(
         dq_a, dq_p, dq_psum, q_a, q_p, q_sum, do, lse2, delta, pos_m, q_first, k_base, v_base,
         stride_kn, stride_vn, n_k, k_offset, full, hi,
         logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6,
         AMP_DIM, HEAD_DIM, V_DIM, BLOCK_DA, BLOCK_DP, BLOCK_DV, BLOCK_M, BLOCK_N, True, CAUSAL,
-        DIST_POWER, PHASE_QUAD, TRIG_POLY, DOT_PRECISION)
+        DIST_POWER, PHASE_QUAD, TRIG_POLY, PTX_ASM, DOT_PRECISION)
 
     dq_base = DQ + batch.to(tl.int64) * stride_dqb + head.to(tl.int64) * stride_dqh
     tl.store(dq_base + rows * stride_dqn + offs_da[None, :],

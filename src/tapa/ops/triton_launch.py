@@ -16,6 +16,8 @@ MAX_HEAD_DIM = 256
 # Error target of the Taylor series of d ** alpha around a tile's centre distance (relative).
 TAYLOR_TOLERANCE = 1e-8
 TAYLOR_ORDER = 6
+# cos/sin as polynomials on the FMA pipes (True) or the MUFU's cos.approx/sin.approx (False).
+TRIG_POLY = True
 
 
 @dataclass(frozen=True)
@@ -33,7 +35,7 @@ class LaunchConfigs:
     fwd: KernelConfig
     dkdv: KernelConfig
     dq: KernelConfig
-    trig_poly: bool = True  # cos/sin as polynomials on the FMA pipes (else MUFU cos.approx)
+    trig_poly: bool | None = None  # None: the module's TRIG_POLY
 
 
 def interpreting() -> bool:
@@ -41,24 +43,51 @@ def interpreting() -> bool:
     return type(kernels._fwd_kernel).__name__ == "InterpretedFunction"
 
 
+# Set by `override_configs` (benchmark sweeps) to replace the choice below.
+_override: LaunchConfigs | None = None
+
+
+class override_configs:
+    """Context manager: launch every kernel with these configs (for benchmark sweeps)."""
+
+    def __init__(self, configs: LaunchConfigs):
+        self.configs = configs
+
+    def __enter__(self):
+        global _override
+        self.previous, _override = _override, self.configs
+
+    def __exit__(self, *exc):
+        global _override
+        _override = self.previous
+
+
 def default_configs(head_dim: int, v_dim: int, dtype: torch.dtype) -> LaunchConfigs:
     """Block sizes by head size and dtype (Hopper choices; see results/kernel-h200/NOTES.md)."""
+    if _override is not None:
+        return _override
     if interpreting():  # small tiles: several per test shape, and quick on a CPU
         return LaunchConfigs(KernelConfig(32, 16), KernelConfig(16, 32), KernelConfig(32, 16))
     width = max(head_dim, v_dim)
     if dtype == torch.float32:  # float32 operands take twice the registers and shared memory
         width *= 2
     if width <= 64:
-        return LaunchConfigs(KernelConfig(128, 64, 4, 3), KernelConfig(32, 128, 4, 3),
-                             KernelConfig(128, 32, 4, 3))
-    if width <= 128:
-        return LaunchConfigs(KernelConfig(128, 64, 8, 3), KernelConfig(32, 128, 8, 2),
+        return LaunchConfigs(KernelConfig(128, 64, 8, 3), KernelConfig(16, 128, 8, 2),
                              KernelConfig(128, 32, 8, 2))
+    if width <= 128:
+        return LaunchConfigs(KernelConfig(128, 32, 8, 3), KernelConfig(16, 64, 8, 2),
+                             KernelConfig(128, 16, 8, 2))
     if width <= 256:
         return LaunchConfigs(KernelConfig(64, 64, 4, 2), KernelConfig(16, 64, 4, 2),
                              KernelConfig(64, 16, 4, 2))
     return LaunchConfigs(KernelConfig(32, 32, 4, 1), KernelConfig(16, 32, 4, 1),
                          KernelConfig(32, 16, 4, 1))
+
+
+def _trig_poly(configs: LaunchConfigs) -> bool:
+    """The interpreter has no PTX, so it always takes the polynomials."""
+    chosen = TRIG_POLY if configs.trig_poly is None else configs.trig_poly
+    return chosen or interpreting()
 
 
 def check_supported(q: torch.Tensor, v: torch.Tensor) -> None:
@@ -126,7 +155,7 @@ def forward(q, k, v, *, amp_dim, alpha, distance, phase, causal, q_offset, k_off
     kernels._fwd_kernel[grid](
         q, k, v, out, lse, *_row_strides(q), *_row_strides(k), *_row_strides(v),
         *_row_strides(out), n_q, n_k, q_offset, k_offset, heads, heads // kv_heads, *scalars,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, TRIG_POLY=configs.trig_poly or interpreting(),
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, TRIG_POLY=_trig_poly(configs), PTX_ASM=not interpreting(),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **constexprs)
     return out, lse
 
@@ -139,7 +168,7 @@ def backward(dout, dlse, q, k, v, out, lse, *, amp_dim, alpha, distance, phase, 
     n_k, kv_heads = k.shape[1], k.shape[2]
     v_dim = v.shape[-1]
     configs = configs or default_configs(q.shape[-1], v_dim, q.dtype)
-    trig_poly = configs.trig_poly or interpreting()
+    trig_poly = _trig_poly(configs)
     delta = torch.empty((batch, heads, n_q), dtype=torch.float32, device=q.device)
     preprocess_rows = 64
     kernels._bwd_preprocess_kernel[(triton.cdiv(n_q, preprocess_rows), batch * heads)](
@@ -155,12 +184,12 @@ def backward(dout, dlse, q, k, v, out, lse, *, amp_dim, alpha, distance, phase, 
         q, k, v, dout, lse, delta, dk, dv, *_row_strides(q), *_row_strides(k), *_row_strides(v),
         *_row_strides(dout), *_row_strides(dk), *_row_strides(dv), n_q, n_k, q_offset, k_offset,
         kv_heads, heads // kv_heads, *scalars, *grad_scales, BLOCK_M=cfg.block_m,
-        BLOCK_N=cfg.block_n, TRIG_POLY=trig_poly, num_warps=cfg.num_warps,
+        BLOCK_N=cfg.block_n, TRIG_POLY=trig_poly, PTX_ASM=not interpreting(), num_warps=cfg.num_warps,
         num_stages=cfg.num_stages, **constexprs)
     cfg = configs.dq
     kernels._bwd_dq_kernel[(triton.cdiv(n_q, cfg.block_m), batch * heads)](
         q, k, v, dout, lse, delta, dq, *_row_strides(q), *_row_strides(k), *_row_strides(v),
         *_row_strides(dout), *_row_strides(dq), n_q, n_k, q_offset, k_offset, heads,
         heads // kv_heads, *scalars, *grad_scales, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        TRIG_POLY=trig_poly, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **constexprs)
+        TRIG_POLY=trig_poly, PTX_ASM=not interpreting(), num_warps=cfg.num_warps, num_stages=cfg.num_stages, **constexprs)
     return dq, dk, dv
