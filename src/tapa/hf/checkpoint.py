@@ -1,0 +1,74 @@
+"""Write a transformers model directory from a `TapaLM` state dict, without building the model.
+
+`tapa export` (training checkpoints) and `tapa convert` (Llama checkpoints) both end here, so a
+7B conversion never materializes a randomly initialized model. The directory holds config.json
+(every ModelConfig field), model.safetensors (weights named `model.<TapaLM name>`, a tied lm_head
+omitted), generation_config.json, and the trust_remote_code shims.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from tapa._optional import require
+from tapa.hf.configuration import TapaConfig
+from tapa.model import ModelConfig, TapaLM
+
+WEIGHTS_NAME = "model.safetensors"
+PREFIX = "model."
+
+
+def expected_shapes(model_cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every TapaLM state-dict entry and its shape (built on the meta device: no memory, no init)."""
+    with torch.device("meta"):
+        lm = TapaLM(ModelConfig.from_dict(model_cfg.to_dict()))
+    return {name: tuple(t.shape) for name, t in lm.state_dict().items()}
+
+
+def check_state_dict(state: dict[str, torch.Tensor], model_cfg: ModelConfig, source: str) -> None:
+    """ValueError listing missing, unexpected and mis-shaped entries."""
+    expected = expected_shapes(model_cfg)
+    if model_cfg.tie_embeddings:
+        expected.pop("lm_head.weight")
+        state = {k: v for k, v in state.items() if k != "lm_head.weight"}
+    problems = [f"missing {name}" for name in sorted(set(expected) - set(state))]
+    problems += [f"unexpected {name}" for name in sorted(set(state) - set(expected))]
+    problems += [f"{name}: {tuple(t.shape)} vs config {expected[name]}" for name, t in state.items()
+                 if name in expected and tuple(t.shape) != expected[name]]
+    if problems:
+        raise ValueError(f"{source}: weights do not fit the model config: {problems[:10]}")
+
+
+def write_pretrained(out_dir: str | Path, model_cfg: ModelConfig, state: dict[str, torch.Tensor], *,
+                     dtype: torch.dtype | None = None, eos_token_id: int | None = None,
+                     pad_token_id: int | None = None, source: str = "state dict") -> Path:
+    """Save `state` (TapaLM names) as a transformers TapaForCausalLM directory; returns out_dir."""
+    save_file = require("safetensors.torch").save_file
+    generation_config_class = require("transformers").GenerationConfig
+    check_state_dict(state, model_cfg, source)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    weights = {}
+    for name, tensor in state.items():
+        if model_cfg.tie_embeddings and name == "lm_head.weight":
+            continue
+        tensor = tensor.detach().to("cpu")
+        weights[PREFIX + name] = (tensor.to(dtype) if dtype is not None else tensor).contiguous()
+    save_file(weights, str(out_dir / WEIGHTS_NAME), metadata={"format": "pt"})
+    config = TapaConfig.from_model_config(model_cfg, architectures=["TapaForCausalLM"],
+                                          eos_token_id=eos_token_id, pad_token_id=pad_token_id)
+    config.dtype = dtype or next(iter(weights.values())).dtype
+    config.save_pretrained(out_dir)
+    generation = generation_config_class(eos_token_id=eos_token_id, pad_token_id=pad_token_id)
+    generation.save_pretrained(out_dir)
+    return out_dir
+
+
+def read_json(path: Path, what: str) -> dict:
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise ValueError(f"cannot read {what} {str(path)!r}: {err}") from err

@@ -1,0 +1,189 @@
+"""`tapa convert LLAMA_DIR OUT_DIR`: a LlamaForCausalLM checkpoint -> a TAPA model directory.
+
+The starting point for continual pretraining of an existing model with TAPA attention. Every
+weight is kept; only the q/k rows are reordered and rescaled, per head:
+
+- Order. Llama's rotary layout pairs dim i with dim i + D/2 (rotate_half) at frequency
+  base^(-2i/D). TAPA has no rotation; it splits each head into an amplitude part (the first
+  d_A = round(theta * D) dims) and a phase part (the rest). The rows are reordered pair by pair
+  from the lowest frequency to the highest, so the amplitude part receives the low-frequency
+  pairs, which RoPE barely rotates over the trained context (content more than position), and
+  the phase part the high-frequency ones. The same order for q and k keeps every q.k product.
+- Scale. Llama divides q.k by sqrt(D); TAPA divides the amplitude q_A.k_A by sqrt(d_A). The
+  amplitude rows of W_q are multiplied by sqrt(d_A / D), so the amplitude logit equals Llama's
+  contribution of those dims, q_A.k_A / sqrt(D).
+- Phase. The phase rows of W_q and W_k are multiplied by --phase-init-scale (as the model's own
+  init does). At 0 the phase phi is 0 and cos(2 pi f phi) = 1: attention is exactly Llama's
+  attention without rotary, on the amplitude dims (this is how the tests check the conversion).
+
+Llama features TAPA's decoder lacks are refused with a ValueError (biases, a head_dim other than
+hidden_size / heads, an activation other than SiLU). Tokenizer and generation files are copied.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import torch
+
+from tapa._optional import require
+from tapa.hf.checkpoint import read_json, write_pretrained
+from tapa.model import ModelConfig
+from tapa.ops import split_dims
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "tokenizer.model", "added_tokens.json")
+LAYER_NAMES = {  # Llama name inside model.layers.N -> TapaLM name inside layers.N
+    "self_attn.q_proj.weight": "attn.wq.weight",
+    "self_attn.k_proj.weight": "attn.wk.weight",
+    "self_attn.v_proj.weight": "attn.wv.weight",
+    "self_attn.o_proj.weight": "attn.wo.weight",
+    "mlp.gate_proj.weight": "ffn.w_gate.weight",
+    "mlp.up_proj.weight": "ffn.w_up.weight",
+    "mlp.down_proj.weight": "ffn.w_down.weight",
+    "input_layernorm.weight": "attn_norm.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+}
+TOP_NAMES = {"model.embed_tokens.weight": "embed.weight", "model.norm.weight": "norm.weight",
+             "lm_head.weight": "lm_head.weight"}
+
+
+def low_frequency_first(head_dim: int) -> torch.Tensor:
+    """Head-dim order, pair by pair from the lowest rotary frequency: D/2-1, D-1, D/2-2, D-2, ..., 0, D/2."""
+    half = head_dim // 2
+    pairs = torch.arange(half - 1, -1, -1)
+    return torch.stack([pairs, pairs + half], dim=1).flatten()
+
+
+def tapa_config_from_llama(llama: dict, *, pe: str, theta: float, alpha: float, distance: str,
+                           phase_init_scale: float) -> ModelConfig:
+    if llama.get("model_type") != "llama":
+        raise ValueError(f"expected a Llama config (model_type 'llama'), got {llama.get('model_type')!r}")
+    heads = llama["num_attention_heads"]
+    head_dim = llama.get("head_dim") or llama["hidden_size"] // heads
+    if head_dim * heads != llama["hidden_size"]:
+        raise ValueError(f"head_dim {head_dim} * heads {heads} != hidden_size {llama['hidden_size']}: "
+                         "TAPA's decoder needs head_dim = hidden_size / heads")
+    for flag in ("attention_bias", "mlp_bias"):
+        if llama.get(flag):
+            raise ValueError(f"{flag}=True: TAPA's decoder has no biases")
+    if llama.get("hidden_act", "silu") != "silu":
+        raise ValueError(f"hidden_act {llama['hidden_act']!r}: TAPA's decoder uses SiLU (SwiGLU)")
+    rope = llama.get("rope_parameters") or {}
+    return ModelConfig(
+        vocab_size=llama["vocab_size"], dim=llama["hidden_size"], n_layers=llama["num_hidden_layers"],
+        n_heads=heads, n_kv_heads=llama.get("num_key_value_heads") or heads,
+        ffn_dim=llama["intermediate_size"], norm_eps=llama.get("rms_norm_eps", 1e-6),
+        tie_embeddings=bool(llama.get("tie_word_embeddings", False)),
+        init_std=llama.get("initializer_range", 0.02), pe=pe,
+        rope_base=float(rope.get("rope_theta", llama.get("rope_theta", 10000.0))),
+        original_seq_len=llama.get("max_position_embeddings", 2048),
+        theta=theta, alpha=alpha, distance=distance, phase_init_scale=phase_init_scale)
+
+
+def read_llama_weights(llama_dir: Path) -> dict[str, torch.Tensor]:
+    """All tensors of model.safetensors or of the shards named by model.safetensors.index.json."""
+    safe_open = require("safetensors").safe_open
+    index = llama_dir / "model.safetensors.index.json"
+    if index.is_file():
+        files = sorted(set(read_json(index, "shard index")["weight_map"].values()))
+    elif (llama_dir / "model.safetensors").is_file():
+        files = ["model.safetensors"]
+    else:
+        raise ValueError(f"{str(llama_dir)!r} has no model.safetensors (or sharded index); "
+                         "re-save the Llama model with save_pretrained(safe_serialization=True)")
+    weights = {}
+    for name in files:
+        with safe_open(str(llama_dir / name), framework="pt") as handle:
+            for key in handle.keys():
+                weights[key] = handle.get_tensor(key)
+    return weights
+
+
+def _reorder_qk(weight: torch.Tensor, heads: int, head_dim: int, order: torch.Tensor) -> torch.Tensor:
+    return weight.view(heads, head_dim, -1)[:, order, :].reshape(heads * head_dim, -1)
+
+
+def llama_to_tapa_state(weights: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """Rename every Llama tensor to its TapaLM name; reorder/rescale q and k (module docstring)."""
+    amp_dim, _ = split_dims(cfg.head_dim, cfg.theta)
+    order = low_frequency_first(cfg.head_dim)
+    state, unused = {}, []
+    for name, tensor in weights.items():
+        if name in TOP_NAMES:
+            state[TOP_NAMES[name]] = tensor
+            continue
+        parts = name.split(".")
+        layer_name = ".".join(parts[3:])
+        if parts[:2] != ["model", "layers"] or layer_name not in LAYER_NAMES:
+            unused.append(name)
+            continue
+        target = f"layers.{parts[2]}.{LAYER_NAMES[layer_name]}"
+        if target.endswith(("attn.wq.weight", "attn.wk.weight")):
+            is_query = target.endswith("wq.weight")
+            heads = cfg.n_heads if is_query else cfg.n_kv_heads
+            tensor = _reorder_qk(tensor, heads, cfg.head_dim, order).clone()
+            rows = tensor.view(heads, cfg.head_dim, -1)
+            rows[:, amp_dim:] *= cfg.phase_init_scale
+            if is_query:
+                rows[:, :amp_dim] *= math.sqrt(amp_dim / cfg.head_dim)
+        state[target] = tensor
+    if unused:
+        raise ValueError(f"Llama weights with no TAPA counterpart: {unused[:8]}")
+    if cfg.tie_embeddings:
+        state.pop("lm_head.weight", None)
+    return state
+
+
+def convert_llama(llama_dir: str | Path, out_dir: str | Path, *, theta: float = 0.5, alpha: float = 0.1,
+                  distance: str = "power", phase: str = "quadratic", phase_init_scale: float = 1.0) -> Path:
+    """Convert a local LlamaForCausalLM directory; returns out_dir (loadable by AutoModelForCausalLM)."""
+    llama_dir = Path(llama_dir)
+    if not (llama_dir / "config.json").is_file():
+        raise ValueError(f"{str(llama_dir)!r} is not a model directory (no config.json)")
+    if phase_init_scale < 0:
+        raise ValueError(f"phase_init_scale must be >= 0, got {phase_init_scale}")
+    pe = {"quadratic": "tapa", "linear": "tapa-linear-phase"}.get(phase)
+    if pe is None:
+        raise ValueError(f"phase must be 'quadratic' or 'linear', got {phase!r}")
+    llama = read_json(llama_dir / "config.json", "Llama config")
+    cfg = tapa_config_from_llama(llama, pe=pe, theta=theta, alpha=alpha, distance=distance,
+                                 phase_init_scale=phase_init_scale)
+    state = llama_to_tapa_state(read_llama_weights(llama_dir), cfg)
+    eos, pad = llama.get("eos_token_id"), llama.get("pad_token_id")
+    generation_file = llama_dir / "generation_config.json"
+    if generation_file.is_file():
+        generation = read_json(generation_file, "generation config")
+        eos, pad = generation.get("eos_token_id", eos), generation.get("pad_token_id", pad)
+    out_dir = write_pretrained(out_dir, cfg, state, eos_token_id=eos, pad_token_id=pad,
+                               source=str(llama_dir))
+    for name in TOKENIZER_FILES:
+        if (llama_dir / name).is_file():
+            shutil.copy2(llama_dir / name, out_dir / name)
+    (out_dir / "tapa_convert.json").write_text(json.dumps({
+        "from": str(llama_dir.resolve()), "theta": theta, "alpha": alpha, "distance": distance,
+        "phase": phase, "phase_init_scale": phase_init_scale,
+        "q_k_row_order": "rotary pairs from lowest to highest frequency",
+        "amplitude_q_scale": "sqrt(d_A / head_dim)"}, indent=2))
+    return out_dir
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("llama_dir", metavar="LLAMA_DIR", help="local LlamaForCausalLM directory (safetensors)")
+    parser.add_argument("out_dir", metavar="OUT_DIR", help="TAPA model directory to write")
+    parser.add_argument("--theta", type=float, default=0.5, help="amplitude fraction of each head (d_A = theta * D)")
+    parser.add_argument("--alpha", type=float, default=0.1, help="distance exponent (power) or slope (linear)")
+    parser.add_argument("--distance", default="power", choices=["power", "linear"])
+    parser.add_argument("--phase", default="quadratic", choices=["quadratic", "linear"])
+    parser.add_argument("--phase-init-scale", type=float, default=1.0,
+                        help="multiplies the phase rows of W_q and W_k; 0 gives Llama attention without rotary")
+
+
+def run(args) -> int:
+    out_dir = convert_llama(args.llama_dir, args.out_dir, theta=args.theta, alpha=args.alpha,
+                            distance=args.distance, phase=args.phase, phase_init_scale=args.phase_init_scale)
+    print(f"converted {args.llama_dir} -> {out_dir}")
+    return 0
