@@ -42,8 +42,9 @@ from tapa.data.tokenizer import (
     train_bpe,
 )
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # bump when the layout or the manifest changes: old entries are not reused
 MANIFEST = "manifest.json"
+LONG_DOC_THRESHOLDS = (1024, 4096, 16384, 65536)  # document lengths (tokens) the manifest counts
 ENCODE_BATCH_BYTES = 1 << 21  # text per encode_batch call: enough to keep all cores busy
 
 
@@ -224,7 +225,9 @@ def _build_into(staging: Path, cfg: DataConfig, source: Source, progress: bool) 
     vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
     dtype = token_dtype(vocab_size)
 
-    counts = {split: {"docs": 0, "bytes": 0, "tokens": 0} for split in SPLITS}
+    counts = {split: {"docs": 0, "bytes": 0, "tokens": 0, "longest_doc_tokens": 0,
+                      "tokens_in_docs_of_at_least": {str(n): 0 for n in LONG_DOC_THRESHOLDS}}
+              for split in SPLITS}
     digests = {split: hashlib.sha256() for split in SPLITS}
     files = {split: open(staging / f"{split}.bin", "wb") for split in SPLITS}
     train_keys = {key for key, split in assignment.items() if split == "train"}
@@ -247,6 +250,11 @@ def _build_into(staging: Path, cfg: DataConfig, source: Source, progress: bool) 
                 count["docs"] += 1
                 count["bytes"] += len(doc.text.encode("utf-8"))
                 count["tokens"] += len(ids)
+                # how much of the split can feed long contexts without crossing a document end
+                count["longest_doc_tokens"] = max(count["longest_doc_tokens"], len(ids))
+                for threshold in LONG_DOC_THRESHOLDS:
+                    if len(ids) >= threshold:
+                        count["tokens_in_docs_of_at_least"][str(threshold)] += len(ids)
             bar.update(sum(len(doc.text) for _, doc in batch))
             bar.set_postfix(tokens=f"{sum(c['tokens'] for c in counts.values()):,}")
             batch.clear()

@@ -58,21 +58,26 @@ def config_from_args(args: argparse.Namespace) -> DataConfig:
 
 
 def sizes_table(manifest: dict) -> str:
-    """A markdown table of docs / bytes / tokens per split, with bytes per token."""
-    rows = ["| split | documents | bytes | tokens | bytes/token |", "|---|---:|---:|---:|---:|"]
-    total = {"docs": 0, "bytes": 0, "tokens": 0}
+    """A markdown table per split: documents, bytes, tokens, bytes per token, the longest document
+    and the tokens that sit in documents of at least 4096 tokens (text for long contexts)."""
+    rows = ["| split | documents | bytes | tokens | bytes/token | longest doc | tokens in docs >= 4096 |",
+            "|---|---:|---:|---:|---:|---:|---:|"]
+    columns = ("docs", "bytes", "tokens", "longest", "long")
+    total = dict.fromkeys(columns, 0)
     for split in SPLITS:
         counts = manifest["splits"][split]
-        for name in total:
-            total[name] += counts[name]
-        rows.append(_row(split, counts))
+        row = {"docs": counts["docs"], "bytes": counts["bytes"], "tokens": counts["tokens"],
+               "longest": counts["longest_doc_tokens"], "long": counts["tokens_in_docs_of_at_least"]["4096"]}
+        rows.append(_row(split, row))
+        total = {name: (max if name == "longest" else sum)((total[name], row[name])) for name in columns}
     rows.append(_row("total", total))
     return "\n".join(rows)
 
 
-def _row(name: str, counts: dict) -> str:
-    ratio = counts["bytes"] / counts["tokens"] if counts["tokens"] else float("nan")
-    return f"| {name} | {counts['docs']:,} | {counts['bytes']:,} | {counts['tokens']:,} | {ratio:.2f} |"
+def _row(name: str, row: dict) -> str:
+    ratio = row["bytes"] / row["tokens"] if row["tokens"] else float("nan")
+    return (f"| {name} | {row['docs']:,} | {row['bytes']:,} | {row['tokens']:,} | {ratio:.2f} | "
+            f"{row['longest']:,} | {row['long']:,} |")
 
 
 def describe(manifest: dict, directory: Path) -> str:
