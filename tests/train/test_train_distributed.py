@@ -10,6 +10,7 @@ import sys
 import pytest
 from trainkit import losses, one_thread, records, small_configs  # noqa: F401 (autouse fixture)
 
+from tapa.train.scaling_report import report
 from tapa.train.trainer import train
 
 # float32 sums in another order (gradient all-reduce, sharded norms) differ in the last bits
@@ -61,6 +62,16 @@ def test_ddp_two_processes_match_one(single, cache_dir, tmp_path):
     assert _close(losses(tmp_path / "ddp"), losses(single)), (losses(tmp_path / "ddp"), losses(single))
     val = [r["val_loss"] or 0 for r in records(tmp_path / "ddp")]
     assert _close(val, [r["val_loss"] or 0 for r in records(single)])
+
+    # the multi-GPU report reads such runs: scaling ratio and loss gap against 1 process
+    root = tmp_path / "report-runs"
+    shutil.copytree(single, root / "small-ddp-1")
+    shutil.copytree(tmp_path / "ddp", root / "small-ddp-2")
+    table = report(root, tmp_path / "report", command="test", skip=0)
+    row = next(line for line in table.splitlines() if line.startswith("| small | ") and "| 2 |" in line)
+    ratio, gap = (float(cell) for cell in row.strip("| ").split(" | ")[-2:])
+    assert ratio > 0 and gap <= TOLERANCE
+    assert (tmp_path / "report" / "README.md").is_file()
 
 
 def test_fsdp2_two_processes_match_one_and_resume_on_other_world_sizes(single, cache_dir, tmp_path):

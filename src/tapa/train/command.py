@@ -19,15 +19,18 @@ import typing
 from pathlib import Path
 
 from tapa.data import DataConfig
-from tapa.model import ModelConfig
-from tapa.train.config import (TrainConfig, available_recipes, build_configs,
-                               continual_model_config, default_run_dir, load_recipe)
+from tapa.model import PE_CHOICES, PHASE_MATRICES, ModelConfig
+from tapa.ops import DISTANCES, IMPLS
+from tapa.train.config import (PARALLEL_MODES, PRECISIONS, TrainConfig, available_recipes,
+                               build_configs, continual_model_config, default_run_dir, load_recipe)
 
 # section -> {field: flag}, flags that differ from the field name
 _RENAMED = {"data": {"source": "data"}}
 # fields that are not flags: the model's vocabulary follows the tokenizer (--vocab-size)
 _HIDDEN = {"model": {"vocab_size"}}
 _SECTIONS = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig}
+_CHOICES = {"pe": list(PE_CHOICES), "distance": DISTANCES, "phase_matrix": PHASE_MATRICES,
+            "attn_impl": IMPLS, "precision": PRECISIONS, "parallel": PARALLEL_MODES}
 
 
 def _flag_fields() -> dict[str, tuple[str, str, type, bool]]:
@@ -64,8 +67,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--list-recipes", action="store_true", help="print the recipe names and exit")
     parser.add_argument("--print-config", action="store_true",
                         help="print the merged configs as JSON and exit")
-    groups = {section: parser.add_argument_group(f"{section} ({cls.__name__})")
-              for section, cls in _SECTIONS.items()}
+    groups = {section: parser.add_argument_group(
+        f"{section} ({cls.__name__}; defaults shown are the dataclass's, a recipe may set others)")
+        for section, cls in _SECTIONS.items()}
     defaults = {section: {f.name: f.default for f in dataclasses.fields(cls)}
                 for section, cls in _SECTIONS.items()}
     for dest, (section, field, scalar, optional) in _flag_fields().items():
@@ -74,6 +78,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         shown = "" if default is dataclasses.MISSING else f" (default {default})"
         if scalar is bool:
             groups[section].add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction,
+                                         default=argparse.SUPPRESS, help=f"{section}.{field}{shown}")
+        elif field in _CHOICES:
+            groups[section].add_argument(flag, dest=dest, choices=_CHOICES[field],
                                          default=argparse.SUPPRESS, help=f"{section}.{field}{shown}")
         else:
             groups[section].add_argument(flag, dest=dest, type=_parser_for(scalar, optional),

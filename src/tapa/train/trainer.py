@@ -311,7 +311,10 @@ def _train(train_cfg: TrainConfig, model_cfg: ModelConfig | None, data_cfg: Data
                                    dynamic_ncols=True)
     wrapped.train()
     loss_sum = torch.zeros((), device=device)
-    steps_since_log, last_time, started = 0, time.perf_counter(), time.perf_counter()
+    # a resumed run's clock continues from its last record
+    elapsed_before = log.records[-1]["elapsed_s"] if info.is_main and log.records else 0.0
+    steps_since_log, last_time = 0, time.perf_counter()
+    started = last_time - elapsed_before
     for step in range(start_step, end_step):
         lr = lr_at(step, train_cfg)
         for group in optimizer.param_groups:
