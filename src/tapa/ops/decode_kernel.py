@@ -42,7 +42,7 @@ def _split_kernel(
     stride_vb, stride_vn, stride_vh, stride_vd,
     stride_ob, stride_o1, stride_o2, stride_o3, stride_od,
     stride_lb, stride_l1, stride_l2, stride_l3,
-    kv_heads, q_len, group, head_dim, v_dim, amp_dim, keys_per_split,
+    kv_heads, q_len, group, head_dim, v_dim, amp_dim, keys_per_split, split_bucket,
     amp_scale, phase_scale, alpha,
     HAS_STARTS: tl.constexpr, POWER_DISTANCE: tl.constexpr, QUADRATIC_PHASE: tl.constexpr,
     FINAL: tl.constexpr, IEEE: tl.constexpr,
@@ -152,42 +152,46 @@ def _merge_kernel(
     stride_ob, stride_on, stride_oh, stride_od,
     stride_lb, stride_lh, stride_ln,
     kv_heads, num_splits, q_len, group, v_dim,
-    BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr,
 ):
-    """Merge the splits of one (batch, kv head): exact log-sum-exp weighting."""
+    """Merge all splits of one query row of one (batch, kv head) in a single tile: exact
+    log-sum-exp weighting, out = sum_s exp(lse_s - lse) * out_s."""
     pid = tl.program_id(0)
+    row = tl.program_id(1)
     batch = pid // kv_heads
     kv_head = pid % kv_heads
-    rows = tl.arange(0, BLOCK_M)
-    row_valid = rows < group * q_len
+    splits = tl.arange(0, BLOCK_S)
+    split_valid = splits < num_splits
     vdims = tl.arange(0, BLOCK_DV)
-    lse_base = PART_LSE + batch * stride_plb + kv_head * stride_plh + rows * stride_plm
-    part_base = (PART + batch * stride_pb + kv_head * stride_ph + rows[:, None] * stride_pm
-                 + vdims[None, :] * stride_pd)
-    part_mask = row_valid[:, None] & (vdims[None, :] < v_dim)
-
-    lse_max = tl.full((BLOCK_M,), float("-inf"), tl.float32)
-    for split in range(0, num_splits):
-        lse_max = tl.maximum(lse_max, tl.load(lse_base + split * stride_pls, mask=row_valid,
-                                              other=float("-inf")))
+    lse_parts = tl.load(PART_LSE + batch * stride_plb + kv_head * stride_plh + splits * stride_pls
+                        + row * stride_plm, mask=split_valid, other=float("-inf"))
+    lse_max = tl.max(lse_parts, axis=0)
     safe_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)
-    total = tl.zeros((BLOCK_M,), tl.float32)
-    acc = tl.zeros((BLOCK_M, BLOCK_DV), tl.float32)
-    for split in range(0, num_splits):
-        weight = tl.exp(tl.load(lse_base + split * stride_pls, mask=row_valid, other=float("-inf"))
-                        - safe_max)
-        total += weight
-        acc += weight[:, None] * tl.load(part_base + split * stride_ps, mask=part_mask, other=0.0)
-    out = acc / tl.where(total > 0, total, 1.0)[:, None]
+    weights = tl.exp(lse_parts - safe_max)
+    total = tl.sum(weights, axis=0)
+    parts = tl.load(PART + batch * stride_pb + kv_head * stride_ph + splits[:, None] * stride_ps
+                    + row * stride_pm + vdims[None, :] * stride_pd,
+                    mask=split_valid[:, None] & (vdims[None, :] < v_dim), other=0.0)
+    out = tl.sum(weights[:, None] * parts, axis=0) / tl.where(total > 0, total, 1.0)
     lse = tl.where(total > 0, safe_max + tl.log(tl.where(total > 0, total, 1.0)), float("-inf"))
 
-    token = rows % q_len
-    head = kv_head * group + rows // q_len
-    o_ptrs = (OUT + batch * stride_ob + token[:, None] * stride_on + head[:, None] * stride_oh
-              + vdims[None, :] * stride_od)
-    tl.store(o_ptrs, out.to(OUT.dtype.element_ty), mask=part_mask)
-    tl.store(LSE + batch * stride_lb + head * stride_lh + token * stride_ln, lse, mask=row_valid)
+    token = row % q_len
+    head = kv_head * group + row // q_len
+    tl.store(OUT + batch * stride_ob + token * stride_on + head * stride_oh + vdims * stride_od,
+             out.to(OUT.dtype.element_ty), mask=vdims < v_dim)
+    tl.store(LSE + batch * stride_lb + head * stride_lh + token * stride_ln, lse)
 
+
+# On a GPU the tile size along the cache and the launch shape are tuned once per query shape and
+# split-length bucket (not per cache length, which changes at every decoding step).
+_TUNED_CONFIGS = [
+    triton.Config({"BLOCK_N": block_n}, num_warps=warps, num_stages=stages)
+    for block_n in (32, 64, 128) for warps in (4, 8) for stages in (2, 3)
+]
+_tuned_split_kernel = triton.autotune(
+    configs=_TUNED_CONFIGS, key=["q_len", "group", "head_dim", "v_dim", "split_bucket"],
+)(_split_kernel)
+SPLIT_ALIGN = 128  # split lengths are multiples of every BLOCK_N above
 
 @functools.lru_cache(maxsize=None)
 def _num_sms(device_index: int) -> int:
@@ -199,11 +203,11 @@ def _pow2(n: int, minimum: int = 16) -> int:
 
 
 def default_num_splits(batch: int, kv_heads: int, capacity: int, device: torch.device,
-                       block_n: int) -> int:
-    """Enough programs for about two waves over the SMs, each split at least one key block."""
+                       min_keys: int) -> int:
+    """Enough programs for about two waves over the SMs, each split at least min_keys long."""
     sms = _num_sms(device.index or 0) if device.type == "cuda" else 4
     wanted = triton.cdiv(2 * sms, batch * kv_heads)
-    return max(1, min(wanted, triton.cdiv(capacity, block_n), 128))
+    return max(1, min(wanted, triton.cdiv(capacity, min_keys), 128))
 
 
 def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
@@ -291,10 +295,11 @@ def tapa_decode_attention(
     rows = group * q_len
     amp_dim, phase_dim = split_dims(head_dim, theta)
     block_d, block_dv = _pow2(head_dim), _pow2(v_dim)
-    block_n = 64 if max(block_d, block_dv) <= 128 else 32
+    # the interpreter (tests) aligns splits finely, so small caches still get many ragged splits
+    align = SPLIT_ALIGN if q.is_cuda else 16
     if num_splits is None:
-        num_splits = default_num_splits(batch, kv_heads, capacity, q.device, block_n)
-    keys_per_split = triton.cdiv(triton.cdiv(capacity, num_splits), block_n) * block_n
+        num_splits = default_num_splits(batch, kv_heads, capacity, q.device, align)
+    keys_per_split = triton.cdiv(triton.cdiv(capacity, num_splits), align) * align
     num_splits = triton.cdiv(capacity, keys_per_split)
 
     out = torch.empty(batch, q_len, heads, v_dim, dtype=q.dtype, device=q.device)
@@ -309,21 +314,23 @@ def tapa_decode_attention(
         part_lse = torch.empty(batch, kv_heads, num_splits, rows, dtype=torch.float32, device=q.device)
         part_strides, lse_strides = part.stride(), part_lse.stride()
     starts = cache_starts if cache_starts is not None else cache_seqlens  # unused when HAS_STARTS=False
-    block_m = _pow2(rows)
-    _split_kernel[(batch * kv_heads, num_splits)](
-        q, k_cache, v_cache, cache_seqlens, starts, part, part_lse,
-        *q.stride(), *k_cache.stride(), *v_cache.stride(), *part_strides, *lse_strides,
-        kv_heads, q_len, group, head_dim, v_dim, amp_dim, keys_per_split,
-        1.0 / math.sqrt(amp_dim), 1.0 / math.sqrt(phase_dim), float(alpha),
-        HAS_STARTS=cache_starts is not None, POWER_DISTANCE=distance == "power",
-        QUADRATIC_PHASE=phase == "quadratic", FINAL=final, IEEE=q.dtype == torch.float32,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, BLOCK_DV=block_dv,
-        num_warps=4, num_stages=2,
-    )
+    args = (q, k_cache, v_cache, cache_seqlens, starts, part, part_lse,
+            *q.stride(), *k_cache.stride(), *v_cache.stride(), *part_strides, *lse_strides,
+            kv_heads, q_len, group, head_dim, v_dim, amp_dim, keys_per_split,
+            keys_per_split.bit_length(), 1.0 / math.sqrt(amp_dim), 1.0 / math.sqrt(phase_dim), float(alpha))
+    flags = dict(HAS_STARTS=cache_starts is not None, POWER_DISTANCE=distance == "power",
+                 QUADRATIC_PHASE=phase == "quadratic", FINAL=final, IEEE=q.dtype == torch.float32,
+                 BLOCK_M=_pow2(rows), BLOCK_D=block_d, BLOCK_DV=block_dv)
+    grid = (batch * kv_heads, num_splits)
+    if q.is_cuda:
+        _tuned_split_kernel[grid](*args, **flags)
+    else:  # the Triton interpreter: one fixed configuration
+        _split_kernel[grid](*args, **flags, BLOCK_N=64)
     if not final:
-        _merge_kernel[(batch * kv_heads,)](
+        _merge_kernel[(batch * kv_heads, rows)](
             part, part_lse, out, lse, *part.stride(), *part_lse.stride(), *out.stride(), *lse.stride(),
             kv_heads, num_splits, q_len, group, v_dim,
-            BLOCK_M=block_m, BLOCK_DV=block_dv, num_warps=4,
+            BLOCK_S=_pow2(num_splits, minimum=2), BLOCK_DV=block_dv,
+            num_warps=4 if num_splits * block_dv <= 4096 else 8,
         )
     return (out, lse) if return_lse else out
