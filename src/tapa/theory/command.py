@@ -16,9 +16,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     defaults = TheoryConfig()
     parser.add_argument("--out", type=Path, default=Path("results/theory"),
                         help="output folder for theory.csv, theory.png and README.md")
-    parser.add_argument("--samples", type=int, default=defaults.samples // 2,
+    parser.add_argument("--samples", type=int, default=defaults.samples,
                         help="Monte Carlo samples per distance")
-    parser.add_argument("--points-per-decade", type=int, default=6,
+    parser.add_argument("--points-per-decade", type=int, default=defaults.points_per_decade,
                         help="distances per factor of ten (1 .. max-distance)")
     parser.add_argument("--max-distance", type=int, default=defaults.max_distance)
     parser.add_argument("--head-dim", type=int, default=defaults.head_dim)
