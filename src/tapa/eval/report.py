@@ -1,0 +1,156 @@
+"""Tables and files for evaluation results, and `tapa report RUN_DIR...`, which merges evaluated
+runs into one comparison (results.json, results.md, perplexity.png in --out)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from tapa.eval.plots import plot_passkey_heatmap, plot_perplexity_vs_length, plot_position_loss
+
+RESULTS_JSON = "results.json"
+
+
+def _format_ppl(value: float) -> str:
+    if value != value or value == float("inf"):
+        return str(value)
+    return f"{value:.2f}" if value < 1000 else f"{value:.3g}"
+
+
+def _slug(label: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in label.lower()).strip("-")
+
+
+def perplexity_table(methods: list[dict]) -> str:
+    """Markdown: one row per method, one column per evaluation length (with the multiple of the
+    training length when all methods share one)."""
+    lengths = sorted({r["length"] for m in methods for r in m["perplexity"]})
+    train_lens = {m["train_len"] for m in methods}
+    shared = next(iter(train_lens)) if len(train_lens) == 1 else None
+
+    def header(length):
+        return f"{length} ({length / shared:g}x)" if shared else str(length)
+
+    lines = ["| method | " + " | ".join(header(n) for n in lengths) + " |",
+             "|---|" + "---|" * len(lengths)]
+    for method in methods:
+        by_length = {r["length"]: r["perplexity"] for r in method["perplexity"]}
+        cells = [_format_ppl(by_length[n]) if n in by_length else "" for n in lengths]
+        lines.append(f"| {method['label']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def position_table(methods: list[dict]) -> str:
+    """Markdown: mean loss by window-position bucket at each method's longest length."""
+    lines = []
+    for method in methods:
+        longest = max(method["perplexity"], key=lambda r: r["length"])
+        if not lines:
+            spans = [f"{b['start']}-{b['end']}" for b in longest["buckets"]]
+            lines = ["| method (window) | " + " | ".join(spans) + " |", "|---|" + "---|" * len(spans)]
+        cells = [f"{b['loss']:.3f}" for b in longest["buckets"]]
+        lines.append(f"| {method['label']} ({longest['length']}) | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def passkey_table(label: str, grid: dict) -> str:
+    lines = [f"**{label}** ({grid['trials']} trials per cell, {grid['filler']} filler)", "",
+             "| depth | " + " | ".join(str(n) for n in grid["lengths"]) + " |",
+             "|---|" + "---|" * len(grid["lengths"])]
+    for di, depth in enumerate(grid["depths"]):
+        cells = [f"{grid['accuracy'][li][di]:.0%}" for li in range(len(grid["lengths"]))]
+        lines.append(f"| {depth:.0%} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def results_markdown(results: dict) -> str:
+    methods = results["methods"]
+    train_lens = sorted({m["train_len"] for m in methods})
+    zero_shot = all(m["zero_shot"] for m in methods)
+    cap = f"at most {results['max_tokens']} scored tokens per length" if results.get("max_tokens") else "all tokens"
+    parts = [
+        "## Perplexity vs evaluation length", "",
+        f"Sliding-window perplexity (stride {results['stride']}, only new tokens scored) on the "
+        f"{results['split']} split, {cap}. Training length: {', '.join(map(str, train_lens))} tokens"
+        f"{'; zero-shot (no continual stage)' if zero_shot else ''}. RoPE+X: the RoPE model's weights "
+        "evaluated with scaling rule X set for each length (no fine-tuning).", "",
+        perplexity_table(methods), "",
+        "## Loss by position inside the window (longest length)", "",
+        position_table(methods), ""]
+    grids = [(m["label"], m["passkey"]) for m in methods if m.get("passkey")]
+    if grids:
+        parts += ["## Passkey retrieval (exact-match accuracy)", ""]
+        for label, grid in grids:
+            parts += [passkey_table(label, grid), ""]
+    parts += [f"Command: `{results['command']}`  ", f"Hardware: {results['hardware']}  ",
+              f"Date: {results['date']}", ""]
+    return "\n".join(parts)
+
+
+def write_results(results: dict, out_dir: str | Path, *, title: str = "") -> list[Path]:
+    """results.json, results.md, perplexity.png, position_loss.png and a passkey heat map per
+    method with a passkey grid, in out_dir. Returns the paths written."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    methods = results["methods"]
+    if not methods:
+        raise ValueError("results hold no methods to report")
+    written = [out_dir / RESULTS_JSON, out_dir / "results.md"]
+    written[0].write_text(json.dumps(results, indent=2))
+    written[1].write_text(results_markdown(results))
+    title = title or "perplexity vs evaluation length"
+    written.append(plot_perplexity_vs_length(methods, out_dir / "perplexity.png", title=title))
+    written.append(plot_position_loss(methods, out_dir / "position_loss.png",
+                                      title="loss by position inside the longest window"))
+    for method in methods:
+        if method.get("passkey"):
+            written.append(plot_passkey_heatmap(method["passkey"], out_dir / f"passkey_{_slug(method['label'])}.png",
+                                                title=f"passkey retrieval: {method['label']}"))
+    return written
+
+
+def load_results(path: str | Path) -> dict:
+    """results.json of an evaluated run: a run dir (RUN/eval/results.json), a directory holding
+    results.json, or the file itself."""
+    path = Path(path)
+    for candidate in (path / "eval" / RESULTS_JSON, path / RESULTS_JSON, path):
+        if candidate.is_file():
+            results = json.loads(candidate.read_text())
+            if results.get("kind") != "tapa-eval":
+                raise ValueError(f"{str(candidate)!r} is not a tapa eval results file")
+            return results
+    raise ValueError(f"no evaluation results under {str(path)!r}: run 'tapa eval {path}' first")
+
+
+def merge_results(all_results: list[dict], *, command: str = "") -> dict:
+    """One results dict with every method of every run; labels get the run name when they clash."""
+    if not all_results:
+        raise ValueError("nothing to merge")
+    methods = [dict(m) for results in all_results for m in results["methods"]]
+    labels = [m["label"] for m in methods]
+    for method in methods:
+        if labels.count(method["label"]) > 1 and method.get("run"):
+            method["label"] = f"{method['run']}: {method['label']}"
+    first = all_results[0]
+    same = {key: first.get(key) if all(r.get(key) == first.get(key) for r in all_results) else "mixed"
+            for key in ("split", "stride", "max_tokens", "hardware")}
+    return {"kind": "tapa-eval", "date": max(r["date"] for r in all_results), "command": command,
+            "source_commands": [r["command"] for r in all_results], **same,
+            "runs": [run for r in all_results for run in r.get("runs", [])], "methods": methods}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("runs", nargs="+", metavar="RUN_DIR",
+                        help="evaluated run directories (or results.json files) to compare")
+    parser.add_argument("--out", default="report", help="output directory (default: ./report)")
+    parser.add_argument("--title", default="", help="plot title")
+
+
+def run(args: argparse.Namespace) -> int:
+    command = " ".join(["tapa report", *map(str, args.runs), "--out", str(args.out)])
+    merged = merge_results([load_results(path) for path in args.runs], command=command)
+    written = write_results(merged, args.out, title=args.title or "perplexity vs evaluation length")
+    print(perplexity_table(merged["methods"]))
+    print("\nwrote " + ", ".join(str(p) for p in written))
+    return 0

@@ -1,0 +1,82 @@
+"""`tapa eval`, `tapa report` and `tapa demo --tiny` produce their files, end to end on tiny models."""
+
+import json
+
+import pytest
+
+from tapa.cli import main
+
+TEXT = "".join(f"def function_{i}(value):\n    return value * {i % 7} + {i % 13}  # line {i}\n"
+               for i in range(3000))
+
+
+@pytest.fixture(scope="module")
+def tiny_runs(tmp_path_factory):
+    """Two 3-step runs (RoPE, TAPA) on a small text file with a 300-token BPE."""
+    from tapa.data import DataConfig
+    from tapa.model import ModelConfig
+    from tapa.train.config import TrainConfig
+    from tapa.train.trainer import train
+
+    root = tmp_path_factory.mktemp("eval_runs")
+    (root / "corpus.txt").write_text(TEXT)
+    data_cfg = DataConfig(source=str(root / "corpus.txt"), cache_dir=str(root / "cache"), vocab_size=300,
+                          val_fraction=0.1, test_fraction=0.1)
+    runs = {}
+    for pe in ("rope", "tapa"):
+        train_cfg = TrainConfig(name=pe, run_dir=str(root / pe), seq_len=32, batch_size=2, steps=3,
+                                warmup_steps=1, eval_every=0, save_every=0, eval_batches=1, log_every=1,
+                                progress=False, plot=False)
+        runs[pe] = train(train_cfg, ModelConfig(vocab_size=300, dim=32, n_layers=1, n_heads=2, pe=pe), data_cfg)
+    return runs
+
+
+def test_eval_writes_tables_plots_and_json(tiny_runs, capsys):
+    run_dir = tiny_runs["rope"]
+    assert main(["eval", str(run_dir), "--lengths", "16,32,64", "--stride", "8", "--max-tokens", "96",
+                 "--eval-pe", "rope-pi,rope-yarn", "--passkey", "--passkey-lengths", "256",
+                 "--passkey-depths", "0,1", "--passkey-trials", "1", "--no-progress", "--device", "cpu"]) == 0
+    out = run_dir / "eval"
+    for name in ("results.json", "results.md", "perplexity.png", "position_loss.png", "passkey_rope.png",
+                 "passkey_rope-pi.png"):
+        assert (out / name).is_file() and (out / name).stat().st_size > 0, name
+    results = json.loads((out / "results.json").read_text())
+    assert [m["label"] for m in results["methods"]] == ["RoPE", "RoPE+PI", "RoPE+YaRN"]
+    pi = results["methods"][1]
+    assert [r["length"] for r in pi["perplexity"]] == [16, 32, 64]
+    assert [r["rope_scale"] for r in pi["perplexity"]] == [1.0, 1.0, 2.0]  # trained at 32
+    assert all(r["tokens"] == 96 for r in pi["perplexity"])
+    assert pi["zero_shot"] is True and pi["passkey"]["lengths"] == [256]
+    markdown = (out / "results.md").read_text()
+    assert "| RoPE+YaRN |" in markdown and "64 (2x)" in markdown and "Passkey" in markdown
+    assert "| RoPE |" in capsys.readouterr().out
+
+
+def test_report_merges_runs(tiny_runs, tmp_path):
+    for run_dir in tiny_runs.values():
+        if not (run_dir / "eval" / "results.json").is_file():
+            assert main(["eval", str(run_dir), "--lengths", "32,64", "--stride", "16", "--max-tokens", "64",
+                         "--no-progress", "--device", "cpu"]) == 0
+    out = tmp_path / "report"
+    assert main(["report", *map(str, tiny_runs.values()), "--out", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    labels = [m["label"] for m in results["methods"]]
+    assert "TAPA" in labels and "RoPE" in labels
+    assert (out / "perplexity.png").stat().st_size > 0
+    assert "| TAPA |" in (out / "results.md").read_text()
+    with pytest.raises(ValueError, match="tapa eval"):
+        main(["report", str(tmp_path), "--out", str(out)])
+
+
+def test_demo_tiny_runs_end_to_end(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("TAPA_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "demo"
+    assert main(["demo", "--tiny", "--out", str(out), "--no-progress", "--device", "cpu"]) == 0
+    printed = capsys.readouterr().out
+    assert "| RoPE |" in printed and "| TAPA |" in printed and "perplexity.png" in printed
+    results = json.loads((out / "results.json").read_text())
+    assert {m["label"] for m in results["methods"]} >= {"RoPE", "RoPE+PI", "RoPE+YaRN", "TAPA"}
+    assert results["settings"]["profile"]["name"] == "tiny"
+    assert (out / "perplexity.png").stat().st_size > 0
+    with pytest.raises(ValueError, match="--force"):
+        main(["demo", "--tiny", "--out", str(out), "--no-progress", "--device", "cpu"])
