@@ -85,7 +85,7 @@ def test_three_tokens_match_formula_written_out(distance, phase, causal):
     k = [[0.3, 0.8, -1.2, 0.4], [1.0, -0.7, 0.2, 0.6], [-0.5, 0.4, 0.9, 1.1]]
     v = [[1.0, -2.0], [0.5, 3.0], [-1.5, 0.25]]
     alpha = 0.7 if distance == "power" else 0.3  # large enough that the phase visibly turns
-    q_offset, k_offset = (5, 3) if causal else (1, 4)
+    q_offset, k_offset = (4, 3) if causal else (1, 4)  # causal: query 4 must not see key 5
     expected = _hand_attention(q, k, v, q_pos=[q_offset + i for i in range(3)],
                                k_pos=[k_offset + j for j in range(3)], amp_dim=2, alpha=alpha,
                                distance=distance, phase=phase, causal=causal)

@@ -105,8 +105,8 @@ def hardware_description() -> str:
     except OSError:
         pass
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return (f"{cpu}, {cores} CPU cores, torch {torch.__version__} ({torch.get_num_threads()} "
-            f"threads), Python {platform.python_version()}")
+    return (f"{cpu}, {cores} CPU cores, torch {torch.__version__} (the Monte Carlo runs on one "
+            f"thread), Python {platform.python_version()}")
 
 
 def write_readme(path: Path, rows: list[dict], cfg: TheoryConfig, *, command: str,
