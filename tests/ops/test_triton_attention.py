@@ -146,6 +146,16 @@ def test_variants(dtype, distance, phase):
            k_offset=90)
 
 
+@pytest.mark.parametrize("phase", ["quadratic", "linear"])
+def test_separate_dq_kernel(phase):
+    """dQ by its own kernel (the alternative to float32 atomics in the dK/dV kernel)."""
+    q, k, v = _inputs(1, 41, 41, 4, 2, 32, 32, torch.float32, seed=11)
+    base = triton_launch.default_configs(32, 32, torch.float32)
+    with triton_launch.override_configs(triton_launch.LaunchConfigs(
+            base.fwd, base.dkdv, base.dq, dq_atomic=False)):
+        _check(q, k, v, causal=True, phase=phase, q_offset=5)
+
+
 def test_every_output_element_written(monkeypatch):
     """The launchers' output buffers (out, lse, delta, dq, dk, dv) start as NaN."""
     q, k, v = _inputs(1, 37, 37, 3, 1, 32, 24, torch.float32, seed=6)

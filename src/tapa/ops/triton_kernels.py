@@ -297,14 +297,20 @@ def _bwd_preprocess_kernel(Out, DOut, DLse, Delta, stride_ob, stride_on, stride_
 
 @triton.jit
 def _dkdv_inner(dk_a, dk_p, dk_psum, dv, k_a, k_p, k_sum, v, pos_n, key_first,
-                q_base, do_base, lse_ptr, delta_ptr, stride_qn, stride_dn, n_q, q_offset, lo, hi,
+                q_base, do_base, dq_base, lse_ptr, delta_ptr, stride_qn, stride_dn, stride_dqn,
+                n_q, q_offset, lo, hi,
                 logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6,
+                amp_grad_scale, phase_grad_scale,
                 AMP_DIM: tl.constexpr, HEAD_DIM: tl.constexpr, V_DIM: tl.constexpr,
                 BLOCK_DA: tl.constexpr, BLOCK_DP: tl.constexpr, BLOCK_DV: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
-                DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr, TRIG_POLY: tl.constexpr, PTX_ASM: tl.constexpr,
-                DOT_PRECISION: tl.constexpr):
-    """dK/dV of one key block against query blocks [lo, hi); tiles are (keys, queries)."""
+                DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr, TRIG_POLY: tl.constexpr,
+                PTX_ASM: tl.constexpr, DOT_PRECISION: tl.constexpr, DQ_ATOMIC: tl.constexpr):
+    """dK/dV of one key block against query blocks [lo, hi); tiles are (keys, queries).
+
+    With DQ_ATOMIC the tile's share of dQ is also added (float32 atomics) into dq_base, so that
+    the scores are recomputed once instead of again in a separate dQ kernel.
+    """
     offs_da = tl.arange(0, BLOCK_DA)
     offs_dp = AMP_DIM + tl.arange(0, BLOCK_DP)
     offs_dv = tl.arange(0, BLOCK_DV)
@@ -339,20 +345,34 @@ def _dkdv_inner(dk_a, dk_p, dk_psum, dv, k_a, k_p, k_sum, v, pos_n, key_first,
         dp = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
         delta = tl.load(delta_ptr + offs_m, mask=row_ok, other=0.0)
         ds = p * (dp - delta[None, :])
-        dk_a += tl.dot((ds * cos).to(q_a.dtype), q_a, input_precision=DOT_PRECISION)
+        grad_amp = (ds * cos).to(q_a.dtype)
+        dk_a += tl.dot(grad_amp, q_a, input_precision=DOT_PRECISION)
         grad_phase = ds * phase_factor
         if PHASE_QUAD:
             dk_p += tl.dot(grad_phase.to(q_p.dtype), q_p, input_precision=DOT_PRECISION)
         else:
             dk_psum += tl.sum(grad_phase, axis=1)
+        if DQ_ATOMIC:
+            dq_rows = dq_base + rows * stride_dqn
+            dq_a = tl.dot(tl.trans(grad_amp), k_a, input_precision=DOT_PRECISION)
+            tl.atomic_add(dq_rows + offs_da[None, :], dq_a * amp_grad_scale,
+                          mask=row_ok[:, None] & (offs_da < AMP_DIM)[None, :], sem="relaxed")
+            if PHASE_QUAD:
+                dq_p = tl.dot(tl.trans(grad_phase.to(k_p.dtype)), k_p,
+                              input_precision=DOT_PRECISION)
+            else:
+                dq_p = tl.zeros([BLOCK_M, BLOCK_DP], dtype=tl.float32) + tl.sum(grad_phase, axis=0)[:, None]
+            tl.atomic_add(dq_rows + offs_dp[None, :], dq_p * phase_grad_scale,
+                          mask=row_ok[:, None] & (offs_dp < HEAD_DIM)[None, :], sem="relaxed")
     return dk_a, dk_p, dk_psum, dv
 
 
 @triton.jit
-def _bwd_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV,
+def _bwd_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV, DQ,
                      stride_qb, stride_qn, stride_qh, stride_kb, stride_kn, stride_kh,
                      stride_vb, stride_vn, stride_vh, stride_db, stride_dn, stride_dh,
                      stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh,
+                     stride_dqb, stride_dqn, stride_dqh,
                      n_q, n_k, q_offset, k_offset, kv_heads, group,
                      logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6,
                      amp_grad_scale, phase_grad_scale,
@@ -360,7 +380,8 @@ def _bwd_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV,
                      BLOCK_DA: tl.constexpr, BLOCK_DP: tl.constexpr, BLOCK_DV: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
                      DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr,
-                     TRIG_POLY: tl.constexpr, PTX_ASM: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                     TRIG_POLY: tl.constexpr, PTX_ASM: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                     DQ_ATOMIC: tl.constexpr):
     start_n = tl.program_id(0) * BLOCK_N
     batch = tl.program_id(1) // kv_heads
     kv_head = tl.program_id(1) % kv_heads
@@ -402,18 +423,21 @@ def _bwd_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV,
         bh = batch.to(tl.int64) * heads + head
         q_base = Q + batch.to(tl.int64) * stride_qb + head.to(tl.int64) * stride_qh
         do_base = DOut + batch.to(tl.int64) * stride_db + head.to(tl.int64) * stride_dh
+        dq_base = DQ + batch.to(tl.int64) * stride_dqb + head.to(tl.int64) * stride_dqh
         dk_a, dk_p, dk_psum, dv = _dkdv_inner(
-            dk_a, dk_p, dk_psum, dv, k_a, k_p, k_sum, v, pos_n, key_first, q_base, do_base,
-            Lse + bh * n_q, Delta + bh * n_q, stride_qn, stride_dn, n_q, q_offset, lo, mid,
-            logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6,
+            dk_a, dk_p, dk_psum, dv, k_a, k_p, k_sum, v, pos_n, key_first, q_base, do_base, dq_base,
+            Lse + bh * n_q, Delta + bh * n_q, stride_qn, stride_dn, stride_dqn, n_q, q_offset,
+            lo, mid, logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6,
+            amp_grad_scale, phase_grad_scale,
             AMP_DIM, HEAD_DIM, V_DIM, BLOCK_DA, BLOCK_DP, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL,
-            DIST_POWER, PHASE_QUAD, TRIG_POLY, PTX_ASM, DOT_PRECISION)
+            DIST_POWER, PHASE_QUAD, TRIG_POLY, PTX_ASM, DOT_PRECISION, DQ_ATOMIC)
         dk_a, dk_p, dk_psum, dv = _dkdv_inner(
-            dk_a, dk_p, dk_psum, dv, k_a, k_p, k_sum, v, pos_n, key_first, q_base, do_base,
-            Lse + bh * n_q, Delta + bh * n_q, stride_qn, stride_dn, n_q, q_offset, mid, n_q,
-            logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6,
+            dk_a, dk_p, dk_psum, dv, k_a, k_p, k_sum, v, pos_n, key_first, q_base, do_base, dq_base,
+            Lse + bh * n_q, Delta + bh * n_q, stride_qn, stride_dn, stride_dqn, n_q, q_offset,
+            mid, n_q, logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6,
+            amp_grad_scale, phase_grad_scale,
             AMP_DIM, HEAD_DIM, V_DIM, BLOCK_DA, BLOCK_DP, BLOCK_DV, BLOCK_M, BLOCK_N, False,
-            DIST_POWER, PHASE_QUAD, TRIG_POLY, PTX_ASM, DOT_PRECISION)
+            DIST_POWER, PHASE_QUAD, TRIG_POLY, PTX_ASM, DOT_PRECISION, DQ_ATOMIC)
 
     dk_base = DK + batch.to(tl.int64) * stride_dkb + kv_head.to(tl.int64) * stride_dkh
     tl.store(dk_base + rows * stride_dkn + offs_da[None, :],

@@ -17,7 +17,9 @@ MAX_HEAD_DIM = 256
 TAYLOR_TOLERANCE = 1e-8
 TAYLOR_ORDER = 6
 # cos/sin as polynomials on the FMA pipes (True) or the MUFU's cos.approx/sin.approx (False).
-TRIG_POLY = True
+TRIG_POLY = False
+# dQ by float32 atomics from the dK/dV kernel (True) or by a separate dQ kernel (False).
+DQ_ATOMIC = True
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,7 @@ class LaunchConfigs:
     dkdv: KernelConfig
     dq: KernelConfig
     trig_poly: bool | None = None  # None: the module's TRIG_POLY
+    dq_atomic: bool | None = None  # None: the module's DQ_ATOMIC
 
 
 def interpreting() -> bool:
@@ -71,12 +74,9 @@ def default_configs(head_dim: int, v_dim: int, dtype: torch.dtype) -> LaunchConf
     width = max(head_dim, v_dim)
     if dtype == torch.float32:  # float32 operands take twice the registers and shared memory
         width *= 2
-    if width <= 64:
-        return LaunchConfigs(KernelConfig(128, 64, 8, 3), KernelConfig(16, 128, 8, 2),
+    if width <= 128:  # measured at D=128 (NOTES.md, attempt 1); D=64 takes the same
+        return LaunchConfigs(KernelConfig(128, 64, 8, 3), KernelConfig(32, 128, 8, 2),
                              KernelConfig(128, 32, 8, 2))
-    if width <= 128:
-        return LaunchConfigs(KernelConfig(128, 32, 8, 3), KernelConfig(16, 64, 8, 2),
-                             KernelConfig(128, 16, 8, 2))
     if width <= 256:
         return LaunchConfigs(KernelConfig(64, 64, 4, 2), KernelConfig(16, 64, 4, 2),
                              KernelConfig(64, 16, 4, 2))
@@ -177,15 +177,22 @@ def backward(dout, dlse, q, k, v, out, lse, *, amp_dim, alpha, distance, phase, 
         BLOCK_M=preprocess_rows, HAS_DLSE=dlse is not None)
     scalars, constexprs = _common_args(q, k, v, amp_dim, alpha, distance, phase, causal)
     grad_scales = [1 / math.sqrt(amp_dim), -2 * math.pi / math.sqrt(amp_dim)]
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    dq_atomic = DQ_ATOMIC if configs.dq_atomic is None else configs.dq_atomic
+    # the atomics accumulate in float32 (like FlashAttention-2's dq_accum)
+    dq = (torch.zeros(q.shape, dtype=torch.float32, device=q.device) if dq_atomic
+          else torch.empty_like(q))
 
     cfg = configs.dkdv
     kernels._bwd_dkdv_kernel[(triton.cdiv(n_k, cfg.block_n), batch * kv_heads)](
-        q, k, v, dout, lse, delta, dk, dv, *_row_strides(q), *_row_strides(k), *_row_strides(v),
-        *_row_strides(dout), *_row_strides(dk), *_row_strides(dv), n_q, n_k, q_offset, k_offset,
-        kv_heads, heads // kv_heads, *scalars, *grad_scales, BLOCK_M=cfg.block_m,
-        BLOCK_N=cfg.block_n, TRIG_POLY=trig_poly, PTX_ASM=not interpreting(), num_warps=cfg.num_warps,
+        q, k, v, dout, lse, delta, dk, dv, dq, *_row_strides(q), *_row_strides(k),
+        *_row_strides(v), *_row_strides(dout), *_row_strides(dk), *_row_strides(dv),
+        *_row_strides(dq), n_q, n_k, q_offset, k_offset, kv_heads, heads // kv_heads, *scalars,
+        *grad_scales, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, TRIG_POLY=trig_poly,
+        PTX_ASM=not interpreting(), DQ_ATOMIC=dq_atomic, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages, **constexprs)
+    if dq_atomic:
+        return dq.to(q.dtype), dk, dv
     cfg = configs.dq
     kernels._bwd_dq_kernel[(triton.cdiv(n_q, cfg.block_m), batch * heads)](
         q, k, v, dout, lse, delta, dq, *_row_strides(q), *_row_strides(k), *_row_strides(v),
