@@ -1,0 +1,256 @@
+"""`tapa bench decode`: one decoding step of TAPA (split-KV kernel) against SDPA on a RoPE-style
+model of the same shapes (bf16, GQA).
+
+Per (batch, cache length) the step is one new query token per sequence against a full cache:
+q (B, 1, H, D), k/v cache (B, S, Hk, D). Both sides read the same cache tensors, stored as
+(B, Hk, S, D) like transformers' caches: SDPA takes them as they are (enable_gqa, no repeat), the
+TAPA kernel through a transposed view. SDPA is timed with each backend that accepts the shapes
+(flash, efficient, cuDNN); the anchor is the fastest. Times are triton.testing.do_bench medians
+(L2 flushed between runs). First the kernel is checked against the float64 reference on the GPU.
+
+Writes to --out: decode.csv (every timing), decode.md (table of ratios + command, date, GPU),
+decode.png (ratio vs cache length). --smoke runs tiny shapes on CPU through the Triton
+interpreter (wall-clock timing; numbers meaningless) to test this script's logic.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+TARGET_RATIO = 1.2
+SDPA_BACKENDS = ("flash", "efficient", "cudnn")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--batch", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--cache", type=int, nargs="+",
+                        default=[4096, 8192, 16384, 32768, 65536, 131072], help="cache lengths S")
+    parser.add_argument("--heads", type=int, default=32)
+    parser.add_argument("--kv-heads", type=int, default=8)
+    parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--theta", type=float, default=0.5)
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
+    parser.add_argument("--out", type=Path, default=Path("results/decode-h200"))
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny shapes on CPU via the Triton interpreter: tests the script, not speed")
+
+
+def _kernel_module():
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernel is defined
+    from tapa.ops import decode_kernel
+
+    return decode_kernel
+
+
+def _sdpa_backend(name):
+    from torch.nn.attention import SDPBackend
+
+    return {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
+            "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}[name]
+
+
+def _timer(smoke: bool):
+    """Median milliseconds of fn: do_bench on the GPU, wall clock in the smoke run."""
+    if not smoke:
+        from triton.testing import do_bench
+
+        return lambda fn: do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+    def wall(fn, repeats=1):
+        fn()
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - start) * 1e3)
+        return statistics.median(times)
+
+    return wall
+
+
+def check_accuracy(kernel, *, device, dtype, heads, kv_heads, head_dim, theta, cache=4093, batch=3):
+    """Relative RMSE vs float64 of the kernel and of the same-dtype reference, ragged lengths."""
+    from tapa.ops.reference import naive_tapa_attention
+
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(batch, 1, heads, head_dim, generator=gen).to(device, dtype)
+    k = torch.randn(batch, kv_heads, cache, head_dim, generator=gen).to(device, dtype).transpose(1, 2)
+    v = torch.randn(batch, kv_heads, cache, head_dim, generator=gen).to(device, dtype).transpose(1, 2)
+    lengths = torch.randint(1, cache + 1, (batch,), generator=gen, dtype=torch.int32)
+    lengths[0] = cache
+    out = kernel.tapa_decode_attention(q, k, v, lengths.to(device), theta=theta)
+    errors = {"kernel": 0.0, "reference": 0.0}
+    for row, length in enumerate(lengths.tolist()):
+        args = dict(theta=theta, q_offset=length - 1)
+        exact = naive_tapa_attention(q[row:row + 1].double(), k[row:row + 1, :length].double(),
+                                     v[row:row + 1, :length].double(), **args)
+        same = naive_tapa_attention(q[row:row + 1], k[row:row + 1, :length], v[row:row + 1, :length], **args)
+        for name, result in (("kernel", out[row:row + 1]), ("reference", same)):
+            err = float((result.double() - exact).norm() / exact.norm())
+            errors[name] = max(errors[name], err)
+    return errors
+
+
+def bench_shape(kernel, timer, *, batch, cache, heads, kv_heads, head_dim, theta, dtype, device):
+    """{variant: ms} for one step at (batch, cache)."""
+    q = torch.randn(batch, 1, heads, head_dim, device=device, dtype=dtype)
+    k_cache = torch.randn(batch, kv_heads, cache, head_dim, device=device, dtype=dtype)
+    v_cache = torch.randn(batch, kv_heads, cache, head_dim, device=device, dtype=dtype)
+    lengths = torch.full((batch,), cache, dtype=torch.int32, device=device)
+    k_view, v_view = k_cache.transpose(1, 2), v_cache.transpose(1, 2)
+    times = {"tapa": timer(lambda: kernel.tapa_decode_attention(
+        q, k_view, v_view, lengths, theta=theta, check_lengths=False))}
+    q_sdpa = q.transpose(1, 2)  # (B, H, 1, D)
+    from torch.nn.attention import sdpa_kernel
+
+    backends = SDPA_BACKENDS if device.type == "cuda" else ("math",)
+    for name in backends:
+        def step(backend=_sdpa_backend(name)):
+            with sdpa_kernel([backend]):
+                return F.scaled_dot_product_attention(q_sdpa, k_cache, v_cache, enable_gqa=True)
+        try:
+            step()
+        except RuntimeError:  # this backend does not take these shapes / this GPU
+            continue
+        times[f"sdpa_{name}"] = timer(step)
+    del q, k_cache, v_cache
+    return times
+
+
+def _gpu_name(device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({platform.processor() or 'unknown'}), Triton interpreter"
+
+
+def write_results(out: Path, rows: list[dict], *, errors: dict, command: str, device_name: str,
+                  smoke: bool, shapes: dict, dtype: torch.dtype) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    sdpa_columns = sorted({key for row in rows for key in row if key.startswith("sdpa_")})
+    columns = ["batch", "cache", "tapa_ms", *sdpa_columns, "best_sdpa", "ratio", "tapa_gbps"]
+    with open(out / "decode.csv", "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(rows)
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [
+        "# TAPA split-KV decode step vs SDPA (same shapes)", "",
+        f"- command: `{command}`",
+        f"- date: {date}",
+        f"- device: {device_name}",
+        f"- torch {torch.__version__}, triton {_triton_version()}, python {platform.python_version()}",
+        f"- shapes: one new token per sequence against a full cache of S tokens; {shapes['heads']} q heads, "
+        f"{shapes['kv_heads']} kv heads, head dim {shapes['head_dim']}, {str(dtype).replace('torch.', '')}",
+        "- times: triton.testing.do_bench medians in ms (L2 flushed); TAPA GB/s = k+v cache bytes / TAPA time",
+        f"- accuracy (max rel. RMSE vs float64, ragged lengths): kernel {errors['kernel']:.2e}, "
+        f"same-dtype reference {errors['reference']:.2e}",
+        f"- ratio = TAPA time / fastest SDPA backend time (target <= {TARGET_RATIO})",
+    ]
+    if smoke:
+        lines.append("- SMOKE RUN on CPU through the Triton interpreter: the times say nothing about speed")
+    lines += ["", "| batch | cache | TAPA ms | " + " | ".join(c[:-3] + " ms" for c in sdpa_columns)
+              + " | best SDPA | ratio | TAPA GB/s |",
+              "|---|---|---|" + "---|" * len(sdpa_columns) + "---|---|---|"]
+    for row in rows:
+        sdpa = " | ".join(f"{row[c]:.4f}" if c in row else "n/a" for c in sdpa_columns)
+        lines.append(f"| {row['batch']} | {row['cache']} | {row['tapa_ms']:.4f} | {sdpa} | "
+                     f"{row['best_sdpa']} | {row['ratio']:.2f} | {row['tapa_gbps']:.0f} |")
+    worst = max(rows, key=lambda r: r["ratio"])
+    lines += ["", f"Worst ratio {worst['ratio']:.2f} at batch {worst['batch']}, cache {worst['cache']}; "
+              f"{sum(r['ratio'] <= TARGET_RATIO for r in rows)} of {len(rows)} shapes within {TARGET_RATIO}x."]
+    (out / "decode.md").write_text("\n".join(lines) + "\n")
+    _plot(out, rows)
+
+
+def _triton_version() -> str:
+    try:
+        import triton
+
+        return triton.__version__
+    except ImportError:
+        return "n/a"
+
+
+def _plot(out: Path, rows: list[dict]) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for batch in sorted({r["batch"] for r in rows}):
+        mine = [r for r in rows if r["batch"] == batch]
+        ax.plot([r["cache"] for r in mine], [r["ratio"] for r in mine], marker="o", label=f"batch {batch}")
+    ax.axhline(TARGET_RATIO, color="gray", linestyle="--", label=f"target {TARGET_RATIO}x")
+    ax.axhline(1.0, color="black", linewidth=0.5)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("cache length")
+    ax.set_ylabel("TAPA time / best SDPA time")
+    ax.set_title("decode step, lower is better")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "decode.png", dpi=120)
+    plt.close(fig)
+
+
+def run(args) -> int:
+    if not torch.cuda.is_available() and not args.smoke:
+        raise SystemExit("tapa bench decode needs a CUDA GPU (or --smoke to test the script on CPU)")
+    if args.smoke:
+        shapes = dict(heads=4, kv_heads=2, head_dim=32)
+        batches, caches, device, dtype = [1, 2], [48, 96], torch.device("cpu"), torch.float16
+        check_cache = 70
+    else:
+        shapes = dict(heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim)
+        batches, caches, device = args.batch, args.cache, torch.device("cuda")
+        dtype, check_cache = getattr(torch, args.dtype), 4093
+    kernel = _kernel_module()
+    timer = _timer(args.smoke)
+    errors = check_accuracy(kernel, device=device, dtype=dtype, theta=args.theta, cache=check_cache, **shapes)
+    print(f"accuracy vs float64: kernel {errors['kernel']:.2e}, same-dtype reference {errors['reference']:.2e}")
+    if errors["kernel"] > 2 * errors["reference"] + 1e-6:
+        raise SystemExit("tapa bench decode: the kernel's error exceeds 2x the reference's; not timing")
+    rows = []
+    from tqdm import tqdm
+
+    for batch in batches:
+        for cache in tqdm(caches, desc=f"batch {batch}", disable=None):
+            times = bench_shape(kernel, timer, batch=batch, cache=cache, theta=args.theta, dtype=dtype,
+                                device=device, **shapes)
+            sdpa = {name: ms for name, ms in times.items() if name.startswith("sdpa_")}
+            if not sdpa:
+                raise SystemExit(f"no SDPA backend ran batch {batch}, cache {cache}")
+            best = min(sdpa, key=sdpa.get)
+            cache_bytes = 2 * batch * cache * shapes["kv_heads"] * shapes["head_dim"] * dtype.itemsize
+            row = {"batch": batch, "cache": cache, "tapa_ms": times["tapa"],
+                   **{f"{name}_ms": ms for name, ms in sdpa.items()},
+                   "best_sdpa": best[5:], "ratio": times["tapa"] / sdpa[best],
+                   "tapa_gbps": cache_bytes / (times["tapa"] * 1e-3) / 1e9}
+            rows.append(row)
+            print(f"batch {batch:3d} cache {cache:7d}: tapa {times['tapa']:.4f} ms, best sdpa "
+                  f"({best[5:]}) {sdpa[best]:.4f} ms, ratio {row['ratio']:.2f}", flush=True)
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    command = "tapa bench decode " + " ".join(sys.argv[3:] if sys.argv[1:3] == ["bench", "decode"] else sys.argv[1:])
+    write_results(args.out, rows, errors=errors, command=command.strip(), device_name=_gpu_name(device),
+                  smoke=args.smoke, shapes=shapes, dtype=dtype)
+    print(f"wrote {args.out}/decode.csv, decode.md, decode.png")
+    return 0
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(prog="python -m tapa.bench.decode")
+    add_arguments(parser)
+    sys.exit(run(parser.parse_args()))

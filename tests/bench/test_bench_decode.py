@@ -1,0 +1,47 @@
+"""`tapa bench decode --smoke`: the benchmark's logic on CPU (Triton interpreter; times meaningless).
+
+Runs the command in a fresh process: the interpreter must be chosen before triton's first import.
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+# find_spec, not an import: importing triton here would fix it to compiled mode for later tests
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
+
+
+def _tapa(*args, cwd):
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    return subprocess.run([sys.executable, "-m", "tapa", "bench", "decode", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the smoke run is the CPU path")
+def test_decode_bench_smoke_writes_results(tmp_path):
+    result = _tapa("--smoke", "--out", str(tmp_path / "out"), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = tmp_path / "out"
+    rows = list(csv.DictReader(open(out / "decode.csv")))
+    assert [(int(r["batch"]), int(r["cache"])) for r in rows] == [(1, 48), (1, 96), (2, 48), (2, 96)]
+    for row in rows:
+        best = float(row[f"sdpa_{row['best_sdpa']}_ms"])
+        assert float(row["ratio"]) == pytest.approx(float(row["tapa_ms"]) / best)
+    report = (out / "decode.md").read_text()
+    assert "SMOKE RUN" in report and "command: `tapa bench decode --smoke" in report
+    assert "4 q heads, 2 kv heads, head dim 32" in report
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU refusal")
+def test_decode_bench_needs_cuda_without_smoke(tmp_path):
+    from tapa.cli import main as tapa_main
+
+    with pytest.raises(SystemExit, match="needs a CUDA GPU"):
+        tapa_main(["bench", "decode", "--out", str(tmp_path)])
