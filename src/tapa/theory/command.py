@@ -57,5 +57,6 @@ def run(args: argparse.Namespace) -> int:
         if Path(sys.argv[0]).name == "tapa" else "tapa theory (called from Python)"
     write_readme(readme_path, rows, cfg, command=command, seconds=seconds, measured_sigma2=sigma2)
     print(summary_table(rows, cfg))
-    print(f"\n{len(rows)} estimates in {seconds:.1f} s. Wrote {csv_path}, {png_path}, {readme_path}")
+    print(f"\n{len(rows)} estimates in {seconds:.1f} s. "
+          f"Wrote {csv_path}, {png_path}, {readme_path}")
     return 0

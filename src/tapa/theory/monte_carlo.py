@@ -14,8 +14,8 @@ What the paper states, and what is measured here:
 - RoPE. E[logit] = (1/sqrt D) sum_i (mu0_i cos(lambda w_i) + nu0_i sin(lambda w_i)), with
   mu0_i = E[q_i k_i + q_j k_j], nu0_i = E[q_i k_j - q_j k_i] (j = i + D/2) and w_i the rotary
   frequencies: a sum of undamped oscillations, so the distance bias never decays. Here pair i
-  joins an amplitude dim and a phase dim, so mu0 = a_q a_k + m_q m_k and nu0 = +-(a_q m_k - m_q a_k):
-  both nonzero with the defaults.
+  joins an amplitude dim and a phase dim, so mu0 = a_q a_k + m_q m_k and
+  nu0 = +-(a_q m_k - m_q a_k): both nonzero with the defaults.
 - TAPA. A and phi use disjoint dims, so they are independent and, writing C(w) = E[cos(w phi)],
       E[logit]   = E[A] C(2 pi f)                                            -> 0
       Var[logit] = E[A^2] (1 + C(4 pi f)) / 2 - E[A]^2 C(2 pi f)^2          -> sigma^2 / 2

@@ -99,7 +99,8 @@ def hardware_description() -> str:
     cpu = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as handle:
-            names = [line.split(":", 1)[1].strip() for line in handle if line.startswith("model name")]
+            names = [line.split(":", 1)[1].strip() for line in handle
+                     if line.startswith("model name")]
         if names:
             cpu = names[0]
     except OSError:
