@@ -141,6 +141,6 @@ def test_command_writes_csv_plot_and_readme(tmp_path, capsys):
     assert sorted({int(r["distance"]) for r in table}) == [1, 10, 100, 1_000, 10_000, 100_000]
     assert (out / "theory.png").stat().st_size > 10_000
     readme = (out / "README.md").read_text()
-    assert "Command:" in readme and "Hardware:" in readme and "|E| at 100,000" in readme
+    assert "Command:" in readme and "Hardware:" in readme and r"\|E\| at 100,000" in readme
     printed = capsys.readouterr().out
     assert "tapa-linear-phase" in printed and str(out / "theory.csv") in printed

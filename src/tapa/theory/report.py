@@ -43,7 +43,8 @@ def lookup(rows: list[dict], method: str, distance: int) -> dict:
 def summary_table(rows: list[dict], cfg: TheoryConfig) -> str:
     """Markdown: |E| +- SE and Var +- SE at distances 10, 1k, 100k for each method."""
     distances = [d for d in SUMMARY_DISTANCES if any(r["distance"] == d for r in rows)]
-    header = "| method | " + " | ".join(f"|E| at {d:,}" for d in distances) + " | " + \
+    # "\|" keeps the absolute-value bars from splitting markdown table cells
+    header = "| method | " + " | ".join(f"\\|E\\| at {d:,}" for d in distances) + " | " + \
         " | ".join(f"Var at {d:,}" for d in distances) + " |"
     lines = [header, "|" + "---|" * (1 + 2 * len(distances))]
     for method in METHODS:
