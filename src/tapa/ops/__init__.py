@@ -5,6 +5,8 @@ The function itself is defined once, in `tapa.ops.reference`; see its docstring.
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 
 from tapa.ops.reference import (
@@ -60,15 +62,15 @@ def check_args(q, k, v, *, theta, alpha, distance, phase, causal, q_offset, k_of
     if phase not in PHASES:
         raise ValueError(f"phase must be one of {PHASES}, got {phase!r}")
     for name, offset in (("q_offset", q_offset), ("k_offset", k_offset)):
-        if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
+        if not isinstance(offset, numbers.Integral) or isinstance(offset, bool) or offset < 0:
             raise ValueError(f"{name} must be a non-negative int, got {offset!r}")
     if causal:
         if q_offset < k_offset:
             raise ValueError(f"causal: the first query (position q_offset={q_offset}) would see no "
                              f"key (first key at k_offset={k_offset})")
-        if q.shape[1] > k.shape[1] and q_offset + q.shape[1] > k_offset + k.shape[1]:
+        if q.shape[1] > k.shape[1]:  # with q_offset >= k_offset, queries would pass the last key
             raise ValueError(f"causal with more queries ({q.shape[1]}) than keys ({k.shape[1]}): "
-                             f"queries would run past the last key; pass q_offset/k_offset")
+                             f"the last queries would sit past the last key")
 
 
 def _triton_backend():
@@ -107,8 +109,8 @@ def tapa_attention(
                q_offset=q_offset, k_offset=k_offset)
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
-    kwargs = dict(theta=theta, alpha=alpha, distance=distance, phase=phase, causal=causal,
-                  q_offset=q_offset, k_offset=k_offset, return_lse=return_lse)
+    kwargs = dict(theta=float(theta), alpha=float(alpha), distance=distance, phase=phase,
+                  causal=causal, q_offset=int(q_offset), k_offset=int(k_offset), return_lse=return_lse)
     if impl in ("auto", "triton"):
         backend = _triton_backend()
         usable = backend is not None and backend.supports(q, k, v, theta=theta)
