@@ -17,7 +17,7 @@ the layer's weights and helpers:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -39,37 +39,44 @@ class AttentionContext:
     positions: (B, past_len + N) position of every slot (for RoPE rotation and TAPA distances).
     key_mask: (B, past_len + N) bool, False at padded slots; None when nothing is padded.
     left_pad: (B,) int32 number of leading padded slots, when the mask is pure left padding.
+    uniform: every row's positions are the slots 0, 1, ... (no padding, no position_ids).
     """
 
     past_len: int
     positions: torch.Tensor
     key_mask: torch.Tensor | None = None
     left_pad: torch.Tensor | None = None
+    uniform: bool = False
+    rope_cache: dict = field(default_factory=dict)  # cos/sin of this pass, shared by all layers
 
     @property
     def query_positions(self) -> torch.Tensor:
         return self.positions[:, self.past_len:]
 
 
-def rotate(attn: Attention, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """RoPE-family rotation of x (B, N, H, D) at per-sequence positions (B, N).
+def _cos_sin(cfg, head_dim: int, row: torch.Tensor):
+    """RoPE-family cos/sin (len, D) of one sequence's positions; the frequencies follow its length
+    (dynamic NTK depends on it), exactly as `TapaLM` computes them for an unpadded sequence."""
+    inv_freq, attention_factor = rope_frequencies(
+        cfg.rope_method, head_dim, base=cfg.rope_base, factor=cfg.rope_scale,
+        original_seq_len=cfg.original_seq_len, seq_len=int(row.max()) + 1,
+        beta_fast=cfg.yarn_beta_fast, beta_slow=cfg.yarn_beta_slow)
+    return rope_cos_sin(inv_freq, row, attention_factor)
 
-    Each sequence gets the frequencies of its own length (dynamic NTK depends on it), exactly as
-    `TapaLM` computes them for an unpadded sequence of that length.
-    """
+
+def rotate(attn: Attention, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+    """RoPE-family rotation of x (B, N, H, D) at the context's per-sequence query positions."""
     cfg = attn.cfg
     batch, seq_len, heads, head_dim = x.shape
-    cos_rows, sin_rows = [], []
-    for row in positions:
-        inv_freq, attention_factor = rope_frequencies(
-            cfg.rope_method, head_dim, base=cfg.rope_base, factor=cfg.rope_scale,
-            original_seq_len=cfg.original_seq_len, seq_len=int(row.max()) + 1,
-            beta_fast=cfg.yarn_beta_fast, beta_slow=cfg.yarn_beta_slow)
-        cos, sin = rope_cos_sin(inv_freq, row, attention_factor)
-        cos_rows.append(cos)
-        sin_rows.append(sin)
-    cos, sin = torch.cat(cos_rows), torch.cat(sin_rows)  # (B * N, D)
-    flat = apply_rope(x.reshape(1, batch * seq_len, heads, head_dim), cos, sin)
+    if "cos" not in ctx.rope_cache:
+        rows = ctx.query_positions[:1] if ctx.uniform else ctx.query_positions
+        pairs = [_cos_sin(cfg, head_dim, row) for row in rows]
+        ctx.rope_cache["cos"] = torch.cat([cos for cos, _ in pairs])
+        ctx.rope_cache["sin"] = torch.cat([sin for _, sin in pairs])
+    cos, sin = ctx.rope_cache["cos"], ctx.rope_cache["sin"]
+    if ctx.uniform:
+        return apply_rope(x, cos, sin)
+    flat = apply_rope(x.reshape(1, batch * seq_len, heads, head_dim), cos, sin)  # (B * N, D) cos/sin
     return flat.view(batch, seq_len, heads, head_dim)
 
 
@@ -82,7 +89,7 @@ def layer_attention(attn: Attention, x: torch.Tensor, ctx: AttentionContext, cac
     k = attn.wk(x).view(batch, seq_len, cfg.n_kv_heads, cfg.head_dim)
     v = attn.wv(x).view(batch, seq_len, cfg.n_kv_heads, cfg.head_dim)
     if cfg.family == "rope":
-        q, k = rotate(attn, q, ctx.query_positions), rotate(attn, k, ctx.query_positions)
+        q, k = rotate(attn, q, ctx), rotate(attn, k, ctx)
     if cache is not None:  # transformers caches hold (B, Hk, len, D)
         k, v = cache.update(k.transpose(1, 2), v.transpose(1, 2), layer_idx)
         k, v = k.transpose(1, 2), v.transpose(1, 2)
@@ -111,7 +118,8 @@ def _tapa(attn: Attention, q, k, v, ctx: AttentionContext):
     kernel = _decode_kernel() if q.is_cuda and cfg.attn_impl in ("auto", "triton") else None
     if kernel is not None and kernel.supports(q, k, v) and (ctx.key_mask is None or ctx.left_pad is not None):
         lengths = torch.full((q.shape[0],), k.shape[1], dtype=torch.int32, device=q.device)
-        return kernel.tapa_decode_attention(q, k, v, lengths, cache_starts=ctx.left_pad, **op_args)
+        return kernel.tapa_decode_attention(q, k, v, lengths, cache_starts=ctx.left_pad,
+                                            check_lengths=False, **op_args)
     if ctx.key_mask is None:
         return tapa_attention(q, k, v, causal=True, q_offset=ctx.past_len, k_offset=0,
                               impl=cfg.attn_impl, **op_args)

@@ -70,7 +70,8 @@ def attention_context(attention_mask, position_ids, batch: int, past_len: int, s
                 raise ValueError("position_ids disagree with the positions implied by attention_mask; "
                                  "TAPA computes distances from the attention mask (positions restart at "
                                  "0 at each sequence's first real token)")
-    return AttentionContext(past_len=past_len, positions=positions, key_mask=key_mask, left_pad=left_pad)
+    return AttentionContext(past_len=past_len, positions=positions, key_mask=key_mask, left_pad=left_pad,
+                            uniform=key_mask is None and (position_ids is None or not rope))
 
 
 class TapaForCausalLM(PreTrainedModel, GenerationMixin):
@@ -82,7 +83,6 @@ class TapaForCausalLM(PreTrainedModel, GenerationMixin):
     _no_split_modules = ["Block"]
     _tied_weights_keys = {"model.lm_head.weight": "model.embed.weight"}
     supports_gradient_checkpointing = False
-    _supports_sdpa = True
 
     def __init__(self, config: TapaConfig):
         super().__init__(config)
