@@ -80,3 +80,18 @@ def test_demo_tiny_runs_end_to_end(tmp_path, monkeypatch, capsys):
     assert (out / "perplexity.png").stat().st_size > 0
     with pytest.raises(ValueError, match="--force"):
         main(["demo", "--tiny", "--out", str(out), "--no-progress", "--device", "cpu"])
+
+
+def test_table_marks_continual_runs_and_mixed_training_lengths():
+    from tapa.eval.report import perplexity_table
+
+    def method(label, train_len, zero_shot):
+        return {"label": label, "train_len": train_len, "zero_shot": zero_shot,
+                "perplexity": [{"length": 128, "perplexity": 12.345}, {"length": 256, "perplexity": 2280.4}]}
+
+    table = perplexity_table([method("RoPE", 128, True), method("TAPA", 128, False)])
+    assert table.splitlines()[0] == "| method | stage | 128 (1x) | 256 (2x) |"
+    assert table.splitlines()[2] == "| RoPE | zero-shot | 12.35 | 2280 |"
+    assert table.splitlines()[3].startswith("| TAPA | continual |")
+    table = perplexity_table([method("RoPE", 128, True), method("TAPA", 64, True)])
+    assert table.splitlines()[0] == "| method | trained at | 128 | 256 |"

@@ -107,7 +107,8 @@ def sliding_window_perplexity(model, tokens, *, window: int, stride: int = 256,
     """Sliding-window perplexity of `model` on a 1-D token array at window length `window`.
 
     max_tokens caps the evaluation to the first max(max_tokens, window) + 1 tokens (a deterministic
-    prefix). Windows are batched up to `tokens_per_batch` tokens per forward pass. The caller
+    prefix). A stride larger than the window is capped at the window (non-overlapping windows).
+    Windows are batched up to `tokens_per_batch` tokens per forward pass. The caller
     applies any eval-time positional scaling (see `perplexity_vs_length`); `rope_scale` is only
     recorded.
     """
@@ -122,7 +123,6 @@ def sliding_window_perplexity(model, tokens, *, window: int, stride: int = 256,
     if edges[0] != 0 or edges[-1] != window or any(a >= b for a, b in zip(edges, edges[1:])):
         raise ValueError(f"bucket_edges must increase from 0 to the window ({window}), got {edges}")
     device = model_device(model)
-    stream = torch.from_numpy(tokens.astype(np.int64))
     position_loss = torch.zeros(window, dtype=torch.float64)
     nll_sum, scored, processed = 0.0, 0, 0
     per_batch = max(1, tokens_per_batch // window)
@@ -133,7 +133,9 @@ def sliding_window_perplexity(model, tokens, *, window: int, stride: int = 256,
     model.eval()
     for first in range(0, len(plan), per_batch):
         group = plan[first:first + per_batch]
-        rows = torch.stack([stream[begin:begin + window + 1] for begin, _ in group]).to(device)
+        # windows are copied out one batch at a time: the split may be a large uint16 memmap
+        rows = torch.from_numpy(np.stack([tokens[begin:begin + window + 1] for begin, _ in group])
+                                .astype(np.int64)).to(device)
         with autocast_for(device):
             logits = model(rows[:, :-1])
         nll = _token_nll(logits, rows[:, 1:]).double().cpu()

@@ -15,7 +15,7 @@ RESULTS_JSON = "results.json"
 def _format_ppl(value: float) -> str:
     if value != value or value == float("inf"):
         return str(value)
-    return f"{value:.2f}" if value < 1000 else f"{value:.3g}"
+    return f"{value:.2f}" if value < 1000 else f"{value:.0f}"
 
 
 def _slug(label: str) -> str:
@@ -24,7 +24,8 @@ def _slug(label: str) -> str:
 
 def perplexity_table(methods: list[dict]) -> str:
     """Markdown: one row per method, one column per evaluation length (with the multiple of the
-    training length when all methods share one)."""
+    training length when all methods share one; else a 'trained at' column). Merged zero-shot and
+    continual runs get a 'stage' column."""
     lengths = sorted({r["length"] for m in methods for r in m["perplexity"]})
     train_lens = {m["train_len"] for m in methods}
     shared = next(iter(train_lens)) if len(train_lens) == 1 else None
@@ -32,11 +33,19 @@ def perplexity_table(methods: list[dict]) -> str:
     def header(length):
         return f"{length} ({length / shared:g}x)" if shared else str(length)
 
-    lines = ["| method | " + " | ".join(header(n) for n in lengths) + " |",
-             "|---|" + "---|" * len(lengths)]
+    # runs of mixed training lengths or stages get columns saying which is which
+    extra = []
+    if shared is None:
+        extra.append(("trained at", lambda m: str(m["train_len"])))
+    if len({m["zero_shot"] for m in methods}) > 1:
+        extra.append(("stage", lambda m: "zero-shot" if m["zero_shot"] else "continual"))
+    lines = ["| method | " + "".join(f"{name} | " for name, _ in extra)
+             + " | ".join(header(n) for n in lengths) + " |",
+             "|---|" + "---|" * (len(extra) + len(lengths))]
     for method in methods:
         by_length = {r["length"]: r["perplexity"] for r in method["perplexity"]}
-        cells = [_format_ppl(by_length[n]) if n in by_length else "" for n in lengths]
+        cells = [value(method) for _, value in extra]
+        cells += [_format_ppl(by_length[n]) if n in by_length else "" for n in lengths]
         lines.append(f"| {method['label']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
