@@ -147,12 +147,12 @@ def test_variants(dtype, distance, phase):
 
 
 @pytest.mark.parametrize("phase", ["quadratic", "linear"])
-def test_separate_dq_kernel(phase):
-    """dQ by its own kernel (the alternative to float32 atomics in the dK/dV kernel)."""
+def test_atomic_dq(phase):
+    """dQ by float32 atomics from the dK/dV kernel (the alternative to the dQ kernel)."""
     q, k, v = _inputs(1, 41, 41, 4, 2, 32, 32, torch.float32, seed=11)
     base = triton_launch.default_configs(32, 32, torch.float32)
     with triton_launch.override_configs(triton_launch.LaunchConfigs(
-            base.fwd, base.dkdv, base.dq, dq_atomic=False)):
+            base.fwd, base.dkdv, base.dq, dq_atomic=True)):
         _check(q, k, v, causal=True, phase=phase, q_offset=5)
 
 

@@ -72,8 +72,24 @@ def _rel(a, b):
 
 
 def accuracy_errors(n, head_dim, *, causal, dtype=torch.bfloat16, heads=4, kv_heads=4, theta=0.5,
-                    distance="power", phase="quadratic", seed=0):
-    """Relative RMSE vs float64 of the kernel and of the same-dtype chunked reference."""
+                    distance="power", phase="quadratic", seed=0, variant=None):
+    """Relative RMSE vs float64 of the kernel and of the same-dtype chunked reference.
+
+    variant: LaunchConfigs fields to change (e.g. dict(trig_poly=False)), or None.
+    """
+    if variant:
+        from tapa.ops import triton_launch
+
+        base = triton_launch.default_configs(head_dim, head_dim, dtype)
+        configs = triton_launch.LaunchConfigs(
+            **{**dict(fwd=base.fwd, dkdv=base.dkdv, dq=base.dq), **variant})
+        with triton_launch.override_configs(configs):
+            rows = accuracy_errors(n, head_dim, causal=causal, dtype=dtype, heads=heads,
+                                   kv_heads=kv_heads, theta=theta, distance=distance,
+                                   phase=phase, seed=seed)
+        for row in rows:
+            row["check"] += f" {variant}"
+        return rows
     q = _random((1, n, heads, head_dim), dtype, seed)
     k = _random((1, n, kv_heads, head_dim), dtype, seed + 1)
     v = _random((1, n, kv_heads, head_dim), dtype, seed + 2)
@@ -226,9 +242,9 @@ def sweep(n=16384, head_dim=128, tokens=65536, heads=16):
     base = tl_.default_configs(head_dim, head_dim, torch.bfloat16)
     flops = 4 * batch * heads * n * n * head_dim / 2
     # attempt 1 measured the block sizes (NOTES.md); this compares the remaining choices
-    candidates = [("fwd", {}), ("fwd", dict(trig_poly=True)), ("bwd", {}),
-                  ("bwd", dict(dq_atomic=False)), ("bwd", dict(trig_poly=True)),
-                  ("bwd", dict(dkdv=K(64, 128, 8, 2)))]
+    candidates = [("fwd", {}), ("fwd", dict(trig_poly=False)), ("bwd", {}),
+                  ("bwd", dict(dq_atomic=True)), ("bwd", dict(trig_poly=False)),
+                  ("bwd", dict(dq=K(128, 32, 8, 2)))]
     print(f"sweep: N={n} B={batch} H={heads} D={head_dim} causal bf16; default {base}")
     flash = _anchor("FLASH_ATTENTION")
     out = flash(q, k, v, True)
@@ -344,7 +360,10 @@ def run(args) -> int:
 
         triton_launch.TRIG_POLY = args.trig == "poly"
     gpu = torch.cuda.get_device_name()
-    header = (f"# TAPA fused attention benchmark\n\n- command: `{' '.join(sys.argv)}`\n"
+    argv = sys.argv[:]
+    if argv and argv[0].endswith("attention.py"):  # launched with python -m
+        argv[0] = "python -m tapa.bench.attention"
+    header = (f"# TAPA fused attention benchmark\n\n- command: `{' '.join(argv)}`\n"
               f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}\n"
               f"- GPU: {gpu}; torch {torch.__version__}; triton {triton.__version__}; "
               f"python {platform.python_version()}\n"
@@ -360,6 +379,8 @@ def run(args) -> int:
                                       distance="linear", phase="linear", theta=args.theta)
         error_rows += accuracy_errors(args.check_len // 2 + 37, 128, causal=True,
                                       dtype=torch.float16, theta=0.75)
+        for variant in (dict(trig_poly=False), dict(dq_atomic=True)):  # the non-default paths
+            error_rows += accuracy_errors(args.check_len, 128, causal=True, variant=variant)
         for r in error_rows:
             print(f"  {r['check']} {r['tensor']}: kernel {r['kernel']:.3e} reference "
                   f"{r['reference']:.3e} ratio {r['ratio']:.2f}", flush=True)
