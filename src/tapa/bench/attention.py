@@ -247,10 +247,12 @@ def sweep(n=16384, head_dim=128, tokens=65536, heads=16):
                   ("bwd", dict(dq=K(128, 32, 8, 2)))]
     print(f"sweep: N={n} B={batch} H={heads} D={head_dim} causal bf16; default {base}")
     flash = _anchor("FLASH_ATTENTION")
+    fwd_ms = do_bench(lambda: flash(q, k, v, True), return_mode="median")
     out = flash(q, k, v, True)
-    print(f"  sdpa_flash fwd {do_bench(lambda: flash(q, k, v, True), return_mode='median'):.3f} ms"
-          f", bwd {do_bench(lambda: out.backward(dout, retain_graph=True), grad_to_none=[q, k, v], return_mode='median'):.3f} ms", flush=True)
+    bwd_ms = do_bench(lambda: out.backward(dout, retain_graph=True), grad_to_none=[q, k, v],
+                      return_mode="median")
     del out
+    print(f"  sdpa_flash fwd {fwd_ms:.3f} ms, bwd {bwd_ms:.3f} ms", flush=True)
     for what, change in candidates:
         configs = LaunchConfigs(**{**dict(fwd=base.fwd, dkdv=base.dkdv, dq=base.dq), **change})
         try:
@@ -288,7 +290,8 @@ def _markdown(rows, error_rows, long_range, header):
     lines = [header, ""]
     if error_rows:
         lines += ["## Accuracy: relative RMSE vs float64 (same bf16 inputs)", "",
-                  "| check | tensor | kernel | same-dtype reference | ratio |", "|---|---|---|---|---|"]
+                  "| check | tensor | kernel | same-dtype reference | ratio |",
+                  "|---|---|---|---|---|"]
         lines += [f"| {r['check']} | {r['tensor']} | {r['kernel']:.3e} | {r['reference']:.3e} | "
                   f"{r['ratio']:.2f} |" for r in error_rows]
         lines.append("")

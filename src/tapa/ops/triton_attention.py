@@ -41,7 +41,8 @@ def _(q, k, v, amp_dim, alpha, distance, phase, causal, q_offset, k_offset):
 def _fused_backward(dout: torch.Tensor, dlse: Optional[torch.Tensor], q: torch.Tensor,
                     k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
                     amp_dim: int, alpha: float, distance: str, phase: str, causal: bool,
-                    q_offset: int, k_offset: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                    q_offset: int,
+                    k_offset: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return triton_launch.backward(dout, dlse, q, k, v, out, lse, amp_dim=amp_dim, alpha=alpha,
                                   distance=distance, phase=phase, causal=causal,
                                   q_offset=q_offset, k_offset=k_offset)

@@ -27,7 +27,8 @@ import triton.language as tl
 LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
 TWO_PI = tl.constexpr(6.283185307179586)
-# Adding and subtracting 1.5 * 2**23 rounds a float32 |t| < 2**22 to the nearest integer (ties to even).
+# Adding and subtracting 1.5 * 2**23 rounds a float32 |t| < 2**22 to the nearest integer
+# (ties to even), on the FMA pipes.
 ROUND_MAGIC = tl.constexpr(12582912.0)
 
 # Least-squares fits on Chebyshev nodes over |u| <= 1/4 (float32 evaluation error < 2.2e-7):
@@ -130,7 +131,8 @@ def _scaled_distance_weight(s, s_lo, s_hi, alpha, phase_scale, taylor_rho,
             h = h * u + p0 * b1
             fs = h * u + p0
         else:
-            fs = tl.exp2(alpha * _log2(tl.abs(s), PTX_ASM)) * phase_scale  # log2(0) = -inf: f(0) = 0
+            # log2(0) = -inf, so f(0) = 0
+            fs = tl.exp2(alpha * _log2(tl.abs(s), PTX_ASM)) * phase_scale
     else:
         fs = tl.abs(s) * (alpha * phase_scale)
     return fs
@@ -210,8 +212,8 @@ def _fwd_kernel(Q, K, V, Out, Lse,
                 AMP_DIM: tl.constexpr, HEAD_DIM: tl.constexpr, V_DIM: tl.constexpr,
                 BLOCK_DA: tl.constexpr, BLOCK_DP: tl.constexpr, BLOCK_DV: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-                DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr, TRIG_POLY: tl.constexpr, PTX_ASM: tl.constexpr,
-                DOT_PRECISION: tl.constexpr):
+                DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr, TRIG_POLY: tl.constexpr,
+                PTX_ASM: tl.constexpr, DOT_PRECISION: tl.constexpr):
     block = tl.program_id(0)
     if CAUSAL:  # the longest rows first, so that the last wave is short
         block = tl.num_programs(0) - 1 - block
@@ -277,7 +279,7 @@ def _bwd_preprocess_kernel(Out, DOut, DLse, Delta, stride_ob, stride_on, stride_
                            stride_db, stride_dn, stride_dh, n_q, heads,
                            V_DIM: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr,
                            HAS_DLSE: tl.constexpr):
-    """delta = rowsum(out * dout) - dlse: the softmax-gradient row term (lse's gradient folded in)."""
+    """delta = rowsum(out * dout) - dlse: the softmax-gradient row term (with lse's gradient)."""
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     batch = tl.program_id(1) // heads
     head = tl.program_id(1) % heads
@@ -361,7 +363,8 @@ def _dkdv_inner(dk_a, dk_p, dk_psum, dv, k_a, k_p, k_sum, v, pos_n, key_first,
                 dq_p = tl.dot(tl.trans(grad_phase.to(k_p.dtype)), k_p,
                               input_precision=DOT_PRECISION)
             else:
-                dq_p = tl.zeros([BLOCK_M, BLOCK_DP], dtype=tl.float32) + tl.sum(grad_phase, axis=0)[:, None]
+                dq_p = (tl.zeros([BLOCK_M, BLOCK_DP], dtype=tl.float32)
+                        + tl.sum(grad_phase, axis=0)[:, None])
             tl.atomic_add(dq_rows + offs_dp[None, :], dq_p * phase_grad_scale,
                           mask=row_ok[:, None] & (offs_dp < HEAD_DIM)[None, :], sem="relaxed")
     return dk_a, dk_p, dk_psum, dv
@@ -446,7 +449,8 @@ def _bwd_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV, DQ,
     if PHASE_QUAD:
         dk_phase = dk_p * phase_grad_scale
     else:  # d phi / d k_P is the same for every phase column
-        dk_phase = tl.zeros([BLOCK_N, BLOCK_DP], dtype=tl.float32) + (dk_psum * phase_grad_scale)[:, None]
+        dk_phase = (tl.zeros([BLOCK_N, BLOCK_DP], dtype=tl.float32)
+                    + (dk_psum * phase_grad_scale)[:, None])
     tl.store(dk_base + rows * stride_dkn + offs_dp[None, :], dk_phase.to(DK.dtype.element_ty),
              mask=key_ok[:, None] & (offs_dp < HEAD_DIM)[None, :])
     tl.store(DV + batch.to(tl.int64) * stride_dvb + kv_head.to(tl.int64) * stride_dvh
@@ -517,8 +521,8 @@ def _bwd_dq_kernel(Q, K, V, DOut, Lse, Delta, DQ,
                    AMP_DIM: tl.constexpr, HEAD_DIM: tl.constexpr, V_DIM: tl.constexpr,
                    BLOCK_DA: tl.constexpr, BLOCK_DP: tl.constexpr, BLOCK_DV: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-                   DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr, TRIG_POLY: tl.constexpr, PTX_ASM: tl.constexpr,
-                   DOT_PRECISION: tl.constexpr):
+                   DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr, TRIG_POLY: tl.constexpr,
+                   PTX_ASM: tl.constexpr, DOT_PRECISION: tl.constexpr):
     block = tl.program_id(0)
     if CAUSAL:
         block = tl.num_programs(0) - 1 - block
@@ -579,6 +583,7 @@ def _bwd_dq_kernel(Q, K, V, DOut, Lse, Delta, DQ,
     if PHASE_QUAD:
         dq_phase = dq_p * phase_grad_scale
     else:
-        dq_phase = tl.zeros([BLOCK_M, BLOCK_DP], dtype=tl.float32) + (dq_psum * phase_grad_scale)[:, None]
+        dq_phase = (tl.zeros([BLOCK_M, BLOCK_DP], dtype=tl.float32)
+                    + (dq_psum * phase_grad_scale)[:, None])
     tl.store(dq_base + rows * stride_dqn + offs_dp[None, :], dq_phase.to(DQ.dtype.element_ty),
              mask=row_ok[:, None] & (offs_dp < HEAD_DIM)[None, :])

@@ -109,10 +109,14 @@ def _binomial(alpha: float, order: int) -> float:
 
 
 def taylor_constants(alpha: float) -> tuple[float, list[float]]:
-    """(rho, [b_1..b_6]): (1 + u) ** alpha = 1 + sum b_k u**k within TAYLOR_TOLERANCE for |u| <= rho."""
+    """(rho, [b_1..b_6]): (1 + u) ** alpha = 1 + sum_k b_k u**k within tolerance for |u| <= rho."""
     coefficients = [_binomial(alpha, order) for order in range(1, TAYLOR_ORDER + 1)]
     remainder = abs(_binomial(alpha, TAYLOR_ORDER + 1))
-    rho = 0.5 if remainder == 0 else min(0.5, (TAYLOR_TOLERANCE / 2 / remainder) ** (1 / (TAYLOR_ORDER + 1)))
+    if remainder == 0:  # alpha a small integer: the series is exact
+        return 0.5, coefficients
+    # for alpha <= 15 and rho <= 1/2 the terms after the last shrink by 1/2 or more each, so
+    # the remainder is below twice its first term
+    rho = min(0.5, (TAYLOR_TOLERANCE / 2 / remainder) ** (1 / (TAYLOR_ORDER + 1)))
     return rho, coefficients
 
 
@@ -157,7 +161,8 @@ def forward(q, k, v, *, amp_dim, alpha, distance, phase, causal, q_offset, k_off
     kernels._fwd_kernel[grid](
         q, k, v, out, lse, *_row_strides(q), *_row_strides(k), *_row_strides(v),
         *_row_strides(out), n_q, n_k, q_offset, k_offset, heads, heads // kv_heads, *scalars,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, TRIG_POLY=_trig_poly(configs), PTX_ASM=not interpreting(),
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, TRIG_POLY=_trig_poly(configs),
+        PTX_ASM=not interpreting(),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **constexprs)
     return out, lse
 
@@ -200,5 +205,6 @@ def backward(dout, dlse, q, k, v, out, lse, *, amp_dim, alpha, distance, phase, 
         q, k, v, dout, lse, delta, dq, *_row_strides(q), *_row_strides(k), *_row_strides(v),
         *_row_strides(dout), *_row_strides(dq), n_q, n_k, q_offset, k_offset, heads,
         heads // kv_heads, *scalars, *grad_scales, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        TRIG_POLY=trig_poly, PTX_ASM=not interpreting(), num_warps=cfg.num_warps, num_stages=cfg.num_stages, **constexprs)
+        TRIG_POLY=trig_poly, PTX_ASM=not interpreting(), num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages, **constexprs)
     return dq, dk, dv
