@@ -30,6 +30,9 @@ def test_pretrain_then_continual_at_twice_the_length(tmp_path, capsys):
                  "--steps", "3", "--eval-every", "0", "--run-dir", str(cont)]) == 0
     config = json.loads((cont / "config.json").read_text())
     assert config["train"]["seq_len"] == 64 and config["init_from"].endswith("step_000030")
+    assert main(["train", "--run-dir", str(cont), "--resume", "--steps", "4", "--no-progress"]) == 0
+    config = json.loads((cont / "config.json").read_text())
+    assert config["init_from"].endswith("step_000030") and records(cont)[-1]["step"] == 4
     assert records(cont)[0]["loss"] < losses[0] - 0.5  # continues from the trained weights
 
     # TAPA's settings are fixed by the checkpoint: a clear message, no run

@@ -141,3 +141,10 @@ def test_schedule():
     values = np.array([lr_at(s, cfg) for s in range(100)])
     assert values[0] == pytest.approx(0.1) and values[9] == pytest.approx(1.0)
     assert (np.diff(values[9:]) <= 1e-12).all() and values[-1] == pytest.approx(0.1, abs=1e-3)
+
+
+def test_passkey_mixing_trains(cache_dir, tmp_path):
+    run_dir = tmp_path / "passkey"
+    train(*small_configs(run_dir, cache_dir, seq_len=256, batch_size=2, steps=2, eval_every=0,
+                         passkey_fraction=0.5))
+    assert len(records(run_dir)) == 2 and all(np.isfinite(losses(run_dir)))

@@ -1,0 +1,13 @@
+"""Training: typed configs and recipes, the trainer (pretraining, continual pretraining, exact
+resume), checkpoints, and torchrun data parallelism (DDP, FSDP2).
+
+    from tapa.train import TrainConfig, train, load_model
+    run_dir = train(TrainConfig(steps=100), ModelConfig(), DataConfig())
+    model, model_cfg, run_config = load_model(run_dir)
+"""
+
+from tapa.train.checkpoint import CheckpointError, load_model
+from tapa.train.config import TrainConfig, build_configs, load_recipe
+from tapa.train.trainer import train
+
+__all__ = ["TrainConfig", "train", "load_model", "load_recipe", "build_configs", "CheckpointError"]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import typing
 from pathlib import Path
 
@@ -152,11 +153,12 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as err:  # bad input (including CheckpointError): a message, not a traceback
         raise SystemExit(f"tapa train: {err}") from err
     metrics = run_dir / "metrics.jsonl"
-    if metrics.is_file():
+    if metrics.is_file() and int(os.environ.get("RANK", "0")) == 0:
         records = [json.loads(line) for line in metrics.read_text().splitlines() if line]
         if records:
             first, last = records[0], records[-1]
+            overall = last["tokens"] / last["elapsed_s"] if last["elapsed_s"] else float("nan")
             print(f"run: {run_dir}\nsteps {last['step']}: loss {first['loss']:.3f} -> "
-                  f"{last['loss']:.3f}, val_loss {last['val_loss']}, "
-                  f"{last['tokens_per_s']:.0f} tokens/s")
+                  f"{last['loss']:.3f}, val_loss {last['val_loss']}, {overall:.0f} tokens/s "
+                  f"overall (last interval {last['tokens_per_s']:.0f})")
     return 0

@@ -35,7 +35,7 @@ def collect(root: Path, skip: int = 5) -> list[dict]:
         config = json.loads((run_dir / "config.json").read_text())
         runs.append({"name": run_dir.name, "recipe": match["recipe"], "mode": match["mode"],
                      "gpus": int(match["gpus"]), "resumed_on": match["resumed"] and int(match["resumed"]),
-                     "params_m": round(config["num_parameters"] / 1e6, 1),
+                     "params_m": float(f"{config['num_parameters'] / 1e6:.3g}"),
                      "seq_len": config["train"]["seq_len"], "device": config["device"],
                      "tokens_per_s": statistics.median(steady), "records": records})
     return runs
@@ -52,7 +52,7 @@ def report(root: Path, out: Path, command: str, skip: int = 5) -> str:
     if not runs:
         raise ValueError(f"no run directories named <recipe>-<ddp|fsdp>-<gpus> under {str(root)!r}")
     fresh = [r for r in runs if r["resumed_on"] is None]
-    lines = ["| recipe | params (M) | seq_len | mode | GPUs | tokens/s | x 1-GPU | max |loss - 1-GPU loss| |",
+    lines = ["| recipe | params (M) | seq_len | mode | GPUs | tokens/s | x 1-GPU | max loss diff vs 1 GPU |",
              "|---|---|---|---|---|---|---|---|"]
     for run in fresh:
         one = next((r for r in fresh if (r["recipe"], r["mode"], r["gpus"]) ==
@@ -63,7 +63,7 @@ def report(root: Path, out: Path, command: str, skip: int = 5) -> str:
                      f"{run['gpus']} | {run['tokens_per_s']:.0f} | {ratio} | {gap} |")
     resumed = [r for r in runs if r["resumed_on"] is not None]
     if resumed:
-        lines += ["", "| checkpoint saved by | resumed on GPUs | max |loss - uninterrupted| after resume |",
+        lines += ["", "| checkpoint saved by | resumed on GPUs | max loss diff vs uninterrupted run |",
                   "|---|---|---|"]
         for run in resumed:
             base = next((r for r in fresh if (r["recipe"], r["mode"], r["gpus"]) ==
@@ -98,7 +98,7 @@ def _plot(runs: list[dict], path: Path) -> None:
         for run in sorted((r for r in runs if (r["recipe"], r["mode"]) == (recipe, mode)),
                           key=lambda r: r["gpus"]):
             ax.plot([r["step"] for r in run["records"]], [r["loss"] for r in run["records"]],
-                    label=f"{run['gpus']} GPU", alpha=0.8)
+                    "-" if run["gpus"] == 1 else "--", label=f"{run['gpus']} GPU", alpha=0.8)
         ax.set_title(f"{recipe}, {mode}")
         ax.set_xlabel("step")
         ax.set_ylabel("training loss")

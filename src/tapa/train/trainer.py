@@ -199,7 +199,8 @@ def _train(train_cfg: TrainConfig, model_cfg: ModelConfig | None, data_cfg: Data
 
     # --- model config: pretraining, or continual from a checkpoint ---------------------------
     init_checkpoint, init_weights = None, None
-    if train_cfg.init_from is not None:
+    # a resumed continual run restores its own checkpoint; the one it started from is not needed
+    if train_cfg.init_from is not None and not train_cfg.resume:
         init_checkpoint = ckpt.resolve_checkpoint(train_cfg.init_from)
         base_cfg = ModelConfig.from_dict(ckpt.read_state(init_checkpoint)["model"])
         if model_cfg is None:
@@ -209,7 +210,8 @@ def _train(train_cfg: TrainConfig, model_cfg: ModelConfig | None, data_cfg: Data
         check_continual(base_cfg, model_cfg)
         init_weights = ckpt.load_weights(init_checkpoint, model_cfg)
     elif model_cfg is None:
-        raise ValueError("model_cfg is required unless init_from names a checkpoint")
+        raise ValueError("model_cfg is required unless init_from names a checkpoint "
+                         "(a resumed run passes the model config of its config.json)")
     model_cfg = ModelConfig.from_dict(model_cfg.to_dict())  # our own copy
 
     corpus = _load_corpus(data_cfg, info, show)
@@ -260,11 +262,13 @@ def _train(train_cfg: TrainConfig, model_cfg: ModelConfig | None, data_cfg: Data
     end_step = min(train_cfg.steps, train_cfg.stop_after or train_cfg.steps)
 
     if info.is_main:
+        previous = json.loads((run_dir / "config.json").read_text()) if resume_from else {}
         run_config = {
             "model": model_cfg.to_dict(), "data": data_cfg.to_dict(), "train": train_cfg.to_dict(),
             "corpus": corpus.manifest, "num_parameters": n_params, "world_size": info.world_size,
             "parallel": mode, "precision": "bf16" if bf16 else "fp32", "device": str(device),
-            "init_from": str(init_checkpoint) if init_checkpoint is not None else None,
+            "init_from": (str(init_checkpoint) if init_checkpoint is not None
+                          else previous.get("init_from")),
             "torch_version": torch.__version__,
         }
         ckpt.write_text_atomic(run_dir / "config.json", json.dumps(run_config, indent=2, default=str))
