@@ -19,7 +19,7 @@ import torch
 from tapa.data import build_corpus
 from tapa.eval.demo import PROFILES, _configs
 from tapa.eval.evaluate import EvalOptions, evaluate_run
-from tapa.train.trainer import train
+from tapa.train import train
 
 pe, lr, out = sys.argv[1], float(sys.argv[2]), Path(sys.argv[3])
 overrides = json.loads(sys.argv[4]) if len(sys.argv) > 4 else {}

@@ -15,8 +15,7 @@ def tiny_runs(tmp_path_factory):
     """Two 3-step runs (RoPE, TAPA) on a small text file with a 300-token BPE."""
     from tapa.data import DataConfig
     from tapa.model import ModelConfig
-    from tapa.train.config import TrainConfig
-    from tapa.train.trainer import train
+    from tapa.train import TrainConfig, train
 
     root = tmp_path_factory.mktemp("eval_runs")
     (root / "corpus.txt").write_text(TEXT)

@@ -99,7 +99,7 @@ def _configs(profile: DemoProfile, pe: str, run_dir: Path, device: torch.device,
              cache_dir: str | None):
     from tapa.data import DataConfig
     from tapa.model import ModelConfig
-    from tapa.train.config import TrainConfig
+    from tapa.train import TrainConfig
 
     data_values = dict(source="builtin", vocab_size=profile.vocab_size,
                        max_train_bytes=profile.max_train_bytes,
@@ -123,7 +123,7 @@ def run_demo(profile: DemoProfile, out_dir: str | Path, *, device: torch.device,
              cache_dir: str | None = None, command: str = "tapa demo", log=print) -> dict:
     """Train both models, evaluate them, write results to out_dir; return the merged results."""
     from tapa.data import build_corpus
-    from tapa.train.trainer import train
+    from tapa.train import train
 
     out_dir = Path(out_dir)
     started = time.perf_counter()
