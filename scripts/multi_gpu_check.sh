@@ -27,6 +27,7 @@ train() {  # train RECIPE MODE GPUS RUN_NAME [more tapa train flags]
 }
 
 for recipe in "${RECIPES[@]}"; do
+    python -m tapa.cli train --recipe "$recipe" ${EXTRA:-} --data-only  # tokenize once, up front
     for mode in ddp fsdp; do
         for gpus in 1 2; do
             rm -rf "$ROOT/$recipe-$mode-$gpus"

@@ -19,4 +19,7 @@ if [[ "${NNODES:-1}" -gt 1 ]]; then
 else
     LAUNCH=(--standalone)
 fi
+# build the data cache in one process first: a long tokenization inside torchrun would leave the
+# other ranks waiting at a barrier until the process-group timeout
+python -m tapa.cli train "$@" --data-only
 exec torchrun "${LAUNCH[@]}" --nproc_per_node "$NPROC" -m tapa.cli train --parallel "$PARALLEL" "$@"

@@ -68,6 +68,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--list-recipes", action="store_true", help="print the recipe names and exit")
     parser.add_argument("--print-config", action="store_true",
                         help="print the merged configs as JSON and exit")
+    parser.add_argument("--data-only", action="store_true",
+                        help="build (or find) the run's data cache and exit; run this once before "
+                             "torchrun so no process waits on a long tokenization")
     groups = {section: parser.add_argument_group(
         f"{section} ({cls.__name__}; defaults shown are the dataclass's, a recipe may set others)")
         for section, cls in _SECTIONS.items()}
@@ -145,6 +148,13 @@ def run(args: argparse.Namespace) -> int:
     if args.print_config:
         print(json.dumps({"model": model_cfg.to_dict(), "data": data_cfg.to_dict(),
                           "train": train_cfg.to_dict()}, indent=2))
+        return 0
+    if args.data_only:
+        from tapa.data import build_corpus
+
+        corpus = build_corpus(data_cfg, progress=train_cfg.progress)
+        sizes = ", ".join(f"{split} {len(corpus.tokens(split)):,}" for split in ("train", "val", "test"))
+        print(f"data cache: {corpus.directory} (vocab {corpus.vocab_size}; tokens: {sizes})")
         return 0
     from tapa.train.trainer import train
 
