@@ -94,3 +94,21 @@ def test_table_marks_continual_runs_and_mixed_training_lengths():
     assert table.splitlines()[3].startswith("| TAPA | continual |")
     table = perplexity_table([method("RoPE", 128, True), method("TAPA", 64, True)])
     assert table.splitlines()[0] == "| method | trained at | 128 | 256 |"
+
+
+def test_continual_pi_model_keeps_its_trained_factor():
+    """A PI model continued at 64 tokens with factor 4 (pretrained at 16) gets max(4, length / 16)."""
+    import numpy as np
+    import torch
+
+    from tapa.eval.evaluate import EvalOptions, evaluate_model
+    from tapa.model import ModelConfig, TapaLM
+
+    torch.manual_seed(0)
+    model = TapaLM(ModelConfig(vocab_size=50, dim=32, n_layers=1, n_heads=2, pe="rope-pi", rope_scale=4.0))
+    tokens = np.random.default_rng(0).integers(0, 50, 400)
+    entry = evaluate_model(model, tokens, train_len=64, zero_shot=False, options=EvalOptions(
+        lengths=[32, 64, 128, 256], stride=32, max_tokens=64, progress=False))
+    assert [r["rope_scale"] for r in entry["perplexity"]] == [4.0, 4.0, 8.0, 16.0]
+    assert model.config.rope_scale == 4.0  # restored
+    assert entry["label"] == "PI" and entry["zero_shot"] is False
