@@ -21,6 +21,7 @@ import argparse
 import csv
 import datetime
 import platform
+import re
 import shlex
 import time
 from contextlib import nullcontext
@@ -51,8 +52,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compile", action="store_true", help="torch.compile the decoder blocks")
     parser.add_argument("--peak-tflops", type=float, default=None,
                         help="peak bf16 TFLOP/s for MFU (default: looked up from the GPU name)")
-    parser.add_argument("--out", default="results/model-throughput-h200",
-                        help="output directory for results.csv and README.md")
+    parser.add_argument("--out", default=None,
+                        help="output directory for results.csv and README.md (default: "
+                             "results/model-throughput-<gpu>, e.g. -h200; with --cpu-smoke: "
+                             "bench-model-cpu-smoke)")
     parser.add_argument("--cpu-smoke", action="store_true",
                         help="a tiny float32 run on CPU that exercises the same code (for tests)")
 
@@ -177,6 +180,12 @@ def run_benchmark(*, model_kwargs: dict, lengths: list[int], pes: list[str], tok
     return rows
 
 
+def gpu_slug(device_name: str) -> str:
+    """"NVIDIA H200" -> "h200"."""
+    name = device_name.lower().removeprefix("nvidia").strip()
+    return re.sub(r"[^a-z0-9]+", "-", name).strip("-") or "gpu"
+
+
 def peak_for(device_name: str) -> float | None:
     return next((tf for key, tf in PEAK_BF16_TFLOPS.items() if key in device_name), None)
 
@@ -229,6 +238,9 @@ def run(args: argparse.Namespace) -> int:
         lengths, tokens_per_step = args.lengths, args.tokens_per_step
         device_name = torch.cuda.get_device_name(device)
     peak = args.peak_tflops or (None if args.cpu_smoke else peak_for(device_name))
+    if args.out is None:
+        args.out = ("bench-model-cpu-smoke" if args.cpu_smoke
+                    else f"results/model-throughput-{gpu_slug(device_name)}")
     rows = run_benchmark(model_kwargs=model_kwargs, lengths=lengths, pes=args.pes,
                          tokens_per_step=tokens_per_step, warmup=args.warmup, steps=args.steps,
                          device=device, peak_tflops=peak, compile_model=args.compile)

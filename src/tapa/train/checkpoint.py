@@ -230,7 +230,7 @@ def load_training_state(checkpoint: Path, *, model: nn.Module, optimizer: torch.
     set_model_state_dict(model, weights, options=_full_options())
     try:
         optim_state = torch.load(checkpoint / OPTIMIZER, map_location="cpu", weights_only=True)
-        rng_states = torch.load(checkpoint / RNG, map_location="cpu", weights_only=False)
+        rng_states = torch.load(checkpoint / RNG, map_location="cpu", weights_only=True)
     except Exception as err:
         raise CheckpointError(f"cannot read the optimizer/RNG state in {str(checkpoint)!r}: {err}") from err
     set_optimizer_state_dict(model, optimizer, optim_state, options=_full_options())
