@@ -19,15 +19,29 @@ def _pyplot():
     return plt
 
 
+_MARKERS = ("o", "s", "^", "v", "D", "P", "X", "*")
+
+
+def _line_style(index: int, method: dict) -> dict:
+    """Distinct markers, so coinciding curves stay visible; eval-time variants (RoPE+X) dashed
+    with hollow markers."""
+    variant = "+" in method["label"]
+    style = {"marker": _MARKERS[index % len(_MARKERS)], "markersize": 9 - 1.5 * (index % 4),
+             "linestyle": "--" if variant else "-"}
+    if variant:
+        style["markerfacecolor"] = "none"
+    return style
+
+
 def plot_perplexity_vs_length(methods: list[dict], path: str | Path, *, title: str) -> Path:
     """Perplexity against evaluation length (log-log), one line per method, with a dotted vertical
     line at each training length."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     train_lens = sorted({m["train_len"] for m in methods})
-    for method in methods:
+    for index, method in enumerate(methods):
         points = sorted((r["length"], r["perplexity"]) for r in method["perplexity"])
-        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=method["label"])
+        ax.plot([p[0] for p in points], [p[1] for p in points], label=method["label"], **_line_style(index, method))
     for train_len in train_lens:
         ax.axvline(train_len, color="gray", linestyle=":", linewidth=1.2)
         ax.annotate(f"train {train_len}", (train_len, 1.0), xycoords=("data", "axes fraction"),
@@ -50,11 +64,11 @@ def plot_position_loss(methods: list[dict], path: str | Path, *, title: str) -> 
     """Mean loss by position inside the window at each method's longest evaluation length."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for method in methods:
+    for index, method in enumerate(methods):
         longest = max(method["perplexity"], key=lambda r: r["length"])
         centers = [(b["start"] + b["end"]) / 2 for b in longest["buckets"]]
-        ax.plot(centers, [b["loss"] for b in longest["buckets"]], marker="o",
-                label=f"{method['label']} (window {longest['length']})")
+        ax.plot(centers, [b["loss"] for b in longest["buckets"]],
+                label=f"{method['label']} (window {longest['length']})", **_line_style(index, method))
     for train_len in sorted({m["train_len"] for m in methods}):
         ax.axvline(train_len, color="gray", linestyle=":", linewidth=1.2)
     ax.set_xscale("log", base=2)
