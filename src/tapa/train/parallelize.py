@@ -54,11 +54,6 @@ def parallelize(model: nn.Module, mode: str, info: DistInfo, *, bf16: bool) -> n
     raise ValueError(f"unknown parallel mode {mode!r}")
 
 
-def unwrap(model: nn.Module) -> nn.Module:
-    """The TapaLM inside a DDP wrapper (FSDP2 shards in place and needs no unwrapping)."""
-    return model.module if hasattr(model, "module") and isinstance(model.module, nn.Module) else model
-
-
 def gradient_sync(model: nn.Module, sync: bool):
     """Context for one micro-batch's backward: skip the gradient all-reduce unless `sync`
     (the last micro-batch of an accumulation)."""

@@ -4,7 +4,8 @@ One optimizer step:
     for each of grad_accum micro-batches of this rank's share of the global batch:
         loss_i = mean cross-entropy (float32) over the micro-batch;  backward(loss_i / grad_accum)
     gradients averaged over ranks (DDP / FSDP2), clipped to grad_clip (global norm), AdamW step
-    with lr(step) = lr * step/warmup during warmup, then cosine from lr to lr * min_lr_ratio.
+    with lr(step) = lr * (step + 1) / warmup_steps during warmup, then cosine from lr down to
+    lr * min_lr_ratio at `steps`.
 Every sequence has seq_len targets, so the mean of the ranks' and micro-batches' means is the mean
 over the global batch, whatever the number of processes.
 
@@ -33,8 +34,7 @@ from tapa.train.config import (RESUME_MUTABLE, TrainConfig, check_continual, con
 from tapa.train.distributed import (DistInfo, barrier, broadcast_object, mean_across_ranks,
                                     setup_distributed, teardown)
 from tapa.train.loader import BatchLoader, validation_windows
-from tapa.train.parallelize import (compile_blocks, gradient_sync, parallelize, resolve_parallel,
-                                    unwrap)
+from tapa.train.parallelize import compile_blocks, gradient_sync, parallelize, resolve_parallel
 
 METRIC_FIELDS = ("step", "tokens", "loss", "lr", "grad_norm", "tokens_per_s", "val_loss", "elapsed_s")
 # data settings that change which tokens a run sees (cache_dir only says where they are stored)
@@ -298,6 +298,8 @@ def _train(train_cfg: TrainConfig, model_cfg: ModelConfig | None, data_cfg: Data
         wrapped.train()
         return mean_across_ranks(total / share, info).item()
 
+    tokens_per_step = train_cfg.batch_size * train_cfg.seq_len
+
     def save(step: int) -> None:
         ckpt.save_checkpoint(run_dir, step=step, model=wrapped, optimizer=optimizer,
                              model_cfg=model_cfg, info=info, keep=train_cfg.keep_checkpoints,
@@ -305,7 +307,6 @@ def _train(train_cfg: TrainConfig, model_cfg: ModelConfig | None, data_cfg: Data
                                     "samples": step * train_cfg.batch_size,
                                     "seed": train_cfg.seed})
 
-    tokens_per_step = train_cfg.batch_size * train_cfg.seq_len
     bar = None
     if show:
         from tapa._optional import require
@@ -342,12 +343,12 @@ def _train(train_cfg: TrainConfig, model_cfg: ModelConfig | None, data_cfg: Data
             mean_loss = mean_across_ranks(loss_sum / steps_since_log, info).item()
             if hasattr(grad_norm, "full_tensor"):  # FSDP2 returns a DTensor
                 grad_norm = grad_norm.full_tensor()
+            now = time.perf_counter()  # the .item() above waited for the GPU
+            tokens_per_s = steps_since_log * tokens_per_step / (now - last_time)
             val_loss = evaluate() if evaluate_now else None
-            now = time.perf_counter()
             record = {"step": done, "tokens": done * tokens_per_step, "loss": mean_loss, "lr": lr,
-                      "grad_norm": float(grad_norm),
-                      "tokens_per_s": steps_since_log * tokens_per_step / (now - last_time),
-                      "val_loss": val_loss, "elapsed_s": now - started}
+                      "grad_norm": float(grad_norm), "tokens_per_s": tokens_per_s,
+                      "val_loss": val_loss, "elapsed_s": time.perf_counter() - started}
             if info.is_main:
                 log.append(record)
             if bar is not None:
@@ -356,7 +357,7 @@ def _train(train_cfg: TrainConfig, model_cfg: ModelConfig | None, data_cfg: Data
                     postfix["val"] = f"{val_loss:.3f}"
                 bar.set_postfix(postfix)
             loss_sum.zero_()
-            steps_since_log, last_time = 0, time.perf_counter()  # exclude eval time from tok/s
+            steps_since_log, last_time = 0, time.perf_counter()  # eval time is not training time
         if bar is not None:
             bar.update(1)
         if last or (train_cfg.save_every and done % train_cfg.save_every == 0):
