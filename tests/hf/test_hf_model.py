@@ -124,17 +124,19 @@ def test_left_padded_batch_generates_as_each_sequence_alone(pe):
 
 @pytest.mark.parametrize("pe", ["tapa", "rope"])
 def test_mask_with_holes_equals_sequence_without_them(pe):
-    """A 0 in the middle of the mask hides that token: the logits of the others equal those of the
-    sequence with the token removed (positions restart from the mask's cumsum)."""
+    """A 0 inside the mask hides that token: the other tokens' logits equal those of the sequence
+    with the token removed (positions restart from the mask's cumsum). Row 1 is left-padded."""
     model = tiny_model(pe).double()  # float64: the comparison is then exact up to ~1e-12
-    ids = random_ids([12], seed=4)[0][None]
+    ids = torch.stack(random_ids([12, 12], seed=4))
     mask = torch.ones_like(ids)
     mask[0, [3, 7]] = 0
-    keep = mask[0].bool()
+    mask[1, :4] = 0
     with torch.no_grad():
-        holes = model(ids, attention_mask=mask, use_cache=False).logits[0, keep]
-        removed = model(ids[:, keep], use_cache=False).logits[0]
-    torch.testing.assert_close(holes, removed, rtol=1e-10, atol=1e-10)
+        masked = model(ids, attention_mask=mask, use_cache=False).logits
+        for row in range(2):
+            keep = mask[row].bool()
+            removed = model(ids[row:row + 1, keep], use_cache=False).logits[0]
+            torch.testing.assert_close(masked[row, keep], removed, rtol=1e-10, atol=1e-10)
 
 
 @pytest.mark.parametrize("pe", ["tapa", "rope"])

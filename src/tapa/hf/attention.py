@@ -8,11 +8,14 @@ the layer's weights and helpers:
 - no padding: the same op calls as `TapaLM` (`tapa_attention` with q_offset = cached length, or
   SDPA for the RoPE family); on CUDA, one or a few new tokens against a long cache go to the
   split-KV decode kernel `tapa.ops.decode_kernel.tapa_decode_attention`;
-- padding: the op has no mask argument, so the logits come from `tapa.ops.reference.tapa_logits`
-  (the single definition of TAPA), the causal and padding masks are applied explicitly, then the
-  softmax. Positions restart at 0 at each sequence's first real token (cumsum of the mask); a
-  query always sees itself, so padded rows stay finite (their outputs are never used).
-  Left-padded decoding on CUDA still goes to the decode kernel, through its per-sequence start.
+- left padding (generate's batches): the op runs per sequence on that sequence's real keys,
+  which sit at positions 0, 1, ... (so the fused kernel still serves prefill); decoding on CUDA
+  goes to the decode kernel, whose per-sequence start hides the padded slots;
+- any other mask (zeros inside a sequence): the op has no mask argument, so the logits come from
+  `tapa.ops.reference.tapa_logits` (the single definition of TAPA), the causal and padding masks
+  are applied explicitly, then the softmax. Positions restart at 0 at each sequence's first real
+  token and skip masked tokens (cumsum of the mask); a query always sees itself, so padded rows
+  stay finite (their outputs are never used).
 """
 
 from __future__ import annotations
@@ -123,7 +126,23 @@ def _tapa(attn: Attention, q, k, v, ctx: AttentionContext):
     if ctx.key_mask is None:
         return tapa_attention(q, k, v, causal=True, q_offset=ctx.past_len, k_offset=0,
                               impl=cfg.attn_impl, **op_args)
+    if ctx.left_pad is not None:
+        return _left_padded_tapa(q, k, v, ctx, impl=cfg.attn_impl, **op_args)
     return _masked_tapa(q, k, v, ctx, amp_dim=attn.amp_dim, **op_args)
+
+
+def _left_padded_tapa(q, k, v, ctx: AttentionContext, *, impl, **op_args):
+    """Left padding: the op on each sequence's real keys (slots pad.. are positions 0..), so the
+    fused kernel still runs. Queries at padded slots get 0 (their outputs are never used)."""
+    out = q.new_zeros(*q.shape[:3], v.shape[-1])
+    for row, pad in enumerate(ctx.left_pad.tolist()):
+        first_query = max(pad - ctx.past_len, 0)
+        if first_query >= q.shape[1]:
+            continue
+        out[row:row + 1, first_query:] = tapa_attention(
+            q[row:row + 1, first_query:], k[row:row + 1, pad:], v[row:row + 1, pad:], causal=True,
+            q_offset=ctx.past_len + first_query - pad, k_offset=0, impl=impl, **op_args)
+    return out
 
 
 def _visible(ctx: AttentionContext, row: int, q_start: int, q_stop: int) -> torch.Tensor:
