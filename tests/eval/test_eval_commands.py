@@ -73,6 +73,7 @@ def test_demo_tiny_runs_end_to_end(tmp_path, monkeypatch, capsys):
     assert main(["demo", "--tiny", "--out", str(out), "--no-progress", "--device", "cpu"]) == 0
     printed = capsys.readouterr().out
     assert "| RoPE |" in printed and "| TAPA |" in printed and "perplexity.png" in printed
+    assert "over perplexity at the training length: RoPE " in printed
     results = json.loads((out / "results.json").read_text())
     assert {m["label"] for m in results["methods"]} >= {"RoPE", "RoPE+PI", "RoPE+YaRN", "TAPA"}
     assert results["settings"]["profile"]["name"] == "tiny"

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from tapa.eval.evaluate import EvalOptions, evaluate_run
-from tapa.eval.report import merge_results, perplexity_table, write_results
+from tapa.eval.report import growth_summary, merge_results, perplexity_table, write_results
 
 DEMO_METHODS = ("rope", "tapa")
 
@@ -205,7 +205,8 @@ def run(args: argparse.Namespace) -> int:
     print()
     print(f"Perplexity (test split, sliding window) of models trained at {profile.seq_len} tokens:")
     print(perplexity_table(results["methods"]))
-    print(f"\nRoPE+X = the RoPE model with eval-time X scaling. Hardware: {results['hardware']}")
+    print(f"\n{growth_summary(results['methods'])}")
+    print(f"RoPE+X = the RoPE model with eval-time X scaling. Hardware: {results['hardware']}")
     stages = ", ".join(f"{name} {seconds:.0f}s" for name, seconds in settings["stage_seconds"].items())
     print(f"Wall time {settings['wall_seconds']:.0f}s ({stages}).")
     print(f"Files in {out_dir}/: results.md (tables), results.json (all numbers), perplexity.png "

@@ -50,6 +50,21 @@ def perplexity_table(methods: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def growth_summary(methods: list[dict]) -> str:
+    """One line: each method's perplexity at its longest length over its perplexity at the
+    training length (how much it degrades past the training length)."""
+    parts = []
+    for method in methods:
+        by_length = {r["length"]: r["perplexity"] for r in method["perplexity"]}
+        longest = max(by_length)
+        if method["train_len"] in by_length and longest > method["train_len"]:
+            ratio = by_length[longest] / by_length[method["train_len"]]
+            parts.append(f"{method['label']} {ratio:.2f}x")
+    if not parts:
+        return ""
+    return "Perplexity at the longest length over perplexity at the training length: " + ", ".join(parts) + "."
+
+
 def position_table(methods: list[dict]) -> str:
     """Markdown: mean loss by window-position bucket at each method's longest length."""
     lines = []
@@ -84,7 +99,7 @@ def results_markdown(results: dict) -> str:
         f"{results['split']} split, {cap}. Training length: {', '.join(map(str, train_lens))} tokens"
         f"{'; zero-shot (no continual stage)' if zero_shot else ''}. RoPE+X: the RoPE model's weights "
         "evaluated with scaling rule X set for each length (no fine-tuning).", "",
-        perplexity_table(methods), "",
+        perplexity_table(methods), "", growth_summary(methods), "",
         "## Loss by position inside the window (longest length)", "",
         position_table(methods), ""]
     grids = [(m["label"], m["passkey"]) for m in methods if m.get("passkey")]
