@@ -77,6 +77,7 @@ def test_demo_tiny_runs_end_to_end(tmp_path, monkeypatch, capsys):
     results = json.loads((out / "results.json").read_text())
     assert {m["label"] for m in results["methods"]} >= {"RoPE", "RoPE+PI", "RoPE+YaRN", "TAPA"}
     assert results["settings"]["profile"]["name"] == "tiny"
+    assert results["command"] == f"tapa demo --tiny --out {out} --device cpu"
     assert (out / "perplexity.png").stat().st_size > 0
     with pytest.raises(ValueError, match="--force"):
         main(["demo", "--tiny", "--out", str(out), "--no-progress", "--device", "cpu"])

@@ -159,8 +159,7 @@ def run_demo(profile: DemoProfile, out_dir: str | Path, *, device: torch.device,
     results["settings"] = {"profile": dataclasses.asdict(profile), "stage_seconds": stage_seconds,
                            "wall_seconds": time.perf_counter() - started,
                            "final_val_loss": {pe: _final_val_loss(run_dirs[pe]) for pe in DEMO_METHODS}}
-    results["written"] = [str(p) for p in write_results(
-        results, out_dir, title=f"tapa demo ({profile.name}): trained at {profile.seq_len} tokens")]
+    write_results(results, out_dir, title=f"tapa demo ({profile.name}): trained at {profile.seq_len} tokens")
     return results
 
 
@@ -199,7 +198,10 @@ def run(args: argparse.Namespace) -> int:
                          "pass --force to replace it or choose another --out")
     for path in existing:
         shutil.rmtree(path)
-    command = "tapa demo" + (" --tiny" if args.tiny else "") + (f" --profile {args.profile}" if args.profile else "")
+    command = " ".join(["tapa demo"] + (["--tiny"] if args.tiny else [])
+                       + [f"--{name} {value}" for name, value in (("profile", args.profile), ("out", args.out))
+                          if value]
+                       + ([f"--device {args.device}"] if args.device != "auto" else []))
     results = run_demo(profile, out_dir, device=device, progress=not args.no_progress, command=command)
     settings = results["settings"]
     print()
