@@ -118,7 +118,9 @@ def _decode_kernel():
 def _tapa(attn: Attention, q, k, v, ctx: AttentionContext):
     cfg = attn.cfg
     op_args = dict(theta=cfg.theta, alpha=cfg.alpha, distance=cfg.distance, phase=cfg.phase)
-    kernel = _decode_kernel() if q.is_cuda and cfg.attn_impl in ("auto", "triton") else None
+    # "auto": the decode kernel on CUDA; "triton" forces it (on CPU through Triton's interpreter)
+    wanted = cfg.attn_impl == "triton" or (q.is_cuda and cfg.attn_impl == "auto")
+    kernel = _decode_kernel() if wanted else None
     if kernel is not None and kernel.supports(q, k, v) and (ctx.key_mask is None or ctx.left_pad is not None):
         lengths = torch.full((q.shape[0],), k.shape[1], dtype=torch.int32, device=q.device)
         return kernel.tapa_decode_attention(q, k, v, lengths, cache_starts=ctx.left_pad,
