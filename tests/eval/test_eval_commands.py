@@ -114,3 +114,13 @@ def test_continual_pi_model_keeps_its_trained_factor():
     assert [r["rope_scale"] for r in entry["perplexity"]] == [4.0, 4.0, 8.0, 16.0]
     assert model.config.rope_scale == 4.0  # restored
     assert entry["label"] == "PI" and entry["zero_shot"] is False
+
+
+def test_demo_default_output_directory_does_not_overwrite(tmp_path):
+    from tapa.eval.demo import _fresh_dir
+
+    base = tmp_path / "demo-cpu"
+    assert _fresh_dir(base) == base
+    base.mkdir()
+    (tmp_path / "demo-cpu-2").mkdir()
+    assert _fresh_dir(base) == tmp_path / "demo-cpu-3"

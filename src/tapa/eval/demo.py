@@ -175,11 +175,21 @@ def _final_val_loss(run_dir: Path) -> float | None:
     return losses[-1] if losses else None
 
 
+def _fresh_dir(base: Path) -> Path:
+    """base, or base-2, base-3, ... : the first that does not exist (a rerun keeps earlier demos)."""
+    candidate, number = base, 1
+    while candidate.exists():
+        number += 1
+        candidate = base.with_name(f"{base.name}-{number}")
+    return candidate
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tiny", action="store_true", help="a seconds-long run that exercises every stage (CI)")
     parser.add_argument("--profile", choices=sorted(PROFILES), default=None,
                         help="override the profile chosen from the device")
-    parser.add_argument("--out", default=None, help="output directory (default: runs/demo-<profile>)")
+    parser.add_argument("--out", default=None,
+                        help="output directory (default: runs/demo-<profile>, or -2, -3, ... if it exists)")
     parser.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, ...")
     parser.add_argument("--force", action="store_true",
                         help="replace the rope/ and tapa/ runs of an earlier demo in --out")
@@ -191,7 +201,7 @@ def run(args: argparse.Namespace) -> int:
 
     device = resolve_device(args.device)
     profile = PROFILES[args.profile] if args.profile else pick_profile(device, args.tiny)
-    out_dir = Path(args.out or f"runs/demo-{profile.name}")
+    out_dir = Path(args.out) if args.out else _fresh_dir(Path(f"runs/demo-{profile.name}"))
     existing = [out_dir / pe for pe in DEMO_METHODS if (out_dir / pe).exists()]
     if existing and not args.force:
         raise ValueError(f"--out {str(out_dir)!r} already holds a demo ({', '.join(map(str, existing))}); "
