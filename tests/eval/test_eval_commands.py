@@ -26,7 +26,8 @@ def tiny_runs(tmp_path_factory):
         train_cfg = TrainConfig(name=pe, run_dir=str(root / pe), seq_len=32, batch_size=2, steps=3,
                                 warmup_steps=1, eval_every=0, save_every=0, eval_batches=1, log_every=1,
                                 progress=False, plot=False)
-        runs[pe] = train(train_cfg, ModelConfig(vocab_size=300, dim=32, n_layers=1, n_heads=2, pe=pe), data_cfg)
+        model_cfg = ModelConfig(vocab_size=300, dim=32, n_layers=1, n_heads=2, pe=pe)
+        runs[pe] = train(train_cfg, model_cfg, data_cfg)
     return runs
 
 

@@ -50,7 +50,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="scored tokens per length, a fixed prefix of the split (0: all; default 16384)")
     parser.add_argument("--split", choices=("val", "test"), default="test")
     parser.add_argument("--eval-pe", type=_pe_list, default=(),
-                        help="also evaluate a RoPE model's weights under these rules, e.g. rope-pi,rope-yarn,rope-ntk")
+                        help="also evaluate a RoPE model's weights under these rules, "
+                             "e.g. rope-pi,rope-yarn,rope-ntk")
     parser.add_argument("--passkey", action="store_true", help="also run the passkey-retrieval grid")
     parser.add_argument("--passkey-lengths", type=_int_list, default=None,
                         help="passkey context lengths (default: training length x 1,2,4,8)")

@@ -185,7 +185,8 @@ def _fresh_dir(base: Path) -> Path:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--tiny", action="store_true", help="a seconds-long run that exercises every stage (CI)")
+    parser.add_argument("--tiny", action="store_true",
+                        help="a seconds-long run that exercises every stage (CI)")
     parser.add_argument("--profile", choices=sorted(PROFILES), default=None,
                         help="override the profile chosen from the device")
     parser.add_argument("--out", default=None,
@@ -209,8 +210,8 @@ def run(args: argparse.Namespace) -> int:
     for path in existing:
         shutil.rmtree(path)
     command = " ".join(["tapa demo"] + (["--tiny"] if args.tiny else [])
-                       + [f"--{name} {value}" for name, value in (("profile", args.profile), ("out", args.out))
-                          if value]
+                       + [f"--{name} {value}"
+                          for name, value in (("profile", args.profile), ("out", args.out)) if value]
                        + ([f"--device {args.device}"] if args.device != "auto" else []))
     results = run_demo(profile, out_dir, device=device, progress=not args.no_progress, command=command)
     settings = results["settings"]

@@ -85,7 +85,8 @@ def hardware_description(device: torch.device | str = "cpu") -> str:
 
 
 def results_header(options: EvalOptions, device) -> dict:
-    return {"kind": "tapa-eval", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    now = datetime.datetime.now(datetime.timezone.utc)
+    return {"kind": "tapa-eval", "date": now.isoformat(timespec="seconds"),
             "hardware": hardware_description(device), "command": " ".join(["tapa"] + sys.argv[1:]),
             "split": options.split, "stride": options.stride, "max_tokens": options.max_tokens,
             "settings": options.extra, "methods": []}

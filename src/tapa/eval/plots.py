@@ -41,7 +41,8 @@ def plot_perplexity_vs_length(methods: list[dict], path: str | Path, *, title: s
     train_lens = sorted({m["train_len"] for m in methods})
     for index, method in enumerate(methods):
         points = sorted((r["length"], r["perplexity"]) for r in method["perplexity"])
-        ax.plot([p[0] for p in points], [p[1] for p in points], label=method["label"], **_line_style(index, method))
+        ax.plot([p[0] for p in points], [p[1] for p in points], label=method["label"],
+                **_line_style(index, method))
     for train_len in train_lens:
         ax.axvline(train_len, color="gray", linestyle=":", linewidth=1.2)
         ax.annotate(f"train {train_len}", (train_len, 1.0), xycoords=("data", "axes fraction"),

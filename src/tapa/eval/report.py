@@ -62,7 +62,8 @@ def growth_summary(methods: list[dict]) -> str:
             parts.append(f"{method['label']} {ratio:.2f}x")
     if not parts:
         return ""
-    return "Perplexity at the longest length over perplexity at the training length: " + ", ".join(parts) + "."
+    return ("Perplexity at the longest length over perplexity at the training length: "
+            + ", ".join(parts) + ".")
 
 
 def position_table(methods: list[dict]) -> str:
@@ -92,7 +93,8 @@ def results_markdown(results: dict) -> str:
     methods = results["methods"]
     train_lens = sorted({m["train_len"] for m in methods})
     zero_shot = all(m["zero_shot"] for m in methods)
-    cap = f"at most {results['max_tokens']} scored tokens per length" if results.get("max_tokens") else "all tokens"
+    cap = (f"at most {results['max_tokens']} scored tokens per length" if results.get("max_tokens")
+           else "all tokens")
     parts = [
         "## Perplexity vs evaluation length", "",
         f"Sliding-window perplexity (stride {results['stride']}, only new tokens scored) on the "
@@ -129,7 +131,8 @@ def write_results(results: dict, out_dir: str | Path, *, title: str = "") -> lis
                                       title="loss by position inside the longest window"))
     for method in methods:
         if method.get("passkey"):
-            written.append(plot_passkey_heatmap(method["passkey"], out_dir / f"passkey_{_slug(method['label'])}.png",
+            path = out_dir / f"passkey_{_slug(method['label'])}.png"
+            written.append(plot_passkey_heatmap(method["passkey"], path,
                                                 title=f"passkey retrieval: {method['label']}"))
     return written
 
