@@ -95,12 +95,13 @@ def results_markdown(results: dict) -> str:
     zero_shot = all(m["zero_shot"] for m in methods)
     cap = (f"at most {results['max_tokens']} scored tokens per length" if results.get("max_tokens")
            else "all tokens")
+    variant_note = (" RoPE+X: the RoPE model's weights evaluated with scaling rule X set for each length "
+                    "(no fine-tuning)." if any("+" in m["label"] for m in methods) else "")
     parts = [
         "## Perplexity vs evaluation length", "",
         f"Sliding-window perplexity (stride {results['stride']}, only new tokens scored) on the "
         f"{results['split']} split, {cap}. Training length: {', '.join(map(str, train_lens))} tokens"
-        f"{'; zero-shot (no continual stage)' if zero_shot else ''}. RoPE+X: the RoPE model's weights "
-        "evaluated with scaling rule X set for each length (no fine-tuning).", "",
+        f"{'; zero-shot (no continual stage)' if zero_shot else ''}." + variant_note, "",
         perplexity_table(methods), "", growth_summary(methods), "",
         "## Loss by position inside the window (longest length)", "",
         position_table(methods), ""]
