@@ -63,3 +63,10 @@ def test_resume_from_the_command_line(tmp_path):
     assert [r["step"] for r in records(run_dir)] == [1, 2, 3, 4]
     with pytest.raises(SystemExit, match="not found"):
         main(["train", "--run-dir", str(tmp_path / "missing"), "--resume"])
+
+
+def test_data_only_builds_the_cache(tmp_path, capsys):
+    assert main(["train", *_common(tmp_path), "--data-only"]) == 0
+    out = capsys.readouterr().out
+    assert "data cache:" in out and "vocab 300" in out
+    assert any((tmp_path / "cache").iterdir())
