@@ -220,7 +220,7 @@ def load_training_state(checkpoint: Path, *, model: nn.Module, optimizer: torch.
                                                          set_optimizer_state_dict)
 
     state = read_state(checkpoint)
-    saved_cfg = state["model"]
+    saved_cfg = ModelConfig.from_dict(state["model"]).to_dict()  # defaults for newer fields
     if saved_cfg != model_cfg.to_dict():
         diffs = [f"{k}: {saved_cfg.get(k)!r} (checkpoint) vs {v!r}"
                  for k, v in model_cfg.to_dict().items() if saved_cfg.get(k) != v]

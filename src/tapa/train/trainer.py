@@ -87,11 +87,15 @@ def _prepare_run_dir(run_dir: Path, train_cfg: TrainConfig, model_cfg: ModelConf
         raise ValueError(f"--resume: run directory {str(run_dir)!r} has no checkpoint "
                          "(checkpoints/latest) to resume from")
     saved = json.loads((run_dir / "config.json").read_text())
+    # through the dataclasses, so fields added since the run was saved take their defaults
+    saved_model = ModelConfig.from_dict(saved["model"]).to_dict()
+    saved_data = DataConfig.from_dict(saved["data"]).to_dict()
+    saved_train = TrainConfig.from_dict(saved["train"]).to_dict()
     problems = []
-    problems += [f"model.{d}" for d in config_differences(saved["model"], model_cfg.to_dict())]
-    problems += [f"data.{d}" for d in config_differences(saved["data"], data_cfg.to_dict(),
+    problems += [f"model.{d}" for d in config_differences(saved_model, model_cfg.to_dict())]
+    problems += [f"data.{d}" for d in config_differences(saved_data, data_cfg.to_dict(),
                                                          DATA_IGNORED_ON_RESUME)]
-    problems += [f"train.{d}" for d in config_differences(saved["train"], train_cfg.to_dict(),
+    problems += [f"train.{d}" for d in config_differences(saved_train, train_cfg.to_dict(),
                                                           RESUME_MUTABLE)]
     for split in ("train", "val"):  # same settings can still give other tokens (another Python)
         saved_sha = saved.get("corpus", {}).get("splits", {}).get(split, {}).get("sha256")
