@@ -5,7 +5,8 @@ Per (batch, cache length) the step is one new query token per sequence against a
 q (B, 1, H, D), k/v cache (B, S, Hk, D). Both sides read the same cache tensors, stored as
 (B, Hk, S, D) like transformers' caches: SDPA takes them as they are (enable_gqa, no repeat), the
 TAPA kernel through a transposed view. SDPA is timed with each backend that accepts the shapes
-(flash, efficient, cuDNN); the anchor is the fastest. Times are triton.testing.do_bench medians
+(flash, efficient, cuDNN) and with torch's own choice (auto); the anchor is the fastest. The RoPE
+rotation of the new q and k is left out on both sides (TAPA needs none; it is tiny for RoPE). Times are triton.testing.do_bench medians
 (L2 flushed between runs). First the kernel is checked against the float64 reference on the GPU.
 
 Writes to --out: decode.csv (every timing), decode.md (table of ratios + command, date, GPU),
@@ -125,6 +126,9 @@ def bench_shape(kernel, timer, *, batch, cache, heads, kv_heads, head_dim, theta
         except RuntimeError:  # this backend does not take these shapes / this GPU
             continue
         times[f"sdpa_{name}"] = timer(step)
+    if device.type == "cuda":  # whatever torch picks by itself (an anchor even if none above runs)
+        times["sdpa_auto"] = timer(lambda: F.scaled_dot_product_attention(q_sdpa, k_cache, v_cache,
+                                                                          enable_gqa=True))
     del q, k_cache, v_cache
     return times
 
