@@ -100,8 +100,10 @@ def verify_export(lm, out_dir: Path, *, exact: bool) -> None:
     actual = model(ids, use_cache=False).logits.to(expected.dtype)
     if exact and not torch.equal(actual, expected):
         raise RuntimeError(f"export check failed: logits differ by {(actual - expected).abs().max():.3g}")
-    if not exact and not torch.allclose(actual, expected, rtol=5e-2, atol=5e-2):
-        raise RuntimeError(f"export check failed: logits differ by {(actual - expected).abs().max():.3g}")
+    # a half-precision export rounds the weights: allow the logits to move by a few percent
+    rel_error = float((actual.double() - expected.double()).norm() / expected.double().norm())
+    if not exact and rel_error > 0.05:
+        raise RuntimeError(f"export check failed: logits' relative RMSE {rel_error:.3g} > 0.05")
 
 
 def add_arguments(parser) -> None:
