@@ -31,7 +31,7 @@ from tapa.ops.reference import DISTANCES, PHASES, split_dims
 
 MAX_QUERY_ROWS = 64  # G * Nq rows per program; more queries are prefill work for the fused kernel
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-TWO_PI = 2.0 * math.pi
+TWO_PI = tl.constexpr(2.0 * math.pi)  # a global inside a jit function must be a constexpr
 
 
 @triton.jit
