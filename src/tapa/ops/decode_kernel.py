@@ -185,8 +185,8 @@ def _merge_kernel(
 # On a GPU the tile size along the cache and the launch shape are tuned once per query shape and
 # split-length bucket (not per cache length, which changes at every decoding step).
 _TUNED_CONFIGS = [
-    triton.Config({"BLOCK_N": block_n}, num_warps=warps, num_stages=stages)
-    for block_n in (32, 64, 128) for warps in (4, 8) for stages in (2, 3)
+    triton.Config({"BLOCK_N": block_n}, num_warps=warps, num_stages=2)
+    for block_n in (32, 64, 128) for warps in (4, 8)
 ]
 _tuned_split_kernel = triton.autotune(
     configs=_TUNED_CONFIGS, key=["q_len", "group", "head_dim", "v_dim", "split_bucket"],
