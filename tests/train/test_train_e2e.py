@@ -8,16 +8,21 @@ from trainkit import records, one_thread  # noqa: F401 (autouse fixture)
 from tapa.cli import main
 
 
-def _common(tmp_path):
-    return ["--recipe", "tiny", "--cache-dir", str(tmp_path / "cache"), "--vocab-size", "300",
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("data-cache")
+
+
+def _common(cache_dir):
+    return ["--recipe", "tiny", "--cache-dir", str(cache_dir), "--vocab-size", "300",
             "--max-train-bytes", "200000", "--dim", "32", "--n-layers", "2", "--n-heads", "2",
             "--batch-size", "4", "--log-every", "1", "--eval-batches", "1", "--no-progress",
             "--no-plot", "--device", "cpu"]
 
 
-def test_pretrain_then_continual_at_twice_the_length(tmp_path, capsys):
+def test_pretrain_then_continual_at_twice_the_length(cache_dir, tmp_path, capsys):
     pre = tmp_path / "pre"
-    assert main(["train", *_common(tmp_path), "--seq-len", "32", "--steps", "30", "--lr", "1e-2",
+    assert main(["train", *_common(cache_dir), "--seq-len", "32", "--steps", "30", "--lr", "1e-2",
                  "--warmup-steps", "3", "--eval-every", "15", "--run-dir", str(pre)]) == 0
     assert f"run: {pre}" in capsys.readouterr().out
     losses = [r["loss"] for r in records(pre)]
@@ -26,7 +31,7 @@ def test_pretrain_then_continual_at_twice_the_length(tmp_path, capsys):
     assert len(vals) == 2 and vals[1] < vals[0]
 
     cont = tmp_path / "cont"
-    assert main(["train", *_common(tmp_path), "--init-from", str(pre), "--seq-len", "64",
+    assert main(["train", *_common(cache_dir), "--init-from", str(pre), "--seq-len", "64",
                  "--steps", "3", "--eval-every", "0", "--run-dir", str(cont)]) == 0
     config = json.loads((cont / "config.json").read_text())
     assert config["train"]["seq_len"] == 64 and config["init_from"].endswith("step_000030")
@@ -37,26 +42,26 @@ def test_pretrain_then_continual_at_twice_the_length(tmp_path, capsys):
 
     # TAPA's settings are fixed by the checkpoint: a clear message, no run
     with pytest.raises(SystemExit, match="keeps the checkpoint's alpha"):
-        main(["train", *_common(tmp_path), "--init-from", str(pre), "--seq-len", "64",
+        main(["train", *_common(cache_dir), "--init-from", str(pre), "--seq-len", "64",
               "--alpha", "0.2", "--run-dir", str(tmp_path / "bad")])
     assert not (tmp_path / "bad").exists()
 
 
-def test_rope_continual_may_change_its_scaling(tmp_path):
+def test_rope_continual_may_change_its_scaling(cache_dir, tmp_path):
     pre = tmp_path / "rope"
-    assert main(["train", *_common(tmp_path), "--pe", "rope", "--seq-len", "32", "--steps", "2",
+    assert main(["train", *_common(cache_dir), "--pe", "rope", "--seq-len", "32", "--steps", "2",
                  "--eval-every", "0", "--run-dir", str(pre)]) == 0
     cont = tmp_path / "yarn"
-    assert main(["train", *_common(tmp_path), "--pe", "rope-yarn", "--rope-scale", "2",
+    assert main(["train", *_common(cache_dir), "--pe", "rope-yarn", "--rope-scale", "2",
                  "--original-seq-len", "32", "--init-from", str(pre), "--seq-len", "64",
                  "--steps", "1", "--eval-every", "0", "--run-dir", str(cont)]) == 0
     model = json.loads((cont / "config.json").read_text())["model"]
     assert (model["pe"], model["rope_scale"], model["original_seq_len"]) == ("rope-yarn", 2.0, 32)
 
 
-def test_resume_from_the_command_line(tmp_path):
+def test_resume_from_the_command_line(cache_dir, tmp_path):
     run_dir = tmp_path / "run"
-    args = [*_common(tmp_path), "--seq-len", "32", "--steps", "4", "--eval-every", "0",
+    args = [*_common(cache_dir), "--seq-len", "32", "--steps", "4", "--eval-every", "0",
             "--run-dir", str(run_dir)]
     assert main(["train", *args, "--stop-after", "2"]) == 0
     assert main(["train", "--run-dir", str(run_dir), "--resume", "--no-progress"]) == 0
@@ -66,7 +71,8 @@ def test_resume_from_the_command_line(tmp_path):
 
 
 def test_data_only_builds_the_cache(tmp_path, capsys):
-    assert main(["train", *_common(tmp_path), "--data-only"]) == 0
+    cache_dir = tmp_path / "cache"
+    assert main(["train", *_common(cache_dir), "--data-only"]) == 0
     out = capsys.readouterr().out
     assert "data cache:" in out and "vocab 300" in out
-    assert any((tmp_path / "cache").iterdir())
+    assert any(cache_dir.iterdir())
