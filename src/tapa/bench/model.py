@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import gc
 import datetime
 import platform
 import re
@@ -167,8 +168,10 @@ def run_benchmark(*, model_kwargs: dict, lengths: list[int], pes: list[str], tok
             row = measure(cfg, seq_len=seq_len, batch=tokens_per_step // seq_len, warmup=warmup,
                           steps=steps, device=device, compile_model=compile_model)
         except torch.cuda.OutOfMemoryError:
-            torch.cuda.empty_cache()
             row = {"pe": pe, "seq_len": seq_len, "attention": "OOM"}
+        if row["attention"] == "OOM":  # outside the except: its traceback no longer pins memory
+            gc.collect()
+            torch.cuda.empty_cache()
         row["mfu"] = (round(row["tflops"] / peak_tflops, 4)
                       if peak_tflops and row.get("tflops") is not None else None)
         rows.append(row)
