@@ -25,6 +25,7 @@ def test_cpu_smoke_writes_results(tmp_path, capsys):
     readme = (out / "README.md").read_text()
     assert "--warmup 1 --steps 1 --pes tapa rope --cpu-smoke --out" in readme and "| tapa | tapa-reference |" in readme
     assert "TAPA/RoPE" in capsys.readouterr().out
+    assert (out / "throughput.png").is_file() and "throughput.png" in readme
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA error")

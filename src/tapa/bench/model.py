@@ -214,7 +214,41 @@ def write_results(rows: list[dict], out_dir: Path, *, command: str, device_name:
         *["| " + " | ".join("" if row.get(k) is None else str(row.get(k)) for k in FIELDS) + " |"
           for row in rows], "",
     ]
+    if plot_throughput(rows, out_dir / "throughput.png", device_name):
+        lines.append("![tokens/s](throughput.png)\n")
     (out_dir / "README.md").write_text("\n".join(lines))
+
+
+def plot_throughput(rows: list[dict], path: Path, device_name: str) -> bool:
+    """Grouped bars: training tokens/s per context length, one bar per positional encoding."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    lengths = sorted({r["seq_len"] for r in rows})
+    pes = list(dict.fromkeys(r["pe"] for r in rows))
+    width = 0.8 / len(pes)
+    fig, ax = plt.subplots(figsize=(6, 3.8))
+    for i, pe in enumerate(pes):
+        values = [next((r.get("tokens_per_s") or 0 for r in rows
+                        if r["pe"] == pe and r["seq_len"] == n), 0) for n in lengths]
+        ax.bar([x + i * width for x in range(len(lengths))], values, width, label=pe)
+    ax.set_xticks([x + width * (len(pes) - 1) / 2 for x in range(len(lengths))])
+    ax.set_xticklabels([f"{n:,}" for n in lengths])
+    ax.set_xlabel("context length (tokens)")
+    ax.set_ylabel("training tokens/s")
+    first = next((r for r in rows if r.get("params_m")), {})
+    ax.set_title(f"{first.get('model', '')} ({first.get('params_m')}M params), train step, "
+                 f"{device_name}", fontsize=9)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
 
 
 def command_line(args: argparse.Namespace) -> str:
@@ -232,7 +266,7 @@ def run(args: argparse.Namespace) -> int:
     if args.cpu_smoke:
         device, model_kwargs = torch.device("cpu"), SMOKE_MODEL
         lengths = [n for n in args.lengths if n <= 256] or [64, 128]
-        tokens_per_step, device_name = max(lengths) * 2, f"CPU ({platform.processor() or 'cpu'})"
+        tokens_per_step, device_name = max(lengths) * 2, f"CPU ({platform.machine()})"
     else:
         if not torch.cuda.is_available():
             raise SystemExit("tapa bench model needs a CUDA GPU (use --cpu-smoke to check the code "
