@@ -38,13 +38,13 @@ def _left_pad(mask: torch.Tensor) -> torch.Tensor | None:
 
 
 def attention_context(attention_mask, position_ids, batch: int, past_len: int, seq_len: int,
-                      device, *, rope: bool) -> AttentionContext:
+                      device, *, family: str) -> AttentionContext:
     """Positions and masks shared by every layer of one forward pass.
 
     Without padding, positions are the slots 0 .. past_len + seq_len - 1. With padding they
     restart at 0 at each sequence's first real token (cumsum of the mask). `position_ids`, if
-    given, must agree on real tokens (TAPA distances are computed from these positions; the
-    RoPE family rotates by position_ids).
+    given, rotate the RoPE family; for TAPA they must agree with these positions on real tokens
+    (TAPA distances come from the mask); NoPE has no positions.
     """
     total = past_len + seq_len
     if attention_mask is not None:
@@ -60,7 +60,8 @@ def attention_context(attention_mask, position_ids, batch: int, past_len: int, s
         key_mask = attention_mask.to(device=device, dtype=torch.bool)
         positions = (key_mask.long().cumsum(-1) - 1).clamp(min=0)
         left_pad = _left_pad(key_mask.long())
-    if position_ids is not None:
+    rope = family == "rope"
+    if position_ids is not None and family != "nope":
         position_ids = position_ids.to(device).expand(batch, seq_len)
         if rope:
             positions = torch.cat([positions[:, :past_len], position_ids], dim=1)
@@ -176,7 +177,7 @@ class TapaForCausalLM(PreTrainedModel, GenerationMixin):
         past_len = cache.get_seq_length() if cache is not None else 0
         batch, seq_len, _ = x.shape
         ctx = attention_context(attention_mask, position_ids, batch, past_len, seq_len, x.device,
-                                rope=self.config.model_config().family == "rope")
+                                family=self.config.model_config().family)
         for layer_idx, block in enumerate(self.model.layers):
             x = x + layer_attention(block.attn, block.attn_norm(x), ctx, cache, layer_idx)
             x = x + block.ffn(block.ffn_norm(x))

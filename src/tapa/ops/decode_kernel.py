@@ -31,7 +31,6 @@ from tapa.ops.reference import DISTANCES, PHASES, split_dims
 
 MAX_QUERY_ROWS = 64  # G * Nq rows per program; more queries are prefill work for the fused kernel
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-TWO_PI = tl.constexpr(2.0 * math.pi)  # a global inside a jit function must be a constexpr
 
 
 @triton.jit
@@ -110,7 +109,7 @@ def _split_kernel(
             weight = alpha * dist
         turns = weight * (phi * phase_scale)
         turns = turns - tl.floor(turns + 0.5)  # range reduction in turns, before the cosine
-        logits = amplitude * amp_scale * tl.cos(TWO_PI * turns)
+        logits = amplitude * amp_scale * tl.cos(6.283185307179586 * turns)  # 2 pi
         visible = key_valid[None, :] & (keys[None, :] <= query_slot[:, None]) & row_valid[:, None]
         logits = tl.where(visible, logits, float("-inf"))
 
