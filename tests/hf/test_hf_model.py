@@ -107,6 +107,7 @@ def test_generate_with_cache_equals_without(pe):
     cached = greedy(model, ids)
     uncached = greedy(model, ids, use_cache=False)
     assert torch.equal(cached, uncached)
+    assert torch.equal(greedy(model, ids, cache_implementation="static"), uncached)
     assert len(set(cached.flatten().tolist())) > 3  # a real continuation, not one repeated token
 
 
@@ -120,6 +121,7 @@ def test_left_padded_batch_generates_as_each_sequence_alone(pe):
     for row, expected in enumerate(alone):
         assert torch.equal(batched[row], expected), (row, batched[row], expected)
     assert torch.equal(greedy(model, ids, attention_mask=mask, use_cache=False), batched)
+    assert torch.equal(greedy(model, ids, attention_mask=mask, cache_implementation="static"), batched)
 
 
 @pytest.mark.parametrize("pe", ["tapa", "rope"])
@@ -190,6 +192,8 @@ def test_bad_inputs(tmp_path):
     model = tiny_model()
     with pytest.raises(ValueError, match="attention_mask must be"):
         model(torch.ones(2, 5, dtype=torch.long), attention_mask=torch.ones(2, 4, dtype=torch.long))
+    with pytest.raises(ValueError, match="4D attention masks"):
+        model(torch.ones(2, 5, dtype=torch.long), attention_mask=torch.ones(2, 1, 5, 5))
 
 
 def test_tapa_lm_weights_wrap_exactly():

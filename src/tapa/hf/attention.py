@@ -95,7 +95,9 @@ def layer_attention(attn: Attention, x: torch.Tensor, ctx: AttentionContext, cac
         q, k = rotate(attn, q, ctx), rotate(attn, k, ctx)
     if cache is not None:  # transformers caches hold (B, Hk, len, D)
         k, v = cache.update(k.transpose(1, 2), v.transpose(1, 2), layer_idx)
-        k, v = k.transpose(1, 2), v.transpose(1, 2)
+        # a static cache returns its whole buffer: keep the filled slots only
+        total = ctx.past_len + seq_len
+        k, v = k.transpose(1, 2)[:, :total], v.transpose(1, 2)[:, :total]
     if cfg.family == "tapa":
         q = attn._apply_phase_matrix(q)
         out = _tapa(attn, q, k, v, ctx)

@@ -48,6 +48,8 @@ def attention_context(attention_mask, position_ids, batch: int, past_len: int, s
     """
     total = past_len + seq_len
     if attention_mask is not None:
+        if attention_mask.dim() == 4:
+            raise ValueError("4D attention masks are not supported: pass the 2D 0/1 mask (batch, cached + new)")
         if attention_mask.dim() != 2 or tuple(attention_mask.shape) != (batch, total):
             raise ValueError(f"attention_mask must be (batch, cached + new tokens) = {(batch, total)}, "
                              f"got {tuple(attention_mask.shape)}")
@@ -142,6 +144,10 @@ class TapaForCausalLM(PreTrainedModel, GenerationMixin):
         super().save_pretrained(save_directory, *args, **kwargs)
         write_remote_code(save_directory)
 
+    def create_masks_for_generate(self, config=None, inputs_embeds=None, attention_mask=None, **kwargs):
+        """generate's hook for static caches: keep its 2D 0/1 mask (the attention builds its own)."""
+        return attention_mask
+
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -174,7 +180,7 @@ class TapaForCausalLM(PreTrainedModel, GenerationMixin):
             use_cache = not self.training
         if use_cache and cache is None:
             cache = DynamicCache(config=self.config)
-        past_len = cache.get_seq_length() if cache is not None else 0
+        past_len = int(cache.get_seq_length()) if cache is not None else 0  # a tensor for static caches
         batch, seq_len, _ = x.shape
         ctx = attention_context(attention_mask, position_ids, batch, past_len, seq_len, x.device,
                                 family=self.config.model_config().family)
