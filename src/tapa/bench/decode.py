@@ -55,6 +55,10 @@ def _kernel_module():
     return decode_kernel
 
 
+def _is_device_fault(err: RuntimeError) -> bool:
+    return isinstance(err, getattr(torch, "AcceleratorError", ())) or "CUDA error" in str(err)
+
+
 def _sdpa_backend(name):
     from torch.nn.attention import SDPBackend
 
@@ -123,7 +127,9 @@ def bench_shape(kernel, timer, *, batch, cache, heads, kv_heads, head_dim, theta
                 return F.scaled_dot_product_attention(q_sdpa, k_cache, v_cache, enable_gqa=True)
         try:
             step()
-        except RuntimeError:  # this backend does not take these shapes / this GPU
+        except RuntimeError as err:  # this backend does not take these shapes / this GPU
+            if _is_device_fault(err):  # a kernel fault poisons the context: never swallow it
+                raise
             continue
         times[f"sdpa_{name}"] = timer(step)
     if device.type == "cuda":  # whatever torch picks by itself (an anchor even if none above runs)
@@ -229,6 +235,9 @@ def run(args) -> int:
     rows = []
     from tqdm import tqdm
 
+    argv = sys.argv[3:] if sys.argv[1:3] == ["bench", "decode"] else sys.argv[1:]
+    command = ("tapa bench decode " + " ".join(argv)).strip()
+
     for batch in batches:
         for cache in tqdm(caches, desc=f"batch {batch}", disable=None):
             times = bench_shape(kernel, timer, batch=batch, cache=cache, theta=args.theta, dtype=dtype,
@@ -247,9 +256,9 @@ def run(args) -> int:
                   f"({best[5:]}) {sdpa[best]:.4f} ms, ratio {row['ratio']:.2f}", flush=True)
             if device.type == "cuda":
                 torch.cuda.empty_cache()
-    command = "tapa bench decode " + " ".join(sys.argv[3:] if sys.argv[1:3] == ["bench", "decode"] else sys.argv[1:])
-    write_results(args.out, rows, errors=errors, command=command.strip(), device_name=_gpu_name(device),
-                  smoke=args.smoke, shapes=shapes, dtype=dtype)
+            # after every shape, so that a run cut short keeps what it measured
+            write_results(args.out, rows, errors=errors, command=command, device_name=_gpu_name(device),
+                          smoke=args.smoke, shapes=shapes, dtype=dtype)
     print(f"wrote {args.out}/decode.csv, decode.md, decode.png")
     return 0
 

@@ -51,7 +51,7 @@ def _split_kernel(
     OUT is the float32 partial buffer (B, Hk, splits, rows, Dv) and LSE (B, Hk, splits, rows)."""
     pid = tl.program_id(0)
     split = tl.program_id(1)
-    batch = pid // kv_heads
+    batch = (pid // kv_heads).to(tl.int64)  # batch * stride passes 2**31 on long caches
     kv_head = pid % kv_heads
 
     seqlen = tl.load(SEQLENS + batch)
@@ -157,7 +157,7 @@ def _merge_kernel(
     log-sum-exp weighting, out = sum_s exp(lse_s - lse) * out_s."""
     pid = tl.program_id(0)
     row = tl.program_id(1)
-    batch = pid // kv_heads
+    batch = (pid // kv_heads).to(tl.int64)  # batch * stride passes 2**31 on long caches
     kv_head = pid % kv_heads
     splits = tl.arange(0, BLOCK_S)
     split_valid = splits < num_splits
