@@ -13,7 +13,7 @@ weights; the rotation has none), so the table shows RoPE, PI, NTK, YaRN and TAPA
 TAPA uses what DESIGN.md reports worked best at toy scale: phase rows of W_q, W_k scaled by 0.1 at
 init and a BPE tokenizer. Learning rates: each method's best of a small sweep at the cpu profile
 (RoPE 1e-3/2e-3/4e-3 -> 2e-3; TAPA 1e-3/2e-3/3e-3/4e-3 -> 1e-3, higher diverged); see
-results/demo-cpu/h200-host/README.md.
+results/demo-cpu/README.md.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """How the demo's learning rates were chosen: train one method of the `tapa demo` cpu profile at
 one learning rate, evaluate it like the demo, print one JSON line.
 
-    taskset -c 0,1 env OMP_NUM_THREADS=2 python results/demo-cpu/h200-host/lr_sweep.py tapa 1e-3 /tmp/sweep/tapa-1e-3 \
+    taskset -c 0,1 env OMP_NUM_THREADS=2 python results/demo-cpu/lr_sweep.py tapa 1e-3 /tmp/sweep/tapa-1e-3 \
         '{"steps": 1000, "warmup_steps": 50}'
 
 The last argument overrides DemoProfile fields (the 250-step sweep passed
