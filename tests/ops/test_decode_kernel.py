@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import os
 import subprocess
 import sys
@@ -11,47 +10,11 @@ import pytest
 import torch
 
 HAS_CUDA = torch.cuda.is_available()
-if not HAS_CUDA and "triton" not in sys.modules:  # triton.jit picks the interpreter at decoration
-    os.environ["TRITON_INTERPRET"] = "1"
-pytest.importorskip("triton")
+pytest.importorskip("triton")  # without CUDA, tests/conftest.py has selected Triton's interpreter
 from helpers import rel_rmse  # noqa: E402
 
+from tapa.ops import decode_kernel  # noqa: E402
 from tapa.ops.reference import naive_tapa_attention  # noqa: E402
-
-
-def _interpreter_ready() -> bool:
-    """False when triton was imported (by an earlier test) before TRITON_INTERPRET was set: its
-    library functions (tl.sum, ...) are then compiled-only, and this module runs in a fresh process."""
-    if HAS_CUDA:
-        return True
-    import triton.language.standard
-
-    return type(triton.language.standard.sum).__name__ == "InterpretedFunction"
-
-
-IN_PROCESS = _interpreter_ready()
-if IN_PROCESS:
-    from tapa.ops import decode_kernel
-
-    if not HAS_CUDA and type(decode_kernel._split_kernel).__name__ != "InterpretedFunction":
-        decode_kernel = importlib.reload(decode_kernel)  # imported earlier without the interpreter
-
-
-@pytest.fixture(autouse=True)
-def _needs_this_process(request):
-    if not IN_PROCESS and request.node.name != "test_in_fresh_process":
-        pytest.skip("triton was imported uninterpreted; test_in_fresh_process runs this module")
-
-
-def test_in_fresh_process():
-    if IN_PROCESS:
-        pytest.skip("the tests run in this process")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                             "-k", "not test_in_fresh_process", __file__],
-                            env=env, capture_output=True, text=True, timeout=600,
-                            cwd=os.path.dirname(os.path.dirname(__file__)))
-    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
 
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

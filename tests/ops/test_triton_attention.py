@@ -9,64 +9,17 @@ Every comparison is relative RMSE against `naive_tapa_attention` in float64 on t
 
 from __future__ import annotations
 
-import importlib
 import itertools
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 from helpers import rel_rmse
 
 HAS_CUDA = torch.cuda.is_available()
-if not HAS_CUDA and "triton" not in sys.modules:  # before triton's first import: see below
-    os.environ["TRITON_INTERPRET"] = "1"
-pytest.importorskip("triton")
+pytest.importorskip("triton")  # without CUDA, tests/conftest.py has selected Triton's interpreter
 DEVICE = "cuda" if HAS_CUDA else "cpu"
 
-
-def _interpreter_ready() -> bool:
-    """Prepare Triton's CPU interpreter; False if this process can no longer use it.
-
-    triton.jit chooses interpreter or compiler when a function is decorated, and triton's own
-    library functions (tl.sum...) are decorated when triton is first imported. If another test
-    imported triton before this module could set TRITON_INTERPRET, the kernels must run in a
-    fresh process: `test_in_fresh_process` then runs this module there.
-    """
-    if HAS_CUDA:
-        return True
-    import triton.language.standard
-
-    return type(triton.language.standard.sum).__name__ == "InterpretedFunction"
-
-
-IN_PROCESS = _interpreter_ready()
-if IN_PROCESS:
-    from tapa.ops import triton_attention, triton_kernels, triton_launch
-
-    if not HAS_CUDA and not triton_launch.interpreting():  # imported earlier, uninterpreted
-        importlib.reload(triton_kernels)  # the launchers look the kernels up by name
-
-
-@pytest.fixture(autouse=True)
-def _needs_this_process(request):
-    if not IN_PROCESS and request.node.name != "test_in_fresh_process":
-        pytest.skip("triton was imported uninterpreted; test_in_fresh_process runs this")
-
-
-def test_in_fresh_process():
-    if IN_PROCESS:
-        pytest.skip("the tests run in this process")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                             "-k", "not test_in_fresh_process", __file__],
-                            env=env, capture_output=True, text=True, timeout=600,
-                            cwd=os.path.dirname(os.path.dirname(__file__)))
-    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
-
-
-from tapa.ops import tapa_attention  # noqa: E402
+from tapa.ops import tapa_attention, triton_attention, triton_launch  # noqa: E402
 from tapa.ops.reference import chunked_tapa_attention, naive_tapa_attention  # noqa: E402
 
 GRADS = ("out", "lse", "dq", "dk", "dv")

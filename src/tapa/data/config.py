@@ -7,6 +7,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tapa._config import from_dict
+
 SPLITS = ("train", "val", "test")
 
 
@@ -68,8 +70,4 @@ class DataConfig:
 
     @classmethod
     def from_dict(cls, values: dict) -> "DataConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"unknown DataConfig fields: {unknown}")
-        return cls(**values)
+        return from_dict(cls, values)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from tapa._config import from_dict
 from tapa.ops import DISTANCES, IMPLS, split_dims
 
 # positional encoding -> (family, RoPE method or TAPA phase variant)
@@ -107,8 +108,4 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, values: dict) -> "ModelConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"unknown ModelConfig fields: {unknown}")
-        return cls(**values)
+        return from_dict(cls, values)

@@ -22,6 +22,7 @@ try:  # Python 3.11+
 except ModuleNotFoundError:  # pragma: no cover - Python 3.10
     tomllib = None
 
+from tapa._config import from_dict
 from tapa.data import DataConfig
 from tapa.model import ModelConfig
 from tapa.model.config import PE_CHOICES
@@ -121,11 +122,7 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, values: dict) -> "TrainConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"unknown TrainConfig fields: {unknown}")
-        return cls(**values)
+        return from_dict(cls, values)
 
 
 # ---------------------------------------------------------------------------------------------
