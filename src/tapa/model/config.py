@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from tapa._config import from_dict
-from tapa.ops import DISTANCES, IMPLS, split_dims
+from tapa.ops import IMPLS, check_variant
 
 # positional encoding -> (family, RoPE method or TAPA phase variant)
 PE_CHOICES = {
@@ -71,14 +71,8 @@ class ModelConfig:
         if self.rope_scale <= 0:
             raise ValueError(f"rope_scale must be > 0, got {self.rope_scale}")
         if self.family == "tapa":
-            amp_dim, phase_dim = split_dims(self.head_dim, self.theta)
-            if not 0 < self.theta < 1 or amp_dim == 0 or phase_dim == 0:
-                raise ValueError(f"theta={self.theta} leaves an empty amplitude or phase part "
-                                 f"of head_dim={self.head_dim}")
-            if self.alpha <= 0:
-                raise ValueError(f"alpha must be > 0, got {self.alpha}")
-            if self.distance not in DISTANCES:
-                raise ValueError(f"distance must be one of {DISTANCES}, got {self.distance!r}")
+            check_variant(self.head_dim, theta=self.theta, alpha=self.alpha, distance=self.distance,
+                          phase=self.phase)
         if self.phase_matrix not in PHASE_MATRICES:
             raise ValueError(f"phase_matrix must be one of {PHASE_MATRICES}, got {self.phase_matrix!r}")
         if self.attn_impl not in IMPLS:

@@ -23,6 +23,22 @@ IMPLS = ("auto", "triton", "reference", "naive")
 NAIVE_MAX_LOGITS = 1 << 24
 
 
+def check_variant(head_dim: int, *, theta, alpha, distance, phase) -> None:
+    """Raise ValueError, naming the argument, for TAPA settings the op does not define."""
+    if not isinstance(theta, (int, float)) or not 0.0 < theta < 1.0:
+        raise ValueError(f"theta must be a float in (0, 1), got {theta!r}")
+    amp_dim, phase_dim = split_dims(head_dim, theta)
+    if amp_dim == 0 or phase_dim == 0:
+        raise ValueError(f"theta={theta} with head_dim={head_dim} leaves an empty "
+                         f"{'amplitude' if amp_dim == 0 else 'phase'} part (d_A={amp_dim}, d_P={phase_dim})")
+    if not isinstance(alpha, (int, float)) or not alpha > 0:
+        raise ValueError(f"alpha must be > 0, got {alpha!r}")
+    if distance not in DISTANCES:
+        raise ValueError(f"distance must be one of {DISTANCES}, got {distance!r}")
+    if phase not in PHASES:
+        raise ValueError(f"phase must be one of {PHASES}, got {phase!r}")
+
+
 def check_args(q, k, v, *, theta, alpha, distance, phase, causal, q_offset, k_offset):
     """Raise ValueError, naming the argument, for anything the op cannot compute correctly."""
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -49,18 +65,7 @@ def check_args(q, k, v, *, theta, alpha, distance, phase, causal, q_offset, k_of
         raise ValueError(f"heads: q heads ({q.shape[2]}) must be a multiple of kv heads ({k.shape[2]})")
     if q.shape[1] == 0 or k.shape[1] == 0:
         raise ValueError(f"seqlen must be positive, got q {q.shape[1]} and k {k.shape[1]}")
-    if not isinstance(theta, (int, float)) or not 0.0 < theta < 1.0:
-        raise ValueError(f"theta must be a float in (0, 1), got {theta!r}")
-    amp_dim, phase_dim = split_dims(q.shape[3], theta)
-    if amp_dim == 0 or phase_dim == 0:
-        raise ValueError(f"theta={theta} with head_dim={q.shape[3]} leaves an empty "
-                         f"{'amplitude' if amp_dim == 0 else 'phase'} part (d_A={amp_dim}, d_P={phase_dim})")
-    if not isinstance(alpha, (int, float)) or not alpha > 0:
-        raise ValueError(f"alpha must be > 0, got {alpha!r}")
-    if distance not in DISTANCES:
-        raise ValueError(f"distance must be one of {DISTANCES}, got {distance!r}")
-    if phase not in PHASES:
-        raise ValueError(f"phase must be one of {PHASES}, got {phase!r}")
+    check_variant(q.shape[3], theta=theta, alpha=alpha, distance=distance, phase=phase)
     for name, offset in (("q_offset", q_offset), ("k_offset", k_offset)):
         if not isinstance(offset, numbers.Integral) or isinstance(offset, bool) or offset < 0:
             raise ValueError(f"{name} must be a non-negative int, got {offset!r}")
@@ -125,5 +130,5 @@ def tapa_attention(
     return chunked_tapa_attention(q, k, v, **kwargs)
 
 
-__all__ = ["tapa_attention", "naive_tapa_attention", "chunked_tapa_attention", "check_args",
+__all__ = ["tapa_attention", "naive_tapa_attention", "chunked_tapa_attention", "check_args", "check_variant",
            "split_dims", "DISTANCES", "PHASES"]

@@ -27,7 +27,8 @@ import torch
 import triton
 import triton.language as tl
 
-from tapa.ops.reference import DISTANCES, PHASES, split_dims
+from tapa.ops import check_variant
+from tapa.ops.reference import split_dims
 
 MAX_QUERY_ROWS = 64  # G * Nq rows per program; more queries are prefill work for the fused kernel
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -240,15 +241,7 @@ def _check(q, k_cache, v_cache, cache_seqlens, cache_starts, theta, alpha, dista
             raise ValueError(f"{name} must be an int32 tensor of shape ({batch},)")
         if t.device != q.device:
             raise ValueError(f"{name} is on {t.device}, q on {q.device}")
-    amp_dim, phase_dim = split_dims(head_dim, theta)
-    if not 0 < theta < 1 or amp_dim == 0 or phase_dim == 0:
-        raise ValueError(f"theta={theta!r} leaves an empty part of head_dim={head_dim}")
-    if not alpha > 0:
-        raise ValueError(f"alpha must be > 0, got {alpha!r}")
-    if distance not in DISTANCES:
-        raise ValueError(f"distance must be one of {DISTANCES}, got {distance!r}")
-    if phase not in PHASES:
-        raise ValueError(f"phase must be one of {PHASES}, got {phase!r}")
+    check_variant(head_dim, theta=theta, alpha=alpha, distance=distance, phase=phase)
 
 
 def _check_lengths(q_len, capacity, cache_seqlens, cache_starts):
