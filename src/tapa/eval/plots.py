@@ -51,6 +51,11 @@ def plot_perplexity_vs_length(methods: list[dict], path: str | Path, *, title: s
     ax.set_yscale("log")
     ax.set_xlabel("evaluation length (tokens)")
     ax.set_ylabel("perplexity (sliding window)")
+    return _finish(plt, fig, ax, title, path)
+
+
+def _finish(plt, fig, ax, title: str, path: str | Path) -> Path:
+    """Title, grid and legend of a line plot, then save it as PNG and close the figure."""
     ax.set_title(title, fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
@@ -75,14 +80,7 @@ def plot_position_loss(methods: list[dict], path: str | Path, *, title: str) -> 
     ax.set_xscale("log", base=2)
     ax.set_xlabel("position in the window (bucket centre, tokens)")
     ax.set_ylabel("mean loss (nats/token)")
-    ax.set_title(title, fontsize=10)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _finish(plt, fig, ax, title, path)
 
 
 def plot_passkey_heatmap(grid: dict, path: str | Path, *, title: str) -> Path:
