@@ -18,11 +18,6 @@ BF16_TOLERANCE = 2e-2
 GPU_MODEL = dict(dim=256, n_layers=2, n_heads=2)  # head_dim 128, the fused kernel's main case
 
 
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory):
-    return tmp_path_factory.mktemp("data-cache")
-
-
 def _gpu_configs(run_dir, cache_dir, **train):
     values = dict(seq_len=256, batch_size=8, steps=8, save_every=4, eval_every=4, device="cuda")
     values.update(train)

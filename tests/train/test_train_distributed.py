@@ -40,11 +40,6 @@ def _cli_args(train_cfg, model_cfg, data_cfg) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory):
-    return tmp_path_factory.mktemp("data-cache")
-
-
-@pytest.fixture(scope="module")
 def single(tmp_path_factory, cache_dir):
     """The reference: one process, global batch 4, 6 steps."""
     run_dir = tmp_path_factory.mktemp("runs") / "single"

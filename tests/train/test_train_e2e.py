@@ -8,11 +8,6 @@ from trainkit import records, one_thread  # noqa: F401 (autouse fixture)
 from tapa.cli import main
 
 
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory):
-    return tmp_path_factory.mktemp("data-cache")
-
-
 def _common(cache_dir):
     return ["--recipe", "tiny", "--cache-dir", str(cache_dir), "--vocab-size", "300",
             "--max-train-bytes", "200000", "--dim", "32", "--n-layers", "2", "--n-heads", "2",

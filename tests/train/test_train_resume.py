@@ -17,11 +17,6 @@ from tapa.train.trainer import lr_at, train
 
 
 @pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory):
-    return tmp_path_factory.mktemp("data-cache")
-
-
-@pytest.fixture(scope="module")
 def full_run(tmp_path_factory, cache_dir):
     """An uninterrupted 6-step run, checkpoints at 3 and 6."""
     run_dir = tmp_path_factory.mktemp("runs") / "full"

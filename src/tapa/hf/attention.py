@@ -88,9 +88,7 @@ def layer_attention(attn: Attention, x: torch.Tensor, ctx: AttentionContext, cac
     """attn's output for x (B, N, dim); appends this call's k, v to the transformers `cache`."""
     cfg = attn.cfg
     batch, seq_len, _ = x.shape
-    q = attn.wq(x).view(batch, seq_len, cfg.n_heads, cfg.head_dim)
-    k = attn.wk(x).view(batch, seq_len, cfg.n_kv_heads, cfg.head_dim)
-    v = attn.wv(x).view(batch, seq_len, cfg.n_kv_heads, cfg.head_dim)
+    q, k, v = attn.project(x)
     if cfg.family == "rope":
         q, k = rotate(attn, q, ctx), rotate(attn, k, ctx)
     if cache is not None:  # transformers caches hold (B, Hk, len, D)

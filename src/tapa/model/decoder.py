@@ -39,6 +39,17 @@ class KVCache:
         return k, v
 
 
+def rope_tables(cfg: ModelConfig, start_pos: int, seq_len: int, device):
+    """(cos, sin), each (seq_len, head_dim), of positions start_pos.. for the config's RoPE method.
+    The frequencies may depend on the total length (dynamic NTK), which every layer shares."""
+    inv_freq, attention_factor = rope_frequencies(
+        cfg.rope_method, cfg.head_dim, base=cfg.rope_base, factor=cfg.rope_scale,
+        original_seq_len=cfg.original_seq_len, seq_len=start_pos + seq_len,
+        beta_fast=cfg.yarn_beta_fast, beta_slow=cfg.yarn_beta_slow)
+    positions = torch.arange(start_pos, start_pos + seq_len, device=device)
+    return rope_cos_sin(inv_freq, positions, attention_factor)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -90,14 +101,22 @@ class Attention(nn.Module):
             q_phase = q_phase @ self.phase_matrix.to(q.dtype)
         return torch.cat([q_amp, q_phase], dim=-1)
 
-    def forward(self, x, start_pos: int = 0, kv_cache: KVCache | None = None):
+    def project(self, x):
+        """q (B, N, H, D), k and v (B, N, Hk, D) of x (B, N, dim), before any rotation."""
         cfg = self.cfg
         batch, seq_len, _ = x.shape
         q = self.wq(x).view(batch, seq_len, cfg.n_heads, cfg.head_dim)
         k = self.wk(x).view(batch, seq_len, cfg.n_kv_heads, cfg.head_dim)
         v = self.wv(x).view(batch, seq_len, cfg.n_kv_heads, cfg.head_dim)
+        return q, k, v
+
+    def forward(self, x, start_pos: int = 0, kv_cache: KVCache | None = None, rope=None):
+        """rope: (cos, sin) of this pass's positions (`rope_tables`), for the RoPE family."""
+        cfg = self.cfg
+        batch, seq_len, _ = x.shape
+        q, k, v = self.project(x)
         if cfg.family == "rope":
-            cos, sin = self._rope_cos_sin(start_pos, seq_len, x.device)
+            cos, sin = rope
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if kv_cache is not None:
             k, v = kv_cache.update(self.layer, k, v)
@@ -108,15 +127,6 @@ class Attention(nn.Module):
         else:
             out = self._sdpa(q, k, v, start_pos)
         return self.wo(out.reshape(batch, seq_len, -1))
-
-    def _rope_cos_sin(self, start_pos, seq_len, device):
-        cfg = self.cfg
-        inv_freq, attention_factor = rope_frequencies(
-            cfg.rope_method, cfg.head_dim, base=cfg.rope_base, factor=cfg.rope_scale,
-            original_seq_len=cfg.original_seq_len, seq_len=start_pos + seq_len,
-            beta_fast=cfg.yarn_beta_fast, beta_slow=cfg.yarn_beta_slow)
-        positions = torch.arange(start_pos, start_pos + seq_len, device=device)
-        return rope_cos_sin(inv_freq, positions, attention_factor)
 
     @staticmethod
     def _sdpa(q, k, v, start_pos):
@@ -143,8 +153,8 @@ class Block(nn.Module):
         self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.ffn = SwiGLU(cfg.dim, cfg.ffn_dim)
 
-    def forward(self, x, start_pos=0, kv_cache=None):
-        x = x + self.attn(self.attn_norm(x), start_pos, kv_cache)
+    def forward(self, x, start_pos=0, kv_cache=None, rope=None):
+        x = x + self.attn(self.attn_norm(x), start_pos, kv_cache, rope)
         return x + self.ffn(self.ffn_norm(x))
 
 
@@ -188,8 +198,11 @@ class TapaLM(nn.Module):
         if kv_cache is not None and kv_cache.length != start_pos:
             raise ValueError(f"start_pos ({start_pos}) must equal the cache length ({kv_cache.length})")
         x = self.embed(input_ids)
+        rope = None
+        if self.config.family == "rope":  # once per pass, shared by every layer
+            rope = rope_tables(self.config, start_pos, input_ids.shape[1], input_ids.device)
         for block in self.layers:
-            x = block(x, start_pos, kv_cache)
+            x = block(x, start_pos, kv_cache, rope)
         return self.lm_head(self.norm(x))
 
     def loss(self, input_ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
