@@ -25,7 +25,7 @@ def test_cpu_smoke_writes_results(tmp_path, capsys):
         assert float(row["tapa_over_rope"]) == pytest.approx(expected, rel=1e-2)
     readme = (out / "README.md").read_text()
     assert "--warmup 1 --steps 1 --pes tapa tapa:LLLG:256 rope --cpu-smoke --out" in readme
-    assert "| TAPA | tapa-reference |" in readme and f"| {hybrid} | local-flex+tapa-reference |" in readme
+    assert "| TAPA | tapa-reference |" in readme and f"| {hybrid} | local+tapa-reference |" in readme
     assert "TAPA/RoPE" in capsys.readouterr().out
     assert (out / "throughput.png").is_file() and "throughput.png" in readme
 

@@ -94,7 +94,7 @@ def parse_variant(spec: str) -> dict:
 def attention_path(cfg: ModelConfig, device: torch.device) -> str:
     """What computes attention: "tapa-triton", "tapa-reference", "sdpa-flash" or "sdpa"."""
     if cfg.is_hybrid:
-        return "local-flex+" + attention_path(ModelConfig(**{**cfg.to_dict(), "layer_pattern": "G"}), device)
+        return "local+" + attention_path(ModelConfig(**{**cfg.to_dict(), "layer_pattern": "G"}), device)
     if cfg.family != "tapa":
         return "sdpa-flash" if device.type == "cuda" else "sdpa"
     from tapa.ops import _triton_backend
