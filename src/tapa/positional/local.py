@@ -253,9 +253,6 @@ def window_block_mask(q_len: int, k_len: int, window: int, shift: int, device,
                                          seq_lengths=(q_len, k_len))
 
 
-# Kept outside any compiled graph (a graph break): inductor lowers a flex_attention whose block
-# table is a graph input, but failed (torch 2.13, CPU) on one computed inside the graph.
-@torch.compiler.disable
 def _cached_block_mask(q_len, k_len, window, shift, device):
     key = (q_len, k_len, window, shift, str(device))
     mask = _block_masks.get(key)
@@ -291,10 +288,15 @@ def _flex(q, k, v, window, q_offset, k_offset):
     flex = _flex_api()
     shift = q_offset - k_offset
     gqa = q.shape[2] != k.shape[2]
-    block_mask = _cached_block_mask(q.shape[1], k.shape[1], window, shift, q.device)
+    sizes = (q.shape[1], k.shape[1], window, shift, q.device)
     if torch.compiler.is_compiling():  # inside a compiled model: the outer graph fuses flex
+        # The block table is made outside the graph (a graph break): inductor lowers a
+        # flex_attention whose table is a graph input, but failed (torch 2.13, CPU) on one
+        # computed inside the graph.
+        block_mask = torch.compiler.disable(_cached_block_mask)(*sizes)
         attend = flex.flex_attention
     else:
+        block_mask = _cached_block_mask(*sizes)
         attend = _compiled()
         _flex_signatures.add(_flex_signature(q, k, v))
     out = attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), block_mask=block_mask,
