@@ -9,7 +9,7 @@ CUDNN_ATTENTION. Times are triton.testing.do_bench medians. Reported per window 
   most 0.15 at N = 32k, w = 256);
 - ideal: the fraction of causal attention's work that the window leaves, visible (query, key)
   pairs of the window over those of full causal (about 2w / N);
-- local/flash / ideal: how far the local layer is from turning that saving into time (1 = all of it);
+- (local/flash) / ideal: how far the layer is from turning that saving into time (1: all of it);
 - TFLOP/s over the visible pairs only: 4 * B * H * pairs * D, backward 2.5x the forward.
 
 Before timing, the local op is checked on the GPU against the dense float64 spec (forward and the
@@ -43,7 +43,8 @@ TENSORS = ("out", "dq", "dk", "dv")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--seq-lens", type=int, nargs="+", default=[4096, 8192, 16384, 32768, 65536])
+    parser.add_argument("--seq-lens", type=int, nargs="+",
+                        default=[4096, 8192, 16384, 32768, 65536])
     parser.add_argument("--windows", type=int, nargs="+", default=[256, 1024])
     parser.add_argument("--tokens", type=int, default=65536, help="batch * N, fixed")
     parser.add_argument("--heads", type=int, default=16)
