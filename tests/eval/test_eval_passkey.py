@@ -11,7 +11,7 @@ from torch import nn
 from tapa.data.passkey import (INSTRUCTION, KEY_SENTENCE, QUESTION, build_passkey_prompt,
                                passkey_training_sample)
 from tapa.eval.passkey_eval import greedy_generate, passkey_grid
-from tapa.model import ModelConfig, TapaLM
+from tapa.model import KVCache, ModelConfig, TapaLM
 
 
 class WordTokenizer:
@@ -99,8 +99,12 @@ class CopyStub(nn.Module):
         self.offset = offset
         self.weight = nn.Parameter(torch.zeros(1))
 
+    def new_kv_cache(self, batch, max_len):
+        return KVCache(ModelConfig(n_layers=1), batch, max_len)
+
     def forward(self, ids, start_pos=0, kv_cache=None):
-        history, _ = kv_cache.update(0, ids[:, :, None, None].float(), ids[:, :, None, None].float())
+        history, _, _ = kv_cache.update(0, ids[:, :, None, None].float(), ids[:, :, None, None].float(), start_pos)
+        kv_cache.advance(ids.shape[1])
         logits = torch.full((*ids.shape, 256), -1e4)
         for b, row in enumerate(history[:, :, 0, 0].long().tolist()):
             text = char_decode(row)

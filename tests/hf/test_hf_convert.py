@@ -89,7 +89,7 @@ def test_convert_keeps_every_weight_then_generates(llama_dir, tmp_path):
         assert torch.equal(ours.ffn.w_down.weight, theirs.mlp.down_proj.weight)
         assert torch.equal(ours.attn_norm.weight, theirs.input_layernorm.weight)
         k_rows = theirs.self_attn.k_proj.weight.view(KV_HEADS, HEAD_DIM, -1)[:, order]
-        ours_k = ours.attn.wk.weight.view(KV_HEADS, HEAD_DIM, -1)
+        ours_k = ours.attn.projection_weight("k").view(KV_HEADS, HEAD_DIM, -1)
         torch.testing.assert_close(ours_k[:, :8], k_rows[:, :8], rtol=0, atol=0)
         torch.testing.assert_close(ours_k[:, 8:], 0.5 * k_rows[:, 8:], rtol=0, atol=0)
     assert torch.equal(tapa.model.lm_head.weight, llama.lm_head.weight)

@@ -41,7 +41,7 @@ def test_kv_cache_matches_full_forward(pe):
     ids = torch.randint(0, VOCAB, (2, 29))
     with torch.no_grad():
         full = model(ids)
-        cache = KVCache(model.config.n_layers)
+        cache = model.new_kv_cache(2, 29)
         pieces = [model(ids[:, :20], 0, cache)]
         for pos in range(20, 29):  # one token at a time, as in generation
             pieces.append(model(ids[:, pos:pos + 1], pos, cache))
@@ -60,18 +60,45 @@ def test_causal_future_tokens_do_not_change_past_logits():
 
 
 def test_phase_init_scale_scales_only_phase_rows():
-    cfg = tiny_config(phase_init_scale=0.1)
     torch.manual_seed(3)
-    scaled = TapaLM(cfg)
+    scaled = TapaLM(tiny_config(phase_init_scale=0.1))
     torch.manual_seed(3)
-    plain = TapaLM(tiny_config())
-    amp_dim, _ = split_dims(cfg.head_dim, cfg.theta)
-    for name, heads in (("wq", cfg.n_heads), ("wk", cfg.n_kv_heads)):
-        a = getattr(scaled.layers[0].attn, name).weight.view(heads, cfg.head_dim, -1)
-        b = getattr(plain.layers[0].attn, name).weight.view(heads, cfg.head_dim, -1)
-        torch.testing.assert_close(a[:, :amp_dim], b[:, :amp_dim])
-        torch.testing.assert_close(a[:, amp_dim:], 0.1 * b[:, amp_dim:])
-    torch.testing.assert_close(scaled.layers[0].attn.wv.weight, plain.layers[0].attn.wv.weight)
+    plain = TapaLM(tiny_config(phase_init_scale=1.0))
+    for name in ("wq", "wk", "wv"):
+        torch.testing.assert_close(getattr(scaled.layers[0].attn, name).weight,
+                                   getattr(plain.layers[0].attn, name).weight)
+    for name in ("wq_phase", "wk_phase"):
+        torch.testing.assert_close(getattr(scaled.layers[0].attn, name).weight,
+                                   0.1 * getattr(plain.layers[0].attn, name).weight)
+
+
+def test_phase_rows_are_their_own_parameters_and_old_checkpoints_load():
+    """The phase rows of W_q/W_k are separate parameters (own learning rate), and a state dict of
+    the earlier layout (one wq/wk with every head's amplitude then phase rows) loads exactly."""
+    from tapa.model import is_phase_parameter
+
+    torch.manual_seed(5)
+    model = TapaLM(tiny_config()).eval()
+    names = [name for name, _ in model.named_parameters() if is_phase_parameter(name)]
+    assert names == [f"layers.{i}.attn.{p}.weight" for i in range(2) for p in ("wq_phase", "wk_phase")]
+    assert is_phase_parameter("module._orig_mod.layers.0.attn.phase_matrix")
+    assert not is_phase_parameter("layers.0.attn.wq.weight")
+    old = {}
+    for name, tensor in model.state_dict().items():
+        if "_phase" in name:
+            continue
+        if name.endswith(("attn.wq.weight", "attn.wk.weight")):
+            attn = model.layers[int(name.split(".")[1])].attn
+            phase = getattr(attn, name.split(".")[-2] + "_phase").weight
+            heads = tensor.shape[0] // attn.amp_dim
+            tensor = torch.cat([tensor.view(heads, attn.amp_dim, -1), phase.view(heads, -1, tensor.shape[1])], 1)
+            tensor = tensor.reshape(-1, tensor.shape[-1])
+        old[name] = tensor.clone()
+    loaded = TapaLM(tiny_config())
+    loaded.load_state_dict(old)
+    ids = torch.randint(0, VOCAB, (2, 17))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.eval()(ids), model(ids), atol=0, rtol=0)
 
 
 @pytest.mark.parametrize("kind", ["diagonal", "full"])

@@ -27,13 +27,11 @@ def greedy_generate(model, prompt_ids: torch.Tensor, max_new_tokens: int,
     prefill_chunk: feed the prompt in chunks of this many tokens (bounds activation memory on
     long prompts; the result is the same).
     """
-    from tapa.model import KVCache
-
     if prompt_ids.dim() != 2 or prompt_ids.shape[1] == 0:
         raise ValueError(f"prompt_ids must be (batch, seqlen) with seqlen > 0, got {tuple(prompt_ids.shape)}")
     device = model_device(model)
     prompt_ids = prompt_ids.to(device)
-    cache = KVCache(model.config.n_layers)
+    cache = model.new_kv_cache(prompt_ids.shape[0], prompt_ids.shape[1] + max_new_tokens)
     chunk = prefill_chunk or prompt_ids.shape[1]
     with autocast_for(device):
         for start in range(0, prompt_ids.shape[1], chunk):

@@ -15,7 +15,7 @@ import torch
 
 from tapa._optional import require
 from tapa.hf.configuration import TapaConfig
-from tapa.model import ModelConfig, TapaLM
+from tapa.model import ModelConfig, TapaLM, upgrade_state_dict
 
 WEIGHTS_NAME = "model.safetensors"
 PREFIX = "model."
@@ -48,6 +48,7 @@ def write_pretrained(out_dir: str | Path, model_cfg: ModelConfig, state: dict[st
     """Save `state` (TapaLM names) as a transformers TapaForCausalLM directory; returns out_dir."""
     save_file = require("safetensors.torch").save_file
     generation_config_class = require("transformers").GenerationConfig
+    state = upgrade_state_dict(state, model_cfg)
     check_state_dict(state, model_cfg, source)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -1,9 +1,9 @@
 """`TapaForCausalLM`: a `tapa.model.TapaLM` behind transformers' PreTrainedModel and GenerationMixin.
 
-The decoder is `TapaLM` itself (held as `self.model`, so weights are named `model.<TapaLM name>`);
-this class adds what transformers expects: a `Cache` (DynamicCache by default), attention masks
-and padding, position ids, `generate()`, save/load through safetensors. Each layer's attention
-runs through `tapa.hf.attention.layer_attention`; the norms, FFN and head are TapaLM's modules.
+A thin adapter: the decoder is `TapaLM` itself (held as `self.model`, so weights are named
+`model.<TapaLM name>`), and attention, positions and padding are the model's own
+(`tapa.model.attention`). This class maps what transformers passes (a `Cache`, a 0/1 attention
+mask, position ids, labels) onto it: the cache is wrapped in the model's cache interface.
 
 Runs under transformers 5.17 and later: 5.17 names the cache argument `past_key_values`, later
 versions `cache`; forward accepts both and returns it under the name the installed version uses.
@@ -17,9 +17,9 @@ import torch
 import torch.nn.functional as F
 
 from tapa._optional import require
-from tapa.hf.attention import AttentionContext, layer_attention
 from tapa.hf.configuration import TapaConfig, write_remote_code
-from tapa.model import TapaLM
+from tapa.hf.checkpoint import PREFIX
+from tapa.model import AttentionContext, TapaLM, upgrade_state_dict
 
 transformers = require("transformers")
 from transformers import GenerationMixin, PreTrainedModel  # noqa: E402
@@ -30,51 +30,50 @@ _OUTPUT_FIELDS = {field.name for field in dataclasses.fields(CausalLMOutputWithP
 CACHE_OUTPUT_NAME = "cache" if "cache" in _OUTPUT_FIELDS else "past_key_values"
 
 
-def _left_pad(mask: torch.Tensor) -> torch.Tensor | None:
-    """(B,) count of leading zeros if every row of the 0/1 mask is zeros then ones, else None."""
-    if bool((mask[:, 1:] < mask[:, :-1]).any()):
-        return None
-    return (mask == 0).sum(-1).to(torch.int32)
+class ModelCache:
+    """A transformers `Cache` behind the model's cache interface (`tapa.model.cache`): transformers
+    holds (B, Hk, len, D) per layer; a static cache returns its whole buffer, of which the slots
+    filled so far are kept."""
+
+    def __init__(self, cache: Cache):
+        self.cache = cache
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor, start: int):
+        keys, values = self.cache.update(k.transpose(1, 2), v.transpose(1, 2), layer)
+        total = start + k.shape[1]
+        return keys.transpose(1, 2)[:, :total], values.transpose(1, 2)[:, :total], 0
+
+    def advance(self, new: int) -> None:
+        """transformers' caches count their own length."""
 
 
-def attention_context(attention_mask, position_ids, batch: int, past_len: int, seq_len: int,
-                      device, *, family: str) -> AttentionContext:
-    """Positions and masks shared by every layer of one forward pass.
+def _before_phase_split(info: dict) -> bool:
+    """Whether the only loading problems are those of a model saved before TAPA's phase rows of
+    W_q/W_k became parameters of their own (one wq/wk holding every row)."""
+    missing = set(info.get("missing_keys", ()))
+    mismatched = {name for name, _, _ in info.get("mismatched_keys", ())}
+    return bool(missing) and all(name.endswith(("wq_phase.weight", "wk_phase.weight")) for name in missing) \
+        and all(name.endswith(("attn.wq.weight", "attn.wk.weight")) for name in mismatched)
 
-    Without padding, positions are the slots 0 .. past_len + seq_len - 1. With padding they
-    restart at 0 at each sequence's first real token (cumsum of the mask). `position_ids`, if
-    given, rotate the RoPE family; for TAPA they must agree with these positions on real tokens
-    (TAPA distances come from the mask); NoPE has no positions.
-    """
-    total = past_len + seq_len
-    if attention_mask is not None:
-        if attention_mask.dim() == 4:
-            raise ValueError("4D attention masks are not supported: pass the 2D 0/1 mask (batch, cached + new)")
-        if attention_mask.dim() != 2 or tuple(attention_mask.shape) != (batch, total):
-            raise ValueError(f"attention_mask must be (batch, cached + new tokens) = {(batch, total)}, "
-                             f"got {tuple(attention_mask.shape)}")
-        if bool(attention_mask.all()):
-            attention_mask = None
-    if attention_mask is None:
-        positions = torch.arange(total, device=device).expand(batch, total)
-        key_mask = left_pad = None
-    else:
-        key_mask = attention_mask.to(device=device, dtype=torch.bool)
-        positions = (key_mask.long().cumsum(-1) - 1).clamp(min=0)
-        left_pad = _left_pad(key_mask.long())
-    rope = family == "rope"
-    if position_ids is not None and family != "nope":
-        position_ids = position_ids.to(device).expand(batch, seq_len)
-        if rope:
-            positions = torch.cat([positions[:, :past_len], position_ids], dim=1)
-        else:
-            real = key_mask[:, past_len:] if key_mask is not None else torch.ones_like(position_ids, dtype=torch.bool)
-            if bool((position_ids != positions[:, past_len:])[real].any()):
-                raise ValueError("position_ids disagree with the positions implied by attention_mask; "
-                                 "TAPA computes distances from the attention mask (positions restart at "
-                                 "0 at each sequence's first real token)")
-    return AttentionContext(past_len=past_len, positions=positions, key_mask=key_mask, left_pad=left_pad,
-                            uniform=key_mask is None and (position_ids is None or not rope))
+
+def _load_split_phase_rows(model: "TapaForCausalLM", where) -> bool:
+    """Load a local directory's weights of the earlier layout into `model`; False if not local."""
+    from pathlib import Path
+
+    files = sorted(Path(str(where)).glob("*.safetensors")) if Path(str(where)).is_dir() else []
+    if not files:
+        return False
+    load_file = require("safetensors.torch").load_file
+    state = {}
+    for path in files:
+        state.update({name.removeprefix(PREFIX): tensor for name, tensor in load_file(str(path)).items()})
+    lm = model.model
+    state = upgrade_state_dict(state, lm.config)
+    if lm.config.tie_embeddings:
+        state.setdefault("lm_head.weight", state["embed.weight"])
+    dtype = next(lm.parameters()).dtype
+    lm.load_state_dict({name: tensor.to(dtype) for name, tensor in state.items()})
+    return True
 
 
 class TapaForCausalLM(PreTrainedModel, GenerationMixin):
@@ -135,6 +134,8 @@ class TapaForCausalLM(PreTrainedModel, GenerationMixin):
                            for name, saved, expected in info.get("mismatched_keys", ())],
         }
         problems = {kind: names for kind, names in problems.items() if names}
+        if problems and _before_phase_split(info) and _load_split_phase_rows(model, where):
+            problems = {}
         if problems:
             raise ValueError(f"checkpoint {where} does not match its config "
                              f"(model_type {cls.config_class.model_type!r}): {problems}")
@@ -182,11 +183,9 @@ class TapaForCausalLM(PreTrainedModel, GenerationMixin):
             cache = DynamicCache(config=self.config)
         past_len = int(cache.get_seq_length()) if cache is not None else 0  # a tensor for static caches
         batch, seq_len, _ = x.shape
-        ctx = attention_context(attention_mask, position_ids, batch, past_len, seq_len, x.device,
-                                family=self.config.model_config().family)
-        for layer_idx, block in enumerate(self.model.layers):
-            x = x + layer_attention(block.attn, block.attn_norm(x), ctx, cache, layer_idx)
-            x = x + block.ffn(block.ffn_norm(x))
+        ctx = AttentionContext.build(batch, past_len, seq_len, x.device, attention_mask=attention_mask,
+                                     position_ids=position_ids, cfg=self.model.config)
+        x = self.model.blocks(x, ctx, ModelCache(cache) if cache is not None else None)
         if isinstance(logits_to_keep, int) and logits_to_keep > 0:
             x = x[:, -logits_to_keep:]
         elif isinstance(logits_to_keep, torch.Tensor):

@@ -1,7 +1,9 @@
-"""The model: typed config, attention with pluggable positional encoding, LLaMA-style decoder."""
+"""The model: typed config, one attention module for every layer kind, KV cache, LLaMA-style decoder."""
 
+from tapa.model.attention import Attention, AttentionContext, is_phase_parameter, upgrade_state_dict
+from tapa.model.cache import KVCache
 from tapa.model.config import PE_CHOICES, PHASE_MATRICES, ModelConfig
-from tapa.model.decoder import Attention, KVCache, RMSNorm, SwiGLU, TapaLM
+from tapa.model.decoder import RMSNorm, SwiGLU, TapaLM
 
-__all__ = ["ModelConfig", "TapaLM", "KVCache", "Attention", "RMSNorm", "SwiGLU", "PE_CHOICES",
-           "PHASE_MATRICES"]
+__all__ = ["ModelConfig", "TapaLM", "KVCache", "Attention", "AttentionContext", "RMSNorm", "SwiGLU",
+           "PE_CHOICES", "PHASE_MATRICES", "is_phase_parameter", "upgrade_state_dict"]

@@ -1,25 +1,21 @@
-"""Checkpoints: written atomically, verified on load, independent of the number of processes.
+"""Writing checkpoints, and the training state (optimizer, RNG) that only a resumed run reads.
+Reading a model back (resolve, verify, load) lives in tapa.model.checkpoint; its names are
+re-exported here.
 
-Layout of a run directory:
-
-    RUN/config.json                        model, data and train configs (+ corpus manifest)
-    RUN/metrics.jsonl, RUN/metrics.csv     one record per logged step
-    RUN/checkpoints/step_XXXXXX/
-        model.safetensors                  full (unsharded) weights, fp32; a tied lm_head is omitted
-        optimizer.pt                       AdamW state keyed by parameter name (full, unsharded)
-        rng.pt                             torch / numpy / python / CUDA RNG states, one per rank
-        state.json                         step, tokens, model config, sha256 of the files above
-    RUN/checkpoints/latest                 text file naming the newest step directory
+A checkpoint directory holds, besides what tapa.model.checkpoint describes:
+    optimizer.pt    AdamW state keyed by parameter name (full, unsharded)
+    rng.pt          torch / numpy / python / CUDA RNG states, one per rank
 
 Full state dicts come from torch.distributed.checkpoint.state_dict, which gathers FSDP2 shards (and
 passes plain or DDP models through), so a checkpoint saved on N processes loads on any M.
 A checkpoint is written to a temporary directory and renamed into place; `latest` is replaced
-atomically last. A missing, truncated or mismatched checkpoint raises CheckpointError.
+atomically last. A write that fails (a full disk) removes the temporary directory and raises
+CheckpointWriteError; the previous checkpoint stays the latest.
 """
 
 from __future__ import annotations
 
-import hashlib
+import errno
 import json
 import os
 import random
@@ -31,33 +27,53 @@ import torch
 from torch import nn
 
 from tapa._optional import require
-from tapa.model import ModelConfig, TapaLM
-from tapa.train.distributed import DistInfo, barrier, gather_objects
+from tapa.model import ModelConfig
+from tapa.model.checkpoint import (FORMAT_VERSION, LATEST, STATE, WEIGHTS, CheckpointError,
+                                   file_sha256, has_checkpoint, load_model, load_weights,
+                                   read_json, read_state, resolve_checkpoint, run_config)
+from tapa.train.distributed import DistInfo, broadcast_object, gather_objects
 
-FORMAT_VERSION = 1
-WEIGHTS = "model.safetensors"
 OPTIMIZER = "optimizer.pt"
 RNG = "rng.pt"
-STATE = "state.json"
-LATEST = "latest"
+TMP_PREFIX = ".tmp-"
+
+__all__ = ["CheckpointError", "CheckpointWriteError", "load_model", "load_weights", "read_state",
+           "resolve_checkpoint", "has_checkpoint", "save_checkpoint", "load_training_state",
+           "write_text_atomic", "remove_partial_checkpoints", "read_json", "run_config"]
 
 
-class CheckpointError(ValueError):
-    """A checkpoint that is missing, corrupt, or does not fit the model it is loaded into."""
+class CheckpointWriteError(CheckpointError):
+    """A checkpoint (or run file) that could not be written, e.g. on a full disk."""
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
+def _describe_write_error(err: BaseException) -> str:
+    if isinstance(err, OSError) and err.errno == errno.ENOSPC:
+        return "no space left on device"
+    if isinstance(err, RuntimeError) and "unexpected pos" in str(err):
+        return f"the write was cut short, most likely a full disk ({err})"
+    return str(err)
 
 
 def write_text_atomic(path: Path, text: str) -> None:
+    """Write via a temporary file and a rename, so readers see the old or the new text, never half.
+    CheckpointWriteError (the temporary file removed) if the write fails."""
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        raise CheckpointWriteError(f"cannot write {str(path)!r}: {_describe_write_error(err)}") from err
+
+
+def remove_partial_checkpoints(run_dir: Path) -> list[Path]:
+    """Remove the temporary directories of checkpoints whose writing was interrupted (a killed
+    process leaves them); return what was removed."""
+    root = Path(run_dir) / "checkpoints"
+    partial = sorted(root.glob(TMP_PREFIX + "*")) if root.is_dir() else []
+    for path in partial:
+        shutil.rmtree(path, ignore_errors=True)
+    return partial
 
 
 # ---------------------------------------------------------------------------------------------
@@ -105,40 +121,60 @@ def _set_rng_state(state: dict) -> None:
 # ---------------------------------------------------------------------------------------------
 # save
 
+def _write_checkpoint(tmp: Path, *, step: int, weights: dict, optim_state: dict, rng_states: list,
+                      model_cfg: ModelConfig, info: DistInfo, extra: dict) -> None:
+    save_file = require("safetensors.torch").save_file
+    if model_cfg.tie_embeddings:
+        weights.pop("lm_head.weight", None)  # the same tensor as embed.weight
+    save_file({name: t.detach().contiguous() for name, t in weights.items()}, tmp / WEIGHTS)
+    torch.save(optim_state, tmp / OPTIMIZER)
+    torch.save(rng_states, tmp / RNG)
+    state = {
+        "format": FORMAT_VERSION,
+        "step": step,
+        "model": model_cfg.to_dict(),
+        "world_size": info.world_size,
+        "sha256": {name: file_sha256(tmp / name) for name in (WEIGHTS, OPTIMIZER, RNG)},
+        **extra,
+    }
+    (tmp / STATE).write_text(json.dumps(state, indent=2))
+
+
 def save_checkpoint(run_dir: Path, *, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
                     model_cfg: ModelConfig, info: DistInfo, keep: int, extra: dict) -> Path:
-    """Write RUN/checkpoints/step_<step>. Collective: call on every rank; rank 0 writes."""
-    save_file = require("safetensors.torch").save_file
+    """Write RUN/checkpoints/step_<step>. Collective: call on every rank; rank 0 writes, and every
+    rank raises the same CheckpointWriteError if the write fails."""
     weights = full_model_state(model)
     optim_state = full_optimizer_state(model, optimizer)
     rng_states = gather_objects(_rng_state(), info)
     root = Path(run_dir) / "checkpoints"
     final = root / f"step_{step:06d}"
+    failure = None
     if info.is_main:
-        root.mkdir(parents=True, exist_ok=True)
-        tmp = root / f".tmp-step_{step:06d}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-        if model_cfg.tie_embeddings:
-            weights.pop("lm_head.weight", None)  # the same tensor as embed.weight
-        save_file({name: t.detach().contiguous() for name, t in weights.items()}, tmp / WEIGHTS)
-        torch.save(optim_state, tmp / OPTIMIZER)
-        torch.save(rng_states, tmp / RNG)
-        state = {
-            "format": FORMAT_VERSION,
-            "step": step,
-            "model": model_cfg.to_dict(),
-            "world_size": info.world_size,
-            "sha256": {name: _sha256(tmp / name) for name in (WEIGHTS, OPTIMIZER, RNG)},
-            **extra,
-        }
-        (tmp / STATE).write_text(json.dumps(state, indent=2))
-        if final.exists():  # a rerun of the same step replaces it
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        write_text_atomic(root / LATEST, final.name + "\n")
-        _prune(root, keep)
-    barrier(info)
+        tmp = root / f"{TMP_PREFIX}step_{step:06d}"
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir()
+            _write_checkpoint(tmp, step=step, weights=weights, optim_state=optim_state,
+                              rng_states=rng_states, model_cfg=model_cfg, info=info, extra=extra)
+            if final.exists():  # a rerun of the same step replaces it
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+            write_text_atomic(root / LATEST, final.name + "\n")
+        except (OSError, RuntimeError) as err:  # torch.save reports a full disk as RuntimeError
+            shutil.rmtree(tmp, ignore_errors=True)
+            previous = (root / LATEST).read_text().strip() if (root / LATEST).is_file() else None
+            failure = (f"cannot write the checkpoint of step {step} to {str(final)!r}: "
+                       f"{_describe_write_error(err)}. The partial checkpoint was removed; "
+                       + (f"the latest checkpoint is still {previous!r}" if previous
+                          else "the run has no checkpoint yet")
+                       + ". Free some space and resume with --resume")
+        else:
+            _prune(root, keep)
+    failure = broadcast_object(failure, info)  # also the barrier that waits for rank 0's write
+    if failure is not None:
+        raise CheckpointWriteError(failure)
     return final
 
 
@@ -149,68 +185,7 @@ def _prune(root: Path, keep: int) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# load
-
-def resolve_checkpoint(path: str | os.PathLike) -> Path:
-    """A checkpoint directory, or a run directory (its latest checkpoint)."""
-    path = Path(path).expanduser()
-    if not path.exists():
-        raise CheckpointError(f"checkpoint path {str(path)!r} does not exist")
-    if (path / STATE).is_file():
-        return path
-    latest = path / "checkpoints" / LATEST
-    if latest.is_file():
-        target = path / "checkpoints" / latest.read_text().strip()
-        if not (target / STATE).is_file():
-            raise CheckpointError(f"{str(latest)!r} names {target.name!r}, which is not a complete "
-                                  "checkpoint (no state.json)")
-        return target
-    raise CheckpointError(f"{str(path)!r} is neither a checkpoint directory (with {STATE}) nor a run "
-                          "directory with checkpoints/latest")
-
-
-def has_checkpoint(run_dir: str | os.PathLike) -> bool:
-    return (Path(run_dir) / "checkpoints" / LATEST).is_file()
-
-
-def read_state(checkpoint: Path, *, verify: bool = True) -> dict:
-    """state.json of a checkpoint, with its files checked against the recorded sha256."""
-    try:
-        state = json.loads((checkpoint / STATE).read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise CheckpointError(f"cannot read {str(checkpoint / STATE)!r}: {err}") from err
-    if state.get("format") != FORMAT_VERSION:
-        raise CheckpointError(f"{str(checkpoint)!r} has checkpoint format {state.get('format')!r}, "
-                              f"expected {FORMAT_VERSION}")
-    if verify:
-        for name, expected in state["sha256"].items():
-            path = checkpoint / name
-            if not path.is_file():
-                raise CheckpointError(f"checkpoint file {str(path)!r} is missing")
-            if _sha256(path) != expected:
-                raise CheckpointError(f"checkpoint file {str(path)!r} is corrupt (sha256 mismatch)")
-    return state
-
-
-def load_weights(checkpoint: Path, model_cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """The checkpoint's full state dict for a TapaLM of `model_cfg`; CheckpointError on mismatch."""
-    load_file = require("safetensors.torch").load_file
-    try:
-        weights = load_file(checkpoint / WEIGHTS)
-    except Exception as err:  # safetensors raises its own error types
-        raise CheckpointError(f"cannot read {str(checkpoint / WEIGHTS)!r}: {err}") from err
-    if model_cfg.tie_embeddings and "embed.weight" in weights:
-        weights["lm_head.weight"] = weights["embed.weight"]
-    with torch.device("meta"):
-        expected = TapaLM(ModelConfig.from_dict(model_cfg.to_dict())).state_dict()
-    problems = sorted(set(expected) ^ set(weights))
-    problems += [f"{name}: checkpoint {tuple(weights[name].shape)} vs model {tuple(t.shape)}"
-                 for name, t in expected.items() if name in weights and weights[name].shape != t.shape]
-    if problems:
-        raise CheckpointError(f"checkpoint {str(checkpoint)!r} does not match the model config: "
-                              f"{problems[:8]}")
-    return weights
-
+# load the training state
 
 def load_training_state(checkpoint: Path, *, model: nn.Module, optimizer: torch.optim.Optimizer,
                         model_cfg: ModelConfig, info: DistInfo) -> dict:
@@ -233,24 +208,14 @@ def load_training_state(checkpoint: Path, *, model: nn.Module, optimizer: torch.
         rng_states = torch.load(checkpoint / RNG, map_location="cpu", weights_only=True)
     except Exception as err:
         raise CheckpointError(f"cannot read the optimizer/RNG state in {str(checkpoint)!r}: {err}") from err
-    set_optimizer_state_dict(model, optimizer, optim_state, options=_full_options())
+    try:
+        set_optimizer_state_dict(model, optimizer, optim_state, options=_full_options())
+    except (KeyError, ValueError, RuntimeError) as err:
+        raise CheckpointError(f"the optimizer state in {str(checkpoint)!r} does not fit this "
+                              f"model's parameter groups ({type(err).__name__}: {err}); it was saved "
+                              "by another version of tapa. Continue from its weights instead: "
+                              f"tapa train --init-from {checkpoint}") from err
     # RNG streams are per process; they carry over when the process count is unchanged
     if len(rng_states) == info.world_size:
         _set_rng_state(rng_states[info.rank])
     return state
-
-
-def load_model(path: str | os.PathLike, device: str | torch.device = "cpu"
-               ) -> tuple[TapaLM, ModelConfig, dict]:
-    """Load a trained model for evaluation: (TapaLM in eval mode on `device`, its ModelConfig,
-    the run's config.json as a dict ({} if the checkpoint sits outside a run directory)).
-    `path`: a run directory (its latest checkpoint) or a checkpoint directory."""
-    checkpoint = resolve_checkpoint(path)
-    state = read_state(checkpoint)
-    model_cfg = ModelConfig.from_dict(state["model"])
-    weights = load_weights(checkpoint, model_cfg)
-    model = TapaLM(model_cfg)
-    model.load_state_dict(weights)
-    run_config_path = checkpoint.parent.parent / "config.json"
-    run_config = json.loads(run_config_path.read_text()) if run_config_path.is_file() else {}
-    return model.to(device).eval(), model_cfg, run_config

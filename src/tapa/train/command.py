@@ -19,11 +19,13 @@ import os
 import typing
 from pathlib import Path
 
+from tapa._config import field_help
 from tapa.data import DataConfig
 from tapa.model import PE_CHOICES, PHASE_MATRICES, ModelConfig
 from tapa.ops import DISTANCES, IMPLS
 from tapa.train.config import (PARALLEL_MODES, PRECISIONS, TrainConfig, available_recipes,
-                               build_configs, continual_model_config, default_run_dir, load_recipe)
+                               build_configs, continual_model_config, default_run_dir, find_recipe,
+                               load_recipe)
 
 # section -> {field: flag}, flags that differ from the field name
 _RENAMED = {"data": {"source": "data"}}
@@ -32,6 +34,17 @@ _HIDDEN = {"model": {"vocab_size"}}
 _SECTIONS = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig}
 _CHOICES = {"pe": list(PE_CHOICES), "distance": DISTANCES, "phase_matrix": PHASE_MATRICES,
             "attn_impl": IMPLS, "precision": PRECISIONS, "parallel": PARALLEL_MODES}
+# sentences for fields whose dataclass documents them neither in metadata nor in its docstring
+_FALLBACK_HELP = {
+    "cache_dir": "where tokenized corpora are cached ($TAPA_CACHE/data or ~/.cache/tapa/data)",
+    "vocab_size": "size of the BPE vocabulary trained on the corpus (the model's follows it)",
+    "include_site_packages": "builtin source: also read the installed site-packages",
+    "text_field": "the text column of a .jsonl or Hugging Face dataset source",
+    "val_fraction": "share of the documents held out for validation",
+    "test_fraction": "share of the documents held out for testing",
+}
+# train fields of a continual run's source that describe that run, not how to train
+_NOT_INHERITED = ("run_dir", "init_from", "resume", "stop_after")
 
 
 def _flag_fields() -> dict[str, tuple[str, str, type, bool]]:
@@ -61,11 +74,28 @@ def _parser_for(scalar: type, optional: bool):
     return parse
 
 
+def _default_of(field: dataclasses.Field):
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return field.default
+
+
+def _flag_help(section: str, field: dataclasses.Field) -> str:
+    cls = _SECTIONS[section]
+    text = (field_help(field, cls.__doc__) or _FALLBACK_HELP.get(field.name)
+            or f"{cls.__name__}.{field.name}")
+    default = _default_of(field)
+    shown = "" if default is dataclasses.MISSING else f" (default: {default})"
+    return (text + shown).replace("%", "%%")  # argparse formats help with %
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--recipe", default=None,
                         help="recipe name (see --list-recipes) or path to a .toml file "
-                             "(default: tiny, or the run's own config with --resume)")
-    parser.add_argument("--list-recipes", action="store_true", help="print the recipe names and exit")
+                             "(default: tiny; with --resume the run's own config, with "
+                             "--init-from the source run's config)")
+    parser.add_argument("--list-recipes", action="store_true",
+                        help="print each recipe's name, size and purpose, and exit")
     parser.add_argument("--print-config", action="store_true",
                         help="print the merged configs as JSON and exit")
     parser.add_argument("--data-only", action="store_true",
@@ -74,22 +104,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     groups = {section: parser.add_argument_group(
         f"{section} ({cls.__name__}; defaults shown are the dataclass's, a recipe may set others)")
         for section, cls in _SECTIONS.items()}
-    defaults = {section: {f.name: f.default for f in dataclasses.fields(cls)}
-                for section, cls in _SECTIONS.items()}
-    for dest, (section, field, scalar, optional) in _flag_fields().items():
+    fields = {section: {f.name: f for f in dataclasses.fields(cls)}
+              for section, cls in _SECTIONS.items()}
+    for dest, (section, name, scalar, optional) in _flag_fields().items():
         flag = "--" + dest.replace("_", "-")
-        default = defaults[section][field]
-        shown = "" if default is dataclasses.MISSING else f" (default {default})"
+        help_ = _flag_help(section, fields[section][name])
         if scalar is bool:
             groups[section].add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction,
-                                         default=argparse.SUPPRESS, help=f"{section}.{field}{shown}")
-        elif field in _CHOICES:
-            groups[section].add_argument(flag, dest=dest, choices=_CHOICES[field],
-                                         default=argparse.SUPPRESS, help=f"{section}.{field}{shown}")
+                                         default=argparse.SUPPRESS, help=help_)
+        elif name in _CHOICES:
+            groups[section].add_argument(flag, dest=dest, choices=_CHOICES[name],
+                                         default=argparse.SUPPRESS, help=help_)
         else:
             groups[section].add_argument(flag, dest=dest, type=_parser_for(scalar, optional),
                                          default=argparse.SUPPRESS, metavar=scalar.__name__.upper(),
-                                         help=f"{section}.{field}{shown}")
+                                         help=help_)
 
 
 def overrides_from_args(args: argparse.Namespace) -> dict[str, dict]:
@@ -106,40 +135,97 @@ def configs_from_args(args: argparse.Namespace):
 
     --resume: the run's saved config.json is the base, and the flags may change only what a
     resume allows (checked by train()). --init-from: the model config is the checkpoint's, with
-    the recipe's and flags' model values applied where continual pretraining allows.
+    the flags' (and an explicit --recipe's) model values applied where continual pretraining
+    allows; train and data settings: defaults < the source run's config < --recipe < flags.
     """
     overrides = overrides_from_args(args)
-    recipe = load_recipe(args.recipe or "tiny")
     if overrides["train"].get("resume"):
-        run_dir = overrides["train"].get("run_dir")
-        if run_dir is None:
-            train_cfg, model_cfg, _ = build_configs(recipe, overrides)
-            run_dir = str(train_cfg.run_dir or default_run_dir(train_cfg, model_cfg))
-        saved_path = Path(run_dir) / "config.json"
-        if not saved_path.is_file():
-            raise SystemExit(f"tapa train --resume: {str(saved_path)!r} not found; "
-                             "pass the run's --run-dir")
-        saved = json.loads(saved_path.read_text())
-        merged = {section: {**saved[section], **overrides[section]} for section in _SECTIONS}
-        merged["train"]["run_dir"] = run_dir
-        # an interruption point is not part of the run: resume to the end unless asked again
-        merged["train"]["stop_after"] = overrides["train"].get("stop_after")
-        return build_configs(None, merged)
+        return _resume_configs(args, overrides)
     if overrides["train"].get("init_from"):
-        from tapa.train.checkpoint import read_state, resolve_checkpoint
+        return _continual_configs(args, overrides)
+    return build_configs(load_recipe(args.recipe or "tiny"), overrides)
 
-        base = ModelConfig.from_dict(read_state(resolve_checkpoint(overrides["train"]["init_from"]),
-                                                verify=False)["model"])
-        requested = {**recipe["model"], **overrides["model"]}
-        model_cfg = continual_model_config(base, requested)
-        train_cfg, _, data_cfg = build_configs(recipe, overrides)
-        return train_cfg, model_cfg, data_cfg
-    return build_configs(recipe, overrides)
+
+def _resume_configs(args: argparse.Namespace, overrides: dict):
+    from tapa.train.rundir import read_run_config
+
+    run_dir = overrides["train"].get("run_dir")
+    if run_dir is None:
+        train_cfg, model_cfg, _ = build_configs(load_recipe(args.recipe or "tiny"), overrides)
+        run_dir = str(train_cfg.run_dir or default_run_dir(train_cfg, model_cfg))
+    if not (Path(run_dir) / "config.json").is_file():
+        raise ValueError(f"--resume: {str(Path(run_dir) / 'config.json')!r} not found; "
+                         "pass the run's --run-dir")
+    saved = read_run_config(Path(run_dir))
+    # a run saved before phase_lr_scale existed trained at one learning rate
+    saved["train"] = {"phase_lr_scale": 1.0, **saved.get("train", {})}
+    merged = {section: {**saved.get(section, {}), **overrides[section]} for section in _SECTIONS}
+    merged["train"]["run_dir"] = run_dir
+    # an interruption point is not part of the run: resume to the end unless asked again
+    merged["train"]["stop_after"] = overrides["train"].get("stop_after")
+    return build_configs(None, merged)
+
+
+def _continual_configs(args: argparse.Namespace, overrides: dict):
+    from tapa.model.checkpoint import checkpoint_model_config, resolve_checkpoint, run_config
+
+    checkpoint = resolve_checkpoint(overrides["train"]["init_from"])
+    base_model = checkpoint_model_config(checkpoint)
+    source = run_config(checkpoint)
+    known = {section: {f.name for f in dataclasses.fields(cls)} for section, cls in _SECTIONS.items()}
+    inherited = {
+        "data": {k: v for k, v in source.get("data", {}).items() if k in known["data"]},
+        "train": {k: v for k, v in {"phase_lr_scale": 1.0, **source.get("train", {})}.items()
+                  if k in known["train"] and k not in _NOT_INHERITED} if source else {},
+    }
+    if not source:  # a bare checkpoint directory: the default recipe's train and data settings
+        inherited = {section: load_recipe("tiny")[section] for section in ("data", "train")}
+    recipe = load_recipe(args.recipe) if args.recipe else {section: {} for section in _SECTIONS}
+    merged = {section: {**inherited.get(section, {}), **recipe[section], **overrides[section]}
+              for section in ("data", "train")}
+    model_cfg = continual_model_config(base_model, {**recipe["model"], **overrides["model"]})
+    return TrainConfig.from_dict(merged["train"]), model_cfg, DataConfig.from_dict(merged["data"])
+
+
+def list_recipes() -> str:
+    """One line per recipe: name, parameter count (from its model config) and purpose (the first
+    comment line of its TOML file)."""
+    import torch
+
+    from tapa.model import TapaLM
+
+    rows = []
+    for name in available_recipes():
+        path = find_recipe(name)
+        try:
+            _, model_cfg, data_cfg = build_configs(load_recipe(name))
+            model_cfg = dataclasses.replace(model_cfg, vocab_size=data_cfg.vocab_size)
+            with torch.device("meta"):
+                size = _human(TapaLM(model_cfg).num_parameters())
+        except ValueError as err:
+            size = f"invalid ({err})"
+        comments = [line.lstrip("#").strip() for line in path.read_text().splitlines()
+                    if line.startswith("#")]
+        purpose = comments[0] if comments else ""
+        if purpose.startswith(f"{name}:"):
+            purpose = purpose[len(name) + 1:].strip()
+        rows.append((name, size, purpose))
+    width = max((len(name) for name, _, _ in rows), default=0)
+    return "\n".join(f"{name:<{width}}  {size:>6} parameters  {purpose}" for name, size, purpose in rows)
+
+
+def _human(count: int) -> str:
+    for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if count >= scale:
+            return f"{count / scale:.3g}{unit}"
+    return str(count)
 
 
 def run(args: argparse.Namespace) -> int:
+    from tapa.train.trainer import NonFiniteError
+
     if args.list_recipes:
-        print("\n".join(available_recipes()))
+        print(list_recipes())
         return 0
     try:
         train_cfg, model_cfg, data_cfg = configs_from_args(args)
@@ -160,15 +246,28 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         run_dir = train(train_cfg, model_cfg, data_cfg)
-    except ValueError as err:  # bad input (including CheckpointError): a message, not a traceback
+    except (ValueError, NonFiniteError) as err:  # bad input, CheckpointError, divergence: a message
         raise SystemExit(f"tapa train: {err}") from err
-    metrics = run_dir / "metrics.jsonl"
-    if metrics.is_file() and int(os.environ.get("RANK", "0")) == 0:
-        records = [json.loads(line) for line in metrics.read_text().splitlines() if line]
-        if records:
-            first, last = records[0], records[-1]
-            overall = last["tokens"] / last["elapsed_s"] if last["elapsed_s"] else float("nan")
-            print(f"run: {run_dir}\nsteps {last['step']}: loss {first['loss']:.3f} -> "
-                  f"{last['loss']:.3f}, val_loss {last['val_loss']}, {overall:.0f} tokens/s "
-                  f"overall (last interval {last['tokens_per_s']:.0f})")
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(summary(run_dir))
     return 0
+
+
+def summary(run_dir: Path) -> str:
+    """What a finished run reports: its directory, loss, throughput and data plan."""
+    from tapa.train.rundir import read_metrics, read_run_config
+
+    lines = [f"run: {run_dir}"]
+    metrics = run_dir / "metrics.jsonl"
+    records = read_metrics(metrics) if metrics.is_file() else []
+    if records:
+        first, last = records[0], records[-1]
+        overall = last["tokens"] / last["elapsed_s"] if last["elapsed_s"] else float("nan")
+        lines.append(f"steps {last['step']}: loss {first['loss']:.3f} -> {last['loss']:.3f}, "
+                     f"val_loss {last['val_loss']}, {overall:.0f} tokens/s overall "
+                     f"(last interval {last['tokens_per_s']:.0f})")
+    plan = read_run_config(run_dir).get("data_plan")
+    if plan:
+        lines.append(f"corpus: {plan['train_tokens']:,} training tokens; the run reads "
+                     f"{plan['run_tokens']:,} tokens = {plan['epochs']:.2f} epochs")
+    return "\n".join(lines)

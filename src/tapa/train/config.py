@@ -13,6 +13,7 @@ Precedence: dataclass defaults < recipe < command-line flags.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +23,7 @@ try:  # Python 3.11+
 except ModuleNotFoundError:  # pragma: no cover - Python 3.10
     tomllib = None
 
-from tapa._config import from_dict
+from tapa._config import check_types, from_dict
 from tapa.data import DataConfig
 from tapa.model import ModelConfig
 from tapa.model.config import PE_CHOICES
@@ -42,6 +43,14 @@ RESUME_MUTABLE = ("name", "run_dir", "steps", "stop_after", "eval_every", "save_
                   "resume", "plot")
 
 
+FLOAT_FIELDS = ("lr", "phase_lr_scale", "min_lr_ratio", "weight_decay", "beta1", "beta2",
+                "grad_clip", "passkey_fraction")
+
+
+def _field(default, help: str, **kwargs):
+    return dataclasses.field(default=default, metadata={"help": help}, **kwargs)
+
+
 @dataclass
 class TrainConfig:
     """How to train. Batch sizes count sequences of `seq_len` tokens.
@@ -50,38 +59,55 @@ class TrainConfig:
     micro_batch_size is what one process feeds the model at once (None: batch_size / world size),
     and gradient accumulation makes up the difference.
     Learning rate: linear warmup over warmup_steps to lr, then cosine down to lr * min_lr_ratio at
-    `steps`.
+    `steps`. The TAPA phase rows of W_q / W_k (and a learnable phase matrix N) learn at
+    lr * phase_lr_scale (their own optimizer parameter groups).
     """
 
-    name: str = "run"
-    run_dir: str | None = None  # None: runs/<name>-<pe>-<seq_len>
-    seq_len: int = 256
-    batch_size: int = 8
-    micro_batch_size: int | None = None
-    steps: int = 200
-    stop_after: int | None = None  # stop (with a checkpoint) after this step; schedule keeps `steps`
-    lr: float = 1e-3
-    min_lr_ratio: float = 0.1
-    warmup_steps: int = 20
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.95
-    grad_clip: float = 1.0  # max global grad norm; 0 disables clipping
-    seed: int = 0
-    precision: str = "auto"  # auto: bf16 autocast on CUDA, fp32 on CPU
-    compile: bool = False
-    parallel: str = "auto"  # auto: ddp when launched by torchrun with >1 process, else none
-    device: str = "auto"
-    log_every: int = 10
-    eval_every: int = 100  # 0: only at the end
-    eval_batches: int = 4
-    save_every: int = 100  # 0: only at the end
-    keep_checkpoints: int = 2
-    init_from: str | None = None  # run dir or checkpoint dir: continual pretraining
-    resume: bool = False
-    passkey_fraction: float = 0.0  # share of training sequences replaced by passkey samples
-    progress: bool = True
-    plot: bool = True  # loss-curve PNG in the run dir (needs matplotlib)
+    name: str = _field("run", "run name, used in the default run directory and in plots")
+    run_dir: str | None = _field(None, "where the run's config, metrics and checkpoints go "
+                                       "(None: runs/<name>-<pe>-<seq_len>)")
+    seq_len: int = _field(256, "training sequence length in tokens")
+    batch_size: int = _field(8, "global batch per optimizer step, in sequences, whatever the "
+                                "number of processes")
+    micro_batch_size: int | None = _field(None, "sequences one process feeds the model at once; "
+                                                "gradient accumulation makes up the batch (None: "
+                                                "batch_size / number of processes)")
+    steps: int = _field(200, "optimizer steps of the run; the learning-rate schedule ends here")
+    stop_after: int | None = _field(None, "stop (with a checkpoint) after this step, keeping the "
+                                          "schedule of `steps`; resume later with --resume")
+    lr: float = _field(1e-3, "peak learning rate (AdamW), reached after warmup_steps")
+    phase_lr_scale: float = _field(0.1, "multiplies the learning rate of the TAPA phase rows of "
+                                        "W_q/W_k and of a learnable phase matrix N; 1.0 = one "
+                                        "learning rate for all parameters")
+    min_lr_ratio: float = _field(0.1, "the cosine schedule ends at lr * min_lr_ratio")
+    warmup_steps: int = _field(20, "steps of linear learning-rate warmup from lr / warmup_steps")
+    weight_decay: float = _field(0.1, "AdamW weight decay on matrices and embeddings (none on "
+                                      "norms and vectors)")
+    beta1: float = _field(0.9, "AdamW beta1")
+    beta2: float = _field(0.95, "AdamW beta2")
+    grad_clip: float = _field(1.0, "clip the global gradient norm to this; 0 disables clipping")
+    seed: int = _field(0, "seed of the initial weights and of the data order")
+    precision: str = _field("auto", "auto: bf16 autocast on CUDA, fp32 on CPU")
+    compile: bool = _field(False, "torch.compile each decoder block")
+    parallel: str = _field("auto", "data parallelism under torchrun; auto: ddp with more than "
+                                   "one process, else none")
+    device: str = _field("auto", "torch device; auto: cuda:<local rank> if CUDA is available, "
+                                 "else cpu")
+    log_every: int = _field(10, "write a metrics record (mean training loss since the previous "
+                                "one) every this many steps")
+    eval_every: int = _field(100, "validation loss every this many steps (0: only at the end)")
+    eval_batches: int = _field(4, "validation batches (of batch_size sequences) per evaluation")
+    save_every: int = _field(100, "checkpoint every this many steps (0: only at the end)")
+    keep_checkpoints: int = _field(2, "how many of the newest checkpoints to keep")
+    init_from: str | None = _field(None, "continual pretraining: start from the weights of this "
+                                         "run or checkpoint directory (its model config; flags "
+                                         "may change only what continual pretraining allows)")
+    resume: bool = _field(False, "continue the run in run_dir from its latest checkpoint, "
+                                 "exactly as if uninterrupted")
+    passkey_fraction: float = _field(0.0, "share of training sequences replaced by passkey "
+                                          "retrieval samples")
+    progress: bool = _field(True, "show a progress bar")
+    plot: bool = _field(True, "write a loss-curve PNG into the run directory (needs matplotlib)")
 
     def __post_init__(self) -> None:
         self.validate()
@@ -95,21 +121,30 @@ class TrainConfig:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         for name in ("warmup_steps", "eval_every", "save_every"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 0:
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"{name} must be an int >= 0, got {value!r}")
         for name in ("micro_batch_size", "stop_after"):
             value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or value <= 0):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                      or value <= 0):
                 raise ValueError(f"{name} must be a positive int or None, got {value!r}")
+        for name in FLOAT_FIELDS:  # also catches nan, which passes every comparison below
+            value = getattr(self, name)
+            if (not isinstance(value, (int, float)) or isinstance(value, bool)
+                    or not math.isfinite(value)):
+                raise ValueError(f"{name} must be a finite number, got {value!r}")
         if not self.lr > 0:
             raise ValueError(f"lr must be > 0, got {self.lr!r}")
+        if self.phase_lr_scale < 0:
+            raise ValueError(f"phase_lr_scale must be >= 0, got {self.phase_lr_scale!r}")
         if not 0.0 <= self.min_lr_ratio <= 1.0:
             raise ValueError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio!r}")
         for name in ("beta1", "beta2"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)!r}")
-        if self.weight_decay < 0 or self.grad_clip < 0:
-            raise ValueError("weight_decay and grad_clip must be >= 0")
+        for name in ("weight_decay", "grad_clip"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
         if not 0.0 <= self.passkey_fraction <= 1.0:
             raise ValueError(f"passkey_fraction must be in [0, 1], got {self.passkey_fraction!r}")
         if self.precision not in PRECISIONS:
@@ -123,6 +158,12 @@ class TrainConfig:
     @classmethod
     def from_dict(cls, values: dict) -> "TrainConfig":
         return from_dict(cls, values)
+
+    @classmethod
+    def from_saved(cls, values: dict) -> "TrainConfig":
+        """The TrainConfig of a saved run (config.json). Runs saved before phase_lr_scale existed
+        trained every parameter at one learning rate: they keep 1.0, not today's default."""
+        return from_dict(cls, {"phase_lr_scale": 1.0, **values})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -178,12 +219,16 @@ def load_recipe(name_or_path: str) -> dict[str, dict]:
     if unknown_sections:
         raise ValueError(f"recipe {str(path)!r}: unknown tables {unknown_sections}; "
                          f"expected {list(SECTIONS)}")
-    recipe = {section: dict(raw.get(section, {})) for section in SECTIONS}
+    recipe = {}
     for section, cls in SECTIONS.items():
+        table = raw.get(section, {})
+        if not isinstance(table, dict):
+            raise ValueError(f"recipe {str(path)!r}: {section} must be a table ([{section}])")
         known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(recipe[section]) - known)
+        unknown = sorted(set(table) - known)
         if unknown:
             raise ValueError(f"recipe {str(path)!r}: unknown [{section}] fields {unknown}")
+        recipe[section] = check_types(cls, table, where=f"recipe {str(path)!r} [{section}] ")
     if "vocab_size" in recipe["model"]:
         raise ValueError(f"recipe {str(path)!r}: set vocab_size in [data]; the model's "
                          "vocabulary follows the tokenizer")

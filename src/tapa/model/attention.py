@@ -1,0 +1,353 @@
+"""The model's one attention module: projections, positions, KV cache, and each layer kind's
+attention, chosen once at construction.
+
+Layer kinds (`ModelConfig.layer_pattern`):
+- global, tapa family: `tapa.ops.tapa_attention` (fused kernel on CUDA); a few new tokens
+  against a cache on CUDA go to `tapa.ops.tapa_attention_with_kvcache` (split-KV decoding);
+- global, RoPE family or NoPE: softmax attention (SDPA), scale 1/sqrt(head_dim);
+- local: plain RoPE (`rope_base`, never scaled) and softmax inside a causal sliding window of
+  `local_window` tokens (`tapa.positional.local.local_attention`).
+
+Positions. Without a padding mask a token's position is its slot (0, 1, ... after the cached
+ones). With one (transformers' padded batches), positions restart at 0 at each sequence's first
+real token and skip masked tokens; padded keys are hidden, and a query always sees its own slot so
+padded rows stay finite (their outputs are never used).
+
+In TAPA layers the phase rows of W_q and W_k are parameters of their own (`wq_phase`, `wk_phase`),
+so that training can give them their own learning rate; the forward is the same single projection.
+Checkpoints written before the split (one `wq`/`wk` of all rows) load unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tapa.model.config import ModelConfig
+from tapa.ops import split_dims, tapa_attention
+from tapa.ops.reference import tapa_logits
+from tapa.positional import apply_rope, rope_cos_sin, rope_frequencies
+
+PHASE_PARAMETERS = ("wq_phase", "wk_phase", "phase_matrix")
+# query rows per block of the explicitly masked TAPA path (bounds its logits memory)
+MASKED_BLOCK_Q = 128
+
+
+def is_phase_parameter(name: str) -> bool:
+    """Whether a parameter's qualified name (any wrapper prefix) is a TAPA phase parameter."""
+    return any(part in PHASE_PARAMETERS for part in name.split("."))
+
+
+def split_phase_rows(state: dict, prefix: str, cfg: ModelConfig) -> None:
+    """In place: a TAPA layer's wq/wk of the layout before the phase split (every head's amplitude
+    then phase rows in one matrix, as Llama conversion and older checkpoints write them) become
+    wq/wk (amplitude rows) and wq_phase/wk_phase. Anything else is left alone."""
+    amp_dim = split_dims(cfg.head_dim, cfg.theta)[0]
+    for main, heads in (("wq", cfg.n_heads), ("wk", cfg.n_kv_heads)):
+        whole = state.get(f"{prefix}{main}.weight")
+        if f"{prefix}{main}_phase.weight" in state or whole is None or whole.shape[0] != heads * cfg.head_dim:
+            continue
+        rows = whole.view(heads, cfg.head_dim, -1)
+        state[f"{prefix}{main}.weight"] = rows[:, :amp_dim].reshape(-1, whole.shape[-1])
+        state[f"{prefix}{main}_phase.weight"] = rows[:, amp_dim:].reshape(-1, whole.shape[-1])
+
+
+def upgrade_state_dict(state: dict, cfg: ModelConfig, prefix: str = "") -> dict:
+    """A copy of a TapaLM state dict (keys under `prefix`) in the current layout."""
+    state = dict(state)
+    for layer in range(cfg.n_layers):
+        if cfg.family == "tapa" and cfg.layer_kind(layer) == "global":
+            split_phase_rows(state, f"{prefix}layers.{layer}.attn.", cfg)
+    return state
+
+
+@dataclass
+class AttentionContext:
+    """What every layer of one forward pass shares.
+
+    start: slots cached before this pass; seq_len: new tokens.
+    positions: (B, start + seq_len) position of every slot.
+    key_mask: (B, start + seq_len) bool, False at padded slots; None when nothing is padded.
+    left_pad: (B,) int32 leading padded slots, when key_mask is pure left padding.
+    uniform: every row's positions are its slots.
+    """
+
+    start: int
+    seq_len: int
+    positions: torch.Tensor
+    key_mask: torch.Tensor | None = None
+    left_pad: torch.Tensor | None = None
+    uniform: bool = True
+    tables: dict = field(default_factory=dict)  # RoPE cos/sin of this pass, per (local, method)
+
+    @classmethod
+    def build(cls, batch: int, start: int, seq_len: int, device, *, attention_mask=None,
+              position_ids=None, cfg: ModelConfig | None = None) -> "AttentionContext":
+        """attention_mask (B, start + seq_len) of 0/1 marks padding. position_ids (B, seq_len), if
+        given, rotate RoPE layers; where TAPA layers exist they must agree with the positions the
+        mask implies (TAPA distances come from the mask)."""
+        total = start + seq_len
+        if attention_mask is not None:
+            if attention_mask.dim() == 4:
+                raise ValueError("4D attention masks are not supported: pass the 2D 0/1 mask (batch, cached + new)")
+            if attention_mask.dim() != 2 or tuple(attention_mask.shape) != (batch, total):
+                raise ValueError(f"attention_mask must be (batch, cached + new tokens) = {(batch, total)}, "
+                                 f"got {tuple(attention_mask.shape)}")
+            if bool(attention_mask.all()):
+                attention_mask = None
+        if attention_mask is None:
+            positions = torch.arange(total, device=device).expand(batch, total)
+            key_mask = left_pad = None
+        else:
+            key_mask = attention_mask.to(device=device, dtype=torch.bool)
+            positions = (key_mask.long().cumsum(-1) - 1).clamp(min=0)
+            left_pad = _left_pad(key_mask)
+        rotates = cfg is not None and (cfg.family == "rope" or cfg.is_hybrid)
+        if position_ids is not None and cfg is not None:
+            position_ids = position_ids.to(device).expand(batch, seq_len)
+            if cfg.family == "tapa":
+                real = key_mask[:, start:] if key_mask is not None else torch.ones_like(position_ids, dtype=torch.bool)
+                if bool((position_ids != positions[:, start:])[real].any()):
+                    raise ValueError("position_ids disagree with the positions implied by attention_mask; "
+                                     "TAPA computes distances from the attention mask (positions restart "
+                                     "at 0 at each sequence's first real token)")
+            elif rotates:
+                positions = torch.cat([positions[:, :start], position_ids], dim=1)
+                return cls(start, seq_len, positions, key_mask, left_pad, uniform=False)
+        return cls(start, seq_len, positions, key_mask, left_pad, uniform=key_mask is None)
+
+    @property
+    def query_positions(self) -> torch.Tensor:
+        return self.positions[:, self.start:]
+
+    def rotate(self, x: torch.Tensor, cfg: ModelConfig, local: bool) -> torch.Tensor:
+        """RoPE rotation of x (B, N, H, D) at the query positions: plain RoPE for local layers,
+        the config's RoPE method for global ones."""
+        key = (local, cfg.rope_method, cfg.rope_scale)
+        if key not in self.tables:
+            rows = self.query_positions[:1] if self.uniform else self.query_positions
+            pairs = [_cos_sin(cfg, local, row) for row in rows]
+            self.tables[key] = (torch.cat([cos for cos, _ in pairs]), torch.cat([sin for _, sin in pairs]))
+        cos, sin = self.tables[key]
+        if self.uniform:
+            return apply_rope(x, cos, sin)
+        batch, seq_len, heads, head_dim = x.shape
+        flat = apply_rope(x.reshape(1, batch * seq_len, heads, head_dim), cos, sin)  # (B * N, D) cos/sin
+        return flat.view(batch, seq_len, heads, head_dim)
+
+    def visible(self, key_slots: torch.Tensor, window: int | None = None) -> torch.Tensor:
+        """(B or 1, Nq, Nk) bool: causal by slot, padded keys hidden, each query sees its own slot;
+        with `window`, only keys whose position is within window - 1 of the query's."""
+        query_slots = torch.arange(self.start, self.start + self.seq_len, device=key_slots.device)
+        causal = key_slots[None, :] <= query_slots[:, None]
+        if self.key_mask is None:
+            seen = causal[None]
+            if window is not None:
+                seen = seen & ((query_slots[:, None] - key_slots[None, :]) < window)[None]
+            return seen
+        own = key_slots[None, :] == query_slots[:, None]
+        seen = causal[None] & (self.key_mask[:, key_slots][:, None, :] | own[None])
+        if window is not None:
+            distance = self.query_positions[:, :, None] - self.positions[:, key_slots][:, None, :]
+            seen = seen & (distance < window)
+        return seen
+
+
+def _left_pad(key_mask: torch.Tensor) -> torch.Tensor | None:
+    """(B,) count of leading False if every row is False... then True..., else None."""
+    mask = key_mask.long()
+    if bool((mask[:, 1:] < mask[:, :-1]).any()):
+        return None
+    return (mask == 0).sum(-1).to(torch.int32)
+
+
+def _cos_sin(cfg: ModelConfig, local: bool, row: torch.Tensor):
+    """cos/sin (len, D) of one row of positions. The frequencies follow the row's length (dynamic
+    NTK depends on it)."""
+    inv_freq, attention_factor = rope_frequencies(
+        "rope" if local else cfg.rope_method, cfg.head_dim, base=cfg.rope_base,
+        factor=1.0 if local else cfg.rope_scale, original_seq_len=cfg.original_seq_len,
+        seq_len=int(row.max()) + 1, beta_fast=cfg.yarn_beta_fast, beta_slow=cfg.yarn_beta_slow)
+    return rope_cos_sin(inv_freq, row, attention_factor)
+
+
+def _softmax(q, k, v, mask=None, is_causal=False):
+    """SDPA on (B, N, H, D) tensors, GQA by grouping; mask (B or 1, Nq, Nk) bool."""
+    q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+    if mask is not None:
+        mask = mask[:, None]
+    gqa = k.shape[1] != q.shape[1]
+    if gqa:  # repeat rather than enable_gqa: every SDPA backend and torch version takes it
+        repeat = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal).transpose(1, 2)
+
+
+def _decode_kernel():
+    """The split-KV decode kernel's module, or None without triton."""
+    try:
+        from tapa.ops import decode_kernel
+    except ImportError:
+        return None
+    return decode_kernel
+
+
+class Attention(nn.Module):
+    """One layer's attention; its kind (global TAPA / global softmax / local) is fixed at construction."""
+
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.cfg, self.layer = cfg, layer
+        self.local = cfg.layer_kind(layer) == "local"
+        self.family = "rope" if self.local else cfg.family
+        self.window = cfg.local_window if self.local else None
+        hd = cfg.head_dim
+        self.amp_dim = split_dims(hd, cfg.theta)[0] if self.family == "tapa" else hd
+        phase_dim = hd - self.amp_dim
+        self.wq = nn.Linear(cfg.dim, cfg.n_heads * self.amp_dim, bias=False)
+        self.wk = nn.Linear(cfg.dim, cfg.n_kv_heads * self.amp_dim, bias=False)
+        self.wq_phase = nn.Linear(cfg.dim, cfg.n_heads * phase_dim, bias=False) if phase_dim else None
+        self.wk_phase = nn.Linear(cfg.dim, cfg.n_kv_heads * phase_dim, bias=False) if phase_dim else None
+        self.wv = nn.Linear(cfg.dim, cfg.n_kv_heads * hd, bias=False)
+        self.wo = nn.Linear(cfg.n_heads * hd, cfg.dim, bias=False)
+        if self.family == "tapa" and cfg.phase_matrix == "diagonal":
+            self.phase_matrix = nn.Parameter(torch.ones(phase_dim))
+        elif self.family == "tapa" and cfg.phase_matrix == "full":
+            self.phase_matrix = nn.Parameter(torch.eye(phase_dim))
+        else:
+            self.phase_matrix = None
+        self.attend = self._local if self.local else {
+            "tapa": self._tapa, "rope": self._global_softmax, "nope": self._global_softmax}[self.family]
+
+    @torch.no_grad()
+    def reset_parameters(self, std: float, residual_std: float, phase_init_scale: float) -> None:
+        for linear in (self.wq, self.wk, self.wv):
+            nn.init.normal_(linear.weight, std=std)
+        for linear in (self.wq_phase, self.wk_phase):
+            if linear is not None:
+                nn.init.normal_(linear.weight, std=std * phase_init_scale)
+        nn.init.normal_(self.wo.weight, std=residual_std)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        if self.wq_phase is not None:
+            split_phase_rows(state_dict, prefix, self.cfg)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def projection_weight(self, which: str) -> torch.Tensor:
+        """W_q or W_k ("q" / "k") as one (heads * head_dim, dim) matrix: each head's amplitude rows,
+        then its phase rows."""
+        main, phase = (self.wq, self.wq_phase) if which == "q" else (self.wk, self.wk_phase)
+        if phase is None:
+            return main.weight
+        heads, dim = main.weight.shape[0] // self.amp_dim, main.weight.shape[1]
+        return torch.cat([main.weight.view(heads, self.amp_dim, dim), phase.weight.view(heads, -1, dim)], 1).view(-1, dim)
+
+    def project(self, x):
+        """q (B, N, H, D), k and v (B, N, Hk, D) of x (B, N, dim), before any rotation."""
+        cfg = self.cfg
+        q = F.linear(x, self.projection_weight("q")).view(*x.shape[:2], cfg.n_heads, cfg.head_dim)
+        k = F.linear(x, self.projection_weight("k")).view(*x.shape[:2], cfg.n_kv_heads, cfg.head_dim)
+        v = self.wv(x).view(*x.shape[:2], cfg.n_kv_heads, cfg.head_dim)
+        return q, k, v
+
+    def _apply_phase_matrix(self, q):
+        """phi = q_P^T N k_P: fold N into the query, q_P <- N^T q_P, so the op needs no support."""
+        if self.phase_matrix is None:
+            return q
+        q_amp, q_phase = q[..., :self.amp_dim], q[..., self.amp_dim:]
+        if self.phase_matrix.dim() == 1:
+            q_phase = q_phase * self.phase_matrix.to(q.dtype)
+        else:
+            q_phase = q_phase @ self.phase_matrix.to(q.dtype)
+        return torch.cat([q_amp, q_phase], dim=-1)
+
+    def forward(self, x: torch.Tensor, ctx: AttentionContext, cache=None) -> torch.Tensor:
+        """x (B, N, dim) at slots ctx.start ..; `cache` follows `tapa.model.cache`'s interface."""
+        q, k, v = self.project(x)
+        if self.family == "rope":
+            q, k = ctx.rotate(q, self.cfg, self.local), ctx.rotate(k, self.cfg, self.local)
+        elif self.family == "tapa":
+            q = self._apply_phase_matrix(q)
+        key_slots = 0
+        if cache is not None:
+            k, v, key_slots = cache.update(self.layer, k, v, ctx.start)
+        elif ctx.start:
+            raise ValueError(f"start position {ctx.start} needs a KV cache")
+        out = self.attend(q, k, v, key_slots, ctx)
+        return self.wo(out.reshape(*x.shape[:2], -1))
+
+    # --- each kind's attention: q (B, Nq, H, D) at slots ctx.start..; keys at key_slots -------
+    def _tapa(self, q, k, v, key_slots, ctx: AttentionContext):
+        """Global TAPA layers; their keys are always the slots 0 .. start + N - 1."""
+        cfg = self.cfg
+        op_args = dict(theta=cfg.theta, alpha=cfg.alpha, distance=cfg.distance, phase=cfg.phase)
+        # "auto": the split-KV decode kernel on CUDA; "triton" forces it (on CPU, Triton's interpreter)
+        wanted = cfg.attn_impl == "triton" or (q.is_cuda and cfg.attn_impl == "auto")
+        kernel = _decode_kernel() if wanted else None
+        if kernel is not None and kernel.supports(q, k, v) and (ctx.key_mask is None or ctx.left_pad is not None):
+            from tapa.ops import tapa_attention_with_kvcache
+
+            lengths = torch.full((q.shape[0],), k.shape[1], dtype=torch.int32, device=q.device)
+            return tapa_attention_with_kvcache(q, k, v, lengths, cache_starts=ctx.left_pad, **op_args)
+        if ctx.key_mask is None:
+            return tapa_attention(q, k, v, causal=True, q_offset=ctx.start, k_offset=key_slots,
+                                  impl=cfg.attn_impl, **op_args)
+        if ctx.left_pad is not None:
+            return _left_padded_tapa(q, k, v, ctx, impl=cfg.attn_impl, **op_args)
+        return _masked_tapa(q, k, v, ctx, amp_dim=self.amp_dim, **op_args)
+
+    def _global_softmax(self, q, k, v, key_slots, ctx: AttentionContext):
+        if ctx.key_mask is None and ctx.start == 0:
+            return _softmax(q, k, v, is_causal=True)
+        return _softmax(q, k, v, mask=ctx.visible(torch.arange(k.shape[1], device=q.device)))
+
+    def _local(self, q, k, v, key_slots, ctx: AttentionContext):
+        if ctx.key_mask is None and isinstance(key_slots, int):
+            from tapa.positional.local import local_attention
+
+            return local_attention(q, k, v, self.window, q_offset=ctx.start, k_offset=key_slots)
+        if isinstance(key_slots, int):
+            key_slots = torch.arange(key_slots, key_slots + k.shape[1], device=q.device)
+        return _softmax(q, k, v, mask=ctx.visible(key_slots, self.window))
+
+
+def _left_padded_tapa(q, k, v, ctx: AttentionContext, *, impl, **op_args):
+    """Left padding: the op on each sequence's real keys (slots pad.. are positions 0..), so the
+    fused kernel still runs. Queries at padded slots get 0 (their outputs are never used)."""
+    out = q.new_zeros(*q.shape[:3], v.shape[-1])
+    for row, pad in enumerate(ctx.left_pad.tolist()):
+        first_query = max(pad - ctx.start, 0)
+        if first_query >= q.shape[1]:
+            continue
+        out[row:row + 1, first_query:] = tapa_attention(
+            q[row:row + 1, first_query:], k[row:row + 1, pad:], v[row:row + 1, pad:], causal=True,
+            q_offset=ctx.start + first_query - pad, k_offset=0, impl=impl, **op_args)
+    return out
+
+
+def _masked_tapa(q, k, v, ctx: AttentionContext, *, amp_dim, theta, alpha, distance, phase):
+    """TAPA with an explicit mask: tapa_logits, mask, softmax; one sequence and query block at a time."""
+    del theta  # amp_dim already encodes it
+    batch, q_len, heads, head_dim = q.shape
+    kv_heads = k.shape[2]
+    compute = torch.float64 if q.dtype == torch.float64 else torch.float32
+    out = q.new_empty(batch, q_len, heads, v.shape[-1])
+    key_slots = torch.arange(k.shape[1], device=q.device)
+    visible = ctx.visible(key_slots)
+    for row in range(batch):
+        # (Hk, G, Nq, D) queries against (Hk, 1, Nk, D) keys: query heads grouped on their kv head
+        q_row = q[row].to(compute).view(q_len, kv_heads, heads // kv_heads, head_dim).permute(1, 2, 0, 3)
+        k_row = k[row].to(compute).transpose(0, 1).unsqueeze(1)
+        v_row = v[row].to(compute).transpose(0, 1).unsqueeze(1)
+        k_pos = ctx.positions[row]
+        for first in range(0, q_len, MASKED_BLOCK_Q):
+            last = min(first + MASKED_BLOCK_Q, q_len)
+            logits = tapa_logits(q_row[:, :, first:last], k_row, k_pos[ctx.start + first:ctx.start + last],
+                                 k_pos, amp_dim=amp_dim, alpha=alpha, distance=distance, phase=phase)
+            logits = logits.masked_fill(~visible[row, first:last], float("-inf"))
+            block = torch.softmax(logits, dim=-1) @ v_row  # (Hk, G, nq, Dv)
+            out[row, first:last] = block.permute(2, 0, 1, 3).reshape(last - first, heads, -1).to(q.dtype)
+    return out
