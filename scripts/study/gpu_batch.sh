@@ -8,5 +8,4 @@ cd "$(dirname "$0")/../.."
 export PYTHONPATH=src PYTHONUNBUFFERED=1 MPLBACKEND=Agg
 export TAPA_CACHE=/tmp/study/cache TRITON_CACHE_DIR=/tmp/study/cache/triton
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
-python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())"
 python3 scripts/study/run.py --root /tmp/study --out "${OUT:-/tmp/study/out}" "$@"

@@ -219,8 +219,8 @@ def observed_rates(root: Path, groups: list[Group], call: str) -> dict:
     for group in groups:
         for stage in group.stages:
             marker = read_json(done_marker(root, group.id, stage.name))
-            if not marker or marker.get("call") != call:
-                continue
+            if not marker or marker.get("call") != call or "--resume" in marker["argv"]:
+                continue  # a resumed stage did only part of its work in this call
             units = stage.tokens if stage.kind in ("pretrain", "continual") else stage.methods
             rates[stage.kind] = max(rates.get(stage.kind, 0.0), marker["wall_s"] / units)
     return rates
@@ -264,9 +264,10 @@ def group_state(root: Path, group: Group) -> str:
     return "done" if len(done) == len(group.stages) else f"{len(done)}/{len(group.stages)} stages"
 
 
-def schedule(args, protocol, estimates, groups, call, log) -> dict:
-    """Run the groups inside the budget; {group id: what happened}."""
-    root, started = args.root, time.perf_counter()
+def schedule(args, protocol, estimates, groups, call, log, started: float) -> dict:
+    """Run the groups inside the budget, counted from `started` (perf_counter at the call's start,
+    so the data build counts too); {group id: what happened}."""
+    root = args.root
     deadline = (args.time_budget - args.pack_reserve) if args.time_budget else float("inf")
     logs = root / "logs"
     env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false",
@@ -351,6 +352,7 @@ def schedule(args, protocol, estimates, groups, call, log) -> dict:
 
 
 def main(argv=None) -> int:
+    clock = time.perf_counter()  # the budget counts from here: imports and the data build too
     args = parse_args(argv)
     if args.worker is not None:
         return run_worker(args.worker)
@@ -375,7 +377,6 @@ def main(argv=None) -> int:
         run_log.write(line + "\n")
         run_log.flush()
 
-    clock = time.perf_counter()
     log(f"study call {call}: {len(jobs)} jobs in {len(groups)} groups, stages {','.join(stages)}, "
         f"protocol {protocol.name} ({protocol.fingerprint()}), concurrent {args.concurrent}, "
         f"budget {args.time_budget or 'none'} s")
@@ -386,7 +387,7 @@ def main(argv=None) -> int:
     if corpus["train_tokens"] < protocol.pretrain_tokens:
         log("WARNING: the corpus holds fewer tokens than one pretraining run reads; the protocol "
             "asks for one pass (raise --max-train-bytes in arms.py)")
-    outcome = schedule(args, protocol, estimates, groups, call, log)
+    outcome = schedule(args, protocol, estimates, groups, call, log, started=clock)
     context = {"runner": {"command": "python3 scripts/study/run.py " + shlex.join(sys.argv[1:] if argv is None else argv),
                           "call": call, "concurrent": args.concurrent, "time_budget": args.time_budget,
                           "python": platform.python_version()},

@@ -9,7 +9,7 @@ import torch
 
 from tapa.model import ModelConfig, TapaLM
 from tapa.ops.reference import tapa_logits
-from tapa.positional import apply_rope
+from tapa.positional import apply_rope, rope_cos_sin, rope_frequencies
 from tapa.theory import trained
 
 LAYER = 1
@@ -22,26 +22,38 @@ def tiny_model(pe: str, **extra) -> TapaLM:
 
 
 def manual_qkv(model, ids):
-    """The layer's q, k, v by hand: embedding, the blocks before it, its attention norm."""
+    """The layer's q, k, v (not rotated) by hand: embedding, the blocks before it, its attention
+    norm, each head's amplitude then phase rows; and the attention input and context."""
+    from tapa.model.attention import AttentionContext
+
     with torch.no_grad():
+        ctx = AttentionContext.build(ids.shape[0], 0, ids.shape[1], ids.device, cfg=model.config)
         x = model.embed(ids)
-        rope = None
-        if model.config.family == "rope":
-            from tapa.model.decoder import rope_tables
-            rope = rope_tables(model.config, 0, ids.shape[1], ids.device)
         for block in model.layers[:LAYER]:
-            x = block(x, 0, None, rope)
+            x = block(x, ctx)
         x = model.layers[LAYER].attn_norm(x)
         attn = model.layers[LAYER].attn
-        heads, hd = model.config.n_heads, model.config.head_dim
-        shape = (*ids.shape, heads, hd)
-        return attn.wq(x).view(shape), attn.wk(x).view(shape), attn.wv(x).view(shape), x
+        shape = (*ids.shape, model.config.n_heads, -1)
+        q, k = attn.wq(x).view(shape), attn.wk(x).view(shape)
+        if attn.wq_phase is not None:
+            q = torch.cat([q, attn.wq_phase(x).view(shape)], -1)
+            k = torch.cat([k, attn.wk_phase(x).view(shape)], -1)
+        return q, k, attn.wv(x).view(shape), x, ctx
 
 
-def attention_from_logits(logits, v):
-    """softmax over causal keys of logits (B, H, N, N), times v (B, N, H, D) -> (B, N, H, D)."""
+def rotate(x, cfg, method="rope"):
+    """x (B, N, H, D) rotated at positions 0..N-1 by tapa.positional (independent of the model)."""
+    inv_freq, factor = rope_frequencies(method, cfg.head_dim, base=cfg.rope_base, factor=cfg.rope_scale,
+                                        original_seq_len=cfg.original_seq_len, seq_len=x.shape[1])
+    return apply_rope(x, *rope_cos_sin(inv_freq, torch.arange(x.shape[1]), factor))
+
+
+def attention_from_logits(logits, v, window=None):
+    """softmax over causal keys (within `window`) of logits (B, H, N, N), times v (B, N, H, D)."""
     n = logits.shape[-1]
     causal = torch.ones(n, n, dtype=torch.bool).tril()
+    if window is not None:
+        causal &= ~torch.ones(n, n, dtype=torch.bool).tril(-window)
     weights = torch.softmax(logits.masked_fill(~causal, float("-inf")), dim=-1)
     return torch.einsum("bhmn,bnhd->bmhd", weights, v)
 
@@ -53,7 +65,7 @@ def test_tapa_logits_are_the_layers_own(pe):
         model.layers[LAYER].attn.phase_matrix.uniform_(0.5, 1.5)  # not the identity
     ids = torch.randint(0, 64, (2, 40), generator=torch.Generator().manual_seed(1))
     q, k = trained.capture_qk(model, LAYER, ids)
-    q_ref, k_ref, v_ref, x = manual_qkv(model, ids)
+    q_ref, k_ref, v_ref, x, ctx = manual_qkv(model, ids)
     torch.testing.assert_close(q, q_ref)
     torch.testing.assert_close(k, k_ref)
     logits = trained.layer_logits(model, LAYER, q, k)
@@ -65,8 +77,8 @@ def test_tapa_logits_are_the_layers_own(pe):
     torch.testing.assert_close(logits, direct)
     # and the attention these logits give is the layer's attention output (before w_o)
     with torch.no_grad():
-        layer_out = attn(x)
-    ours = attn.wo(attention_from_logits(logits, v_ref).reshape(2, 40, -1))
+        layer_out = attn(x, ctx)
+        ours = attn.wo(attention_from_logits(logits, v_ref).reshape(2, 40, -1))
     torch.testing.assert_close(ours, layer_out, atol=1e-5, rtol=1e-4)
 
 
@@ -75,19 +87,38 @@ def test_rope_and_nope_logits_reproduce_the_layer(pe):
     model = tiny_model(pe, rope_scale=2.0, original_seq_len=16)
     ids = torch.randint(0, 64, (2, 33), generator=torch.Generator().manual_seed(2))
     q, k = trained.capture_qk(model, LAYER, ids)
-    _, _, v, x = manual_qkv(model, ids)
+    _, _, v, x, ctx = manual_qkv(model, ids)
     logits = trained.layer_logits(model, LAYER, q, k)
     if pe != "nope":
-        from tapa.model.decoder import rope_tables
-        cos, sin = rope_tables(model.config, 0, 33, ids.device)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        method = model.config.rope_method
+        q, k = rotate(q, model.config, method), rotate(k, model.config, method)
     torch.testing.assert_close(logits, torch.einsum("bmhd,bnhd->bhmn", q, k) / math.sqrt(16))
     attn = model.layers[LAYER].attn
     with torch.no_grad():
-        rope = None if pe == "nope" else rope_tables(model.config, 0, 33, ids.device)
-        layer_out = attn(x, 0, None, rope)
+        layer_out = attn(x, ctx)
         ours = attn.wo(attention_from_logits(logits, v).reshape(2, 33, -1))
     torch.testing.assert_close(ours, layer_out, atol=1e-5, rtol=1e-4)
+
+
+def test_local_layer_of_a_hybrid_is_windowed_rope():
+    model = tiny_model("tapa", layer_pattern="GL", local_window=5)  # layer 1 is local
+    ids = torch.randint(0, 64, (2, 30), generator=torch.Generator().manual_seed(5))
+    assert trained.layer_kind(model, LAYER) == ("local-rope", 5)
+    assert trained.layer_kind(model, 0) == ("tapa", None)
+    q, k = trained.capture_qk(model, LAYER, ids)
+    _, _, v, x, ctx = manual_qkv(model, ids)
+    logits = trained.layer_logits(model, LAYER, q, k)
+    torch.testing.assert_close(logits, torch.einsum("bmhd,bnhd->bhmn", rotate(q, model.config),
+                                                    rotate(k, model.config)) / math.sqrt(16))
+    attn = model.layers[LAYER].attn
+    with torch.no_grad():
+        layer_out = attn(x, ctx)
+        ours = attn.wo(attention_from_logits(logits, v, window=5).reshape(2, 30, -1))
+    torch.testing.assert_close(ours, layer_out, atol=1e-5, rtol=1e-4)
+    edges = trained.distance_bins(30, per_decade=4)
+    sums = trained.binned_logit_moments(model, LAYER, q, k, edges)
+    reach = edges[1:] > 5  # bins that start at or past the window hold no pairs
+    assert (sums["count"][:, edges[:-1] >= 5] == 0).all() and sums["count"][:, ~reach].all()
 
 
 def test_binned_moments_match_a_direct_count():
@@ -136,12 +167,3 @@ def test_analyse_writes_csv_and_plot(tmp_path):
     assert (tmp_path / "t.csv").read_text().startswith("run,label,layer,kind,estimate")
     with pytest.raises(ValueError, match="layer"):
         trained.analyse(tiny_model("tapa"), 5, ids)
-
-
-def test_local_layers_bin_only_inside_the_window():
-    class Config:  # a hybrid's config as the layer_pattern branch will carry it
-        layer_pattern, local_window, family = "LG", 4, "tapa"
-
-    assert trained.layer_kind(Config, 0) == ("local-rope", 4)
-    assert trained.layer_kind(Config, 1) == ("tapa", None)
-    assert trained.layer_kind(Config, 2) == ("local-rope", 4)

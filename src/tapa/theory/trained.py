@@ -33,7 +33,6 @@ import numpy as np
 import torch
 
 from tapa.ops.reference import tapa_logits
-from tapa.positional import apply_rope, rope_cos_sin, rope_frequencies
 from tapa.theory.monte_carlo import TheoryConfig, exact_moments
 
 CSV_FIELDS = ("run", "label", "layer", "kind", "estimate", "head", "bin_start", "bin_end", "distance",
@@ -67,46 +66,52 @@ def capture_qk(model, layer: int, input_ids: torch.Tensor):
     return q.float(), k.float()
 
 
-def layer_kind(cfg, layer: int) -> tuple[str, int | None]:
-    """("tapa" | "rope" | "nope" | "local-rope", window or None) of a layer."""
-    pattern = getattr(cfg, "layer_pattern", None)
-    if pattern and pattern[layer % len(pattern)].upper() == "L":
-        return "local-rope", int(cfg.local_window)
-    return cfg.family, None
-
-
-def _rotary(cfg, kind: str, positions: torch.Tensor, total_len: int):
-    """cos, sin (N, D) of the layer's rotation at `positions` (a local layer: plain RoPE)."""
-    method = "rope" if kind == "local-rope" else cfg.rope_method
-    inv_freq, factor = rope_frequencies(method, cfg.head_dim, base=cfg.rope_base, factor=cfg.rope_scale,
-                                        original_seq_len=cfg.original_seq_len, seq_len=total_len,
-                                        beta_fast=cfg.yarn_beta_fast, beta_slow=cfg.yarn_beta_slow)
-    return rope_cos_sin(inv_freq, positions, factor)
-
-
-def layer_logits(model, layer: int, q: torch.Tensor, k: torch.Tensor, q_start: int = 0,
-                 k_start: int = 0, total_len: int | None = None) -> torch.Tensor:
-    """Logits (B, H, Nq, Nk) the layer computes for queries at q_start.. and keys at k_start..
-    (no causal mask). q (B, Nq, H, D), k (B, Nk, Hk, D) as `capture_qk` returns them."""
-    cfg = model.config
+def layer_kind(model, layer: int) -> tuple[str, int | None]:
+    """("tapa" | "rope" | "nope" | "local-rope", window or None): how the layer attends."""
     attention = model.layers[layer].attn
-    kind, _ = layer_kind(cfg, layer)
-    total_len = total_len or max(q_start + q.shape[1], k_start + k.shape[1])
-    q_pos = torch.arange(q_start, q_start + q.shape[1], device=q.device)
-    k_pos = torch.arange(k_start, k_start + k.shape[1], device=k.device)
+    if attention.local:
+        return "local-rope", int(attention.window)
+    return attention.family, None
+
+
+def prepare_qk(model, layer: int, q: torch.Tensor, k: torch.Tensor, q_start: int = 0, k_start: int = 0):
+    """q and k as the layer's attention op receives them, for queries at positions q_start..
+    and keys at k_start..: rotated with the model's own tables (RoPE family, local layers), the
+    learnable phase matrix folded into q (TAPA), unchanged (NoPE)."""
+    from tapa.model.attention import AttentionContext
+
+    attention = model.layers[layer].attn
+    if attention.family == "tapa":
+        return attention._apply_phase_matrix(q), k
+    if attention.family != "rope":
+        return q, k
+    rotated = []
+    for x, start in ((q, q_start), (k, k_start)):
+        ctx = AttentionContext.build(x.shape[0], start, x.shape[1], x.device, cfg=model.config)
+        rotated.append(ctx.rotate(x, model.config, attention.local))
+    return tuple(rotated)
+
+
+def pair_logits(model, layer: int, q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor,
+                k_pos: torch.Tensor) -> torch.Tensor:
+    """Logits (B, H, Nq, Nk) of prepared q (B, Nq, H, D) and k (B, Nk, Hk, D) at positions
+    q_pos, k_pos (no mask): `tapa_logits` for TAPA layers, q.k / sqrt(D) for the others."""
+    attention = model.layers[layer].attn
     if k.shape[2] != q.shape[2]:
         k = k.repeat_interleave(q.shape[2] // k.shape[2], dim=2)
-    if kind == "tapa":
-        apply_phase_matrix = getattr(attention, "_apply_phase_matrix", None)
-        if apply_phase_matrix is not None:
-            q = apply_phase_matrix(q)
-        return tapa_logits(q.transpose(1, 2), k.transpose(1, 2), q_pos, k_pos,
-                           amp_dim=attention.amp_dim, alpha=cfg.alpha, distance=cfg.distance,
-                           phase=cfg.phase)
-    if kind in ("rope", "local-rope"):
-        q = apply_rope(q, *_rotary(cfg, kind, q_pos, total_len))
-        k = apply_rope(k, *_rotary(cfg, kind, k_pos, total_len))
+    if attention.family == "tapa":
+        cfg = model.config
+        return tapa_logits(q.transpose(1, 2), k.transpose(1, 2), q_pos, k_pos, amp_dim=attention.amp_dim,
+                           alpha=cfg.alpha, distance=cfg.distance, phase=cfg.phase)
     return torch.einsum("bmhd,bnhd->bhmn", q, k) / math.sqrt(q.shape[-1])
+
+
+def layer_logits(model, layer: int, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """Logits (B, H, N, N) the layer computes for one sequence's q, k (as `capture_qk` returns
+    them, positions 0..N-1), before the causal (and window) mask."""
+    positions = torch.arange(q.shape[1], device=q.device)
+    with torch.no_grad():
+        return pair_logits(model, layer, *prepare_qk(model, layer, q, k), positions, positions)
 
 
 def distance_bins(seq_len: int, per_decade: int = 8) -> np.ndarray:
@@ -123,31 +128,31 @@ def binned_logit_moments(model, layer: int, q: torch.Tensor, k: torch.Tensor, ed
     Queries go `block` rows at a time (default: ~32M logits per block)."""
     batch, seq_len, heads, _ = q.shape
     block = block or max(1, (1 << 25) // (batch * heads * seq_len))
-    _, window = layer_kind(model.config, layer)
+    _, window = layer_kind(model, layer)
     bins = len(edges) - 1
     bin_of = torch.as_tensor(np.searchsorted(edges, np.arange(seq_len), side="right") - 1,
                              device=q.device)
     sums = {name: torch.zeros(heads, bins, dtype=torch.float64, device=q.device)
             for name in ("count", "distance", "x", "x2", "c", "c2")}
     keys = torch.arange(seq_len, device=q.device)
-    for start in range(0, seq_len, block):
-        queries = torch.arange(start, min(start + block, seq_len), device=q.device)
-        with torch.no_grad():
-            logits = layer_logits(model, layer, q[:, start:start + len(queries)], k, q_start=start,
-                                  total_len=seq_len).float()  # (B, H, b, N)
-        distance = queries[:, None] - keys[None, :]
-        visible = distance >= 0
-        if window is not None:
-            visible &= distance < window
-        weight = visible.float()
-        query_mean = (logits * weight).sum(-1, keepdim=True) / weight.sum(-1, keepdim=True)
-        centered = logits - query_mean
-        index = bin_of[distance.clamp(min=0)].expand(heads, -1, -1).reshape(heads, -1)
-        mask = visible.expand(heads, -1, -1).reshape(heads, -1)
-        for name, values in (("count", torch.ones_like(logits)), ("distance", distance.float().expand_as(logits)),
-                             ("x", logits), ("x2", logits**2), ("c", centered), ("c2", centered**2)):
-            per_head = (values * weight).double().sum(0).reshape(heads, -1)  # summed over the batch
-            sums[name].scatter_add_(1, torch.where(mask, index, 0), per_head)
+    with torch.no_grad():
+        q, k = prepare_qk(model, layer, q, k)
+        for start in range(0, seq_len, block):
+            queries = keys[start:start + block]
+            logits = pair_logits(model, layer, q[:, start:start + block], k, queries, keys).float()
+            distance = queries[:, None] - keys[None, :]
+            visible = distance >= 0
+            if window is not None:
+                visible &= distance < window
+            weight = visible.float()
+            query_mean = (logits * weight).sum(-1, keepdim=True) / weight.sum(-1, keepdim=True)
+            centered = logits - query_mean
+            index = bin_of[distance.clamp(min=0)].expand(heads, -1, -1).reshape(heads, -1)
+            for name, values in (("count", torch.ones_like(logits)),
+                                 ("distance", distance.float().expand_as(logits)),
+                                 ("x", logits), ("x2", logits**2), ("c", centered), ("c2", centered**2)):
+                per_head = (values * weight).double().sum(0).reshape(heads, -1)  # summed over the batch
+                sums[name].scatter_add_(1, index, per_head)  # invisible pairs add 0
     return {name: value.cpu().numpy() for name, value in sums.items()}
 
 
@@ -171,47 +176,47 @@ def _rows_from_sums(sums, edges, **fields) -> list[dict]:
 def iid_empirical(model, layer: int, q: torch.Tensor, k: torch.Tensor, distances, samples: int = 20000,
                   seed: int = 0) -> list[dict]:
     """E and Var of the layer's logit at each distance for q and k drawn independently from the
-    captured vectors (query at the distance, key at 0; rotary tables as for the captured length)."""
-    total_len = q.shape[1]
+    captured vectors (any sequence, position and head), the query at the distance, the key at 0."""
     gen = torch.Generator().manual_seed(seed)
-    flat_q = q.transpose(1, 2).reshape(-1, q.shape[-1])  # (B*H*N, D): any sequence, head, position
-    k_full = k.repeat_interleave(q.shape[2] // k.shape[2], dim=2) if k.shape[2] != q.shape[2] else k
-    flat_k = k_full.transpose(1, 2).reshape(-1, k.shape[-1])
+    if k.shape[2] != q.shape[2]:
+        k = k.repeat_interleave(q.shape[2] // k.shape[2], dim=2)
+    flat_q = q.reshape(-1, q.shape[-1])
+    flat_k = k.reshape(-1, k.shape[-1])
     rows = []
     for distance in distances:
         qi = torch.randint(len(flat_q), (samples,), generator=gen).to(q.device)
         ki = torch.randint(len(flat_k), (samples,), generator=gen).to(q.device)
-        # each sample a batch of one query at `distance` and one key at 0 (one head)
+        # `samples` sequences of one query (at `distance`) and one key (at 0), one head
+        one_q, one_k = flat_q[qi][:, None, None, :], flat_k[ki][:, None, None, :]
         with torch.no_grad():
-            logits = layer_logits(model, layer, flat_q[qi][:, None, None, :], flat_k[ki][:, None, None, :],
-                                  q_start=int(distance), k_start=0,
-                                  total_len=max(total_len, int(distance) + 1)).reshape(-1).double()
+            one_q, one_k = prepare_qk(model, layer, one_q, one_k, q_start=int(distance), k_start=0)
+            logits = pair_logits(model, layer, one_q, one_k, torch.tensor([int(distance)], device=q.device),
+                                 torch.tensor([0], device=q.device)).reshape(-1).double()
         rows.append({"distance": float(distance), "count": samples, "mean": float(logits.mean()),
                      "var": float(logits.var()), "mean_se": float(logits.std() / math.sqrt(samples))})
     return rows
 
 
 def fitted_theory(model, layer: int, q: torch.Tensor, k: torch.Tensor) -> TheoryConfig | None:
-    """The Gaussian iid setting of tapa.theory with the captured parts' means and stds."""
-    cfg = model.config
-    kind, _ = layer_kind(cfg, layer)
+    """The Gaussian iid setting of tapa.theory with the captured parts' means and stds (the
+    amplitude and phase parts for TAPA, the two rotary halves for RoPE); None for NoPE."""
+    kind, _ = layer_kind(model, layer)
     if kind == "nope":
         return None
-    theta = cfg.theta if kind == "tapa" else 0.5
-    attention = model.layers[layer].attn
-    if kind == "tapa" and getattr(attention, "_apply_phase_matrix", None) is not None:
+    cfg, attention = model.config, model.layers[layer].attn
+    if kind == "tapa":
         q = attention._apply_phase_matrix(q)
     amp = attention.amp_dim if kind == "tapa" else q.shape[-1] // 2
-    parts = {name: (t[..., :amp], t[..., amp:]) for name, t in (("q", q), ("k", k))}
-    return TheoryConfig(head_dim=q.shape[-1], theta=theta, alpha=cfg.alpha, rope_base=cfg.rope_base,
-                        amp_mean_q=float(parts["q"][0].mean()), amp_mean_k=float(parts["k"][0].mean()),
-                        amp_std=float((parts["q"][0].var() + parts["k"][0].var()).div(2).sqrt()),
-                        phase_mean_q=float(parts["q"][1].mean()), phase_mean_k=float(parts["k"][1].mean()),
-                        phase_std=float((parts["q"][1].var() + parts["k"][1].var()).div(2).sqrt()))
+    (q_amp, q_phase), (k_amp, k_phase) = ((t[..., :amp], t[..., amp:]) for t in (q, k))
+    return TheoryConfig(head_dim=q.shape[-1], theta=amp / q.shape[-1], alpha=cfg.alpha,
+                        rope_base=cfg.rope_base, amp_mean_q=float(q_amp.mean()), amp_mean_k=float(k_amp.mean()),
+                        amp_std=float((q_amp.var() + k_amp.var()).div(2).sqrt()),
+                        phase_mean_q=float(q_phase.mean()), phase_mean_k=float(k_phase.mean()),
+                        phase_std=float((q_phase.var() + k_phase.var()).div(2).sqrt()))
 
 
 def theory_method(model, layer: int) -> str | None:
-    kind, _ = layer_kind(model.config, layer)
+    kind, _ = layer_kind(model, layer)
     if kind == "tapa":
         return "tapa" if model.config.phase == "quadratic" else "tapa-linear-phase"
     return "rope" if kind in ("rope", "local-rope") else None
@@ -225,8 +230,8 @@ def analyse(model, layer: int, input_ids: torch.Tensor, *, run: str = "", label:
     model.eval()
     q, k = capture_qk(model, layer, input_ids)
     edges = distance_bins(input_ids.shape[1], per_decade)
-    kind, _ = layer_kind(model.config, layer)
-    fields = {"run": run, "label": label or model.config.pe, "layer": layer, "kind": kind}
+    kind, _ = layer_kind(model, layer)
+    fields = {"run": run, "label": label or model.config.label, "layer": layer, "kind": kind}
     rows = _rows_from_sums(binned_logit_moments(model, layer, q, k, edges), edges, **fields)
     distances = sorted({round(r["distance"]) for r in rows if r["head"] == "all"
                         and r["estimate"] == "trained"})
@@ -323,9 +328,9 @@ def main(argv=None) -> int:
         layer = model_cfg.n_layers // 2 if args.layer is None else args.layer
         seq_len = args.seq_len or int(run_config["train"]["seq_len"])
         ids = held_out_windows(run_dir, seq_len, args.sequences, args.split).to(args.device)
-        label = model_cfg.pe + (f" {model_cfg.layer_pattern}" if getattr(model_cfg, "layer_pattern", None) else "")
-        rows += analyse(model, layer, ids, run=Path(run_dir).name, label=label, iid_samples=args.iid_samples)
-        print(f"{run_dir}: layer {layer} ({layer_kind(model_cfg, layer)[0]}), {args.sequences} x {seq_len} tokens")
+        rows += analyse(model, layer, ids, run=Path(run_dir).name, label=model_cfg.label,
+                        iid_samples=args.iid_samples)
+        print(f"{run_dir}: layer {layer} ({layer_kind(model, layer)[0]}), {args.sequences} x {seq_len} tokens")
     args.out.mkdir(parents=True, exist_ok=True)
     write_csv(rows, args.out / "theory_trained.csv")
     plot(rows, args.out / "theory_trained.png",
