@@ -15,6 +15,9 @@ per score each exp2 / log2 / cos costs about a quarter of the matmul work at D=1
 - d ** alpha is a degree-6 Taylor series in the relative distance around the tile's centre when
   the tile lies far from the diagonal (error < 2e-8 relative, checked on the host), and only
   near the diagonal exp2(alpha * log2 d) per element;
+- when f(d) grows large (alpha up to its bound, long range; the host's LONG_PHASE flag), d ** alpha
+  is evaluated to a few ulp by an exact exponent split and the phase is reduced twice, so that
+  the kernels stay as accurate as the float32 reference for any finite phase;
 - cos/sin are odd/even polynomials after the turn reduction (FMA pipes, `TRIG_POLY`), or the
   MUFU's cos.approx/sin.approx (GPU only); which is faster is measured, not assumed.
 Causal tiles that are entirely visible skip the mask; tiles entirely in the future are never
@@ -53,9 +56,35 @@ C6 = tl.constexpr(7.536663068315142)
 
 
 @triton.jit
-def _turns_fraction(t):
-    """t - round(t), in [-1/2, 1/2]: the phase in turns, reduced before any trigonometry."""
-    return t - ((t + ROUND_MAGIC) - ROUND_MAGIC)
+def _turns_fraction(t, LONG_PHASE: tl.constexpr):
+    """t - round(t), in [-1/2, 1/2]: the phase in turns, reduced before any trigonometry.
+
+    One reduction is exact for |t| < 2**22. LONG_PHASE (f(d) can grow large) reduces again: past
+    2**22 the first leaves a whole number of turns (every such float32 t is a multiple of 1/2),
+    and on [-1/2, 1/2] the second is the identity.
+    """
+    r = t - ((t + ROUND_MAGIC) - ROUND_MAGIC)
+    if LONG_PHASE:
+        r = r - ((r + ROUND_MAGIC) - ROUND_MAGIC)
+    return r
+
+
+@triton.jit
+def _exact_pow(d, alpha):
+    """d ** alpha for d >= 1 to a few ulp at any size of the result.
+
+    exp2(alpha * log2(d)) loses ln(d ** alpha) ulp to the rounding of its argument; here
+    log2(d) = e + log2(m) with the exponent e and mantissa m of d, alpha * e is split exactly into
+    a rounded and an error term (fma), and 2 ** round(alpha * e) is built from its bits.
+    """
+    bits = d.to(tl.int32, bitcast=True)
+    e = ((bits >> 23) - 127).to(tl.float32)
+    m = ((bits & 0x7FFFFF) | 0x3F800000).to(tl.float32, bitcast=True)
+    y = alpha * e
+    y_err = tl.fma(alpha, e, -y)
+    n = (y + ROUND_MAGIC) - ROUND_MAGIC
+    two_n = ((n.to(tl.int32) + 127) << 23).to(tl.float32, bitcast=True)
+    return tl.exp2((y - n) + (y_err + alpha * tl.log2(m))) * two_n
 
 
 @triton.jit
@@ -109,19 +138,23 @@ def _log2(x, PTX_ASM: tl.constexpr):
 @triton.jit
 def _scaled_distance_weight(s, s_lo, s_hi, alpha, phase_scale, taylor_rho,
                             b1, b2, b3, b4, b5, b6, DIST_POWER: tl.constexpr,
-                            PTX_ASM: tl.constexpr):
+                            PTX_ASM: tl.constexpr, LONG_PHASE: tl.constexpr):
     """f(|s|) * phase_scale for a tile of signed distances s = m - n, s_lo <= s <= s_hi.
 
     Far from the diagonal (the tile on one side of it and its half-span <= taylor_rho * centre),
     d ** alpha = d0 ** alpha * (1 + u) ** alpha with u = d / d0 - 1, as a Taylor series whose
-    binomial coefficients b_k come from the host.
+    binomial coefficients b_k come from the host. LONG_PHASE (f(d) reaches LONG_PHASE_FROM):
+    d ** alpha by `_exact_pow`, whose error does not grow with the result.
     """
     if DIST_POWER:
         centre = (s_lo + s_hi) * 0.5
         d0 = tl.abs(centre)
         far = ((s_lo > 0) | (s_hi < 0)) & ((s_hi - s_lo) * 0.5 <= taylor_rho * d0)
         if far:
-            p0 = tl.exp2(alpha * tl.log2(d0)) * phase_scale
+            if LONG_PHASE:
+                p0 = _exact_pow(d0, alpha) * phase_scale
+            else:
+                p0 = tl.exp2(alpha * tl.log2(d0)) * phase_scale
             u = s * (tl.where(centre > 0, 1.0, -1.0) / d0) - 1.0
             h = p0 * b6
             h = h * u + p0 * b5
@@ -130,6 +163,9 @@ def _scaled_distance_weight(s, s_lo, s_hi, alpha, phase_scale, taylor_rho,
             h = h * u + p0 * b2
             h = h * u + p0 * b1
             fs = h * u + p0
+        elif LONG_PHASE:
+            d = tl.abs(s)
+            fs = tl.where(d > 0, _exact_pow(tl.maximum(d, 1.0), alpha), 0.0) * phase_scale
         else:
             # log2(0) = -inf, so f(0) = 0
             fs = tl.exp2(alpha * _log2(tl.abs(s), PTX_ASM)) * phase_scale
@@ -162,7 +198,7 @@ def _fwd_inner(acc, m_i, l_i, q_a, q_p, q_sum, pos_m, q_first,
                BLOCK_DA: tl.constexpr, BLOCK_DP: tl.constexpr, BLOCK_DV: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
                CAUSAL: tl.constexpr, DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr,
-               TRIG_POLY: tl.constexpr, PTX_ASM: tl.constexpr, DOT_PRECISION: tl.constexpr):
+               TRIG_POLY: tl.constexpr, PTX_ASM: tl.constexpr, LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr):
     offs_da = tl.arange(0, BLOCK_DA)
     offs_dp = AMP_DIM + tl.arange(0, BLOCK_DP)
     offs_dv = tl.arange(0, BLOCK_DV)
@@ -174,7 +210,7 @@ def _fwd_inner(acc, m_i, l_i, q_a, q_p, q_sum, pos_m, q_first,
         key_first = (k_offset + start_n).to(tl.float32)
         fs = _scaled_distance_weight(s, q_first - (key_first + (BLOCK_N - 1)),
                                      q_first + (BLOCK_M - 1) - key_first, alpha, phase_scale,
-                                     taylor_rho, b1, b2, b3, b4, b5, b6, DIST_POWER, PTX_ASM)
+                                     taylor_rho, b1, b2, b3, b4, b5, b6, DIST_POWER, PTX_ASM, LONG_PHASE)
         k_p = _load_tile(k_base + rows * stride_kn + offs_dp[None, :], key_ok,
                          offs_dp < HEAD_DIM, MASKED, BLOCK_DP != HEAD_DIM - AMP_DIM)
         if PHASE_QUAD:
@@ -184,7 +220,7 @@ def _fwd_inner(acc, m_i, l_i, q_a, q_p, q_sum, pos_m, q_first,
         k_a = _load_tile(k_base + rows * stride_kn + offs_da[None, :], key_ok, offs_da < AMP_DIM,
                          MASKED, BLOCK_DA != AMP_DIM)
         qk_amp = tl.dot(q_a, tl.trans(k_a), input_precision=DOT_PRECISION)
-        logit = qk_amp * _cos_turns(_turns_fraction(t), TRIG_POLY)  # times sqrt(d_A)
+        logit = qk_amp * _cos_turns(_turns_fraction(t, LONG_PHASE), TRIG_POLY)  # times sqrt(d_A)
         if MASKED:
             visible = key_ok[None, :]
             if CAUSAL:
@@ -213,7 +249,7 @@ def _fwd_kernel(Q, K, V, Out, Lse,
                 BLOCK_DA: tl.constexpr, BLOCK_DP: tl.constexpr, BLOCK_DV: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
                 DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr, TRIG_POLY: tl.constexpr,
-                PTX_ASM: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                PTX_ASM: tl.constexpr, LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr):
     block = tl.program_id(0)
     if CAUSAL:  # the longest rows first, so that the last wave is short
         block = tl.num_programs(0) - 1 - block
@@ -253,13 +289,13 @@ def _fwd_kernel(Q, K, V, Out, Lse,
                                stride_kn, stride_vn, n_k, k_offset, 0, full,
                                logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6,
                                AMP_DIM, HEAD_DIM, V_DIM, BLOCK_DA, BLOCK_DP, BLOCK_DV, BLOCK_M,
-                               BLOCK_N, False, CAUSAL, DIST_POWER, PHASE_QUAD, TRIG_POLY, PTX_ASM,
+                               BLOCK_N, False, CAUSAL, DIST_POWER, PHASE_QUAD, TRIG_POLY, PTX_ASM, LONG_PHASE,
                                DOT_PRECISION)
     acc, m_i, l_i = _fwd_inner(acc, m_i, l_i, q_a, q_p, q_sum, pos_m, q_first, k_base, v_base,
                                stride_kn, stride_vn, n_k, k_offset, full, hi,
                                logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6,
                                AMP_DIM, HEAD_DIM, V_DIM, BLOCK_DA, BLOCK_DP, BLOCK_DV, BLOCK_M,
-                               BLOCK_N, True, CAUSAL, DIST_POWER, PHASE_QUAD, TRIG_POLY, PTX_ASM,
+                               BLOCK_N, True, CAUSAL, DIST_POWER, PHASE_QUAD, TRIG_POLY, PTX_ASM, LONG_PHASE,
                                DOT_PRECISION)
     l_safe = tl.where(l_i > 0, l_i, 1.0)  # only padding rows have no visible key
     out = acc / l_safe[:, None]
@@ -307,7 +343,7 @@ def _dkdv_inner(dk_a, dk_p, dk_psum, dv, k_a, k_p, k_sum, v, pos_n, key_first,
                 BLOCK_DA: tl.constexpr, BLOCK_DP: tl.constexpr, BLOCK_DV: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
                 DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr, TRIG_POLY: tl.constexpr,
-                PTX_ASM: tl.constexpr, DOT_PRECISION: tl.constexpr, DQ_ATOMIC: tl.constexpr):
+                PTX_ASM: tl.constexpr, LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr, DQ_ATOMIC: tl.constexpr):
     """dK/dV of one key block against query blocks [lo, hi); tiles are (keys, queries).
 
     With DQ_ATOMIC the tile's share of dQ is also added (float32 atomics) into dq_base, so that
@@ -324,7 +360,7 @@ def _dkdv_inner(dk_a, dk_p, dk_psum, dv, k_a, k_p, k_sum, v, pos_n, key_first,
         q_first = (q_offset + start_m).to(tl.float32)
         fs = _scaled_distance_weight(s, q_first - (key_first + (BLOCK_N - 1)),
                                      q_first + (BLOCK_M - 1) - key_first, alpha, phase_scale,
-                                     taylor_rho, b1, b2, b3, b4, b5, b6, DIST_POWER, PTX_ASM)
+                                     taylor_rho, b1, b2, b3, b4, b5, b6, DIST_POWER, PTX_ASM, LONG_PHASE)
         q_p = _load_tile(q_base + rows * stride_qn + offs_dp[None, :], row_ok, offs_dp < HEAD_DIM,
                          True, BLOCK_DP != HEAD_DIM - AMP_DIM)
         if PHASE_QUAD:
@@ -334,7 +370,7 @@ def _dkdv_inner(dk_a, dk_p, dk_psum, dv, k_a, k_p, k_sum, v, pos_n, key_first,
         q_a = _load_tile(q_base + rows * stride_qn + offs_da[None, :], row_ok, offs_da < AMP_DIM,
                          True, BLOCK_DA != AMP_DIM)
         qk_amp = tl.dot(k_a, tl.trans(q_a), input_precision=DOT_PRECISION)
-        cos, sin = _sincos_turns(_turns_fraction(t), TRIG_POLY)
+        cos, sin = _sincos_turns(_turns_fraction(t, LONG_PHASE), TRIG_POLY)
         # padding query rows load lse = +inf, so p = 0 there
         lse2 = tl.load(lse_ptr + offs_m, mask=row_ok, other=float("inf")) * LOG2E
         p = tl.exp2(qk_amp * cos * logit_scale - lse2[None, :])
@@ -383,7 +419,7 @@ def _bwd_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV, DQ,
                      BLOCK_DA: tl.constexpr, BLOCK_DP: tl.constexpr, BLOCK_DV: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
                      DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr,
-                     TRIG_POLY: tl.constexpr, PTX_ASM: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                     TRIG_POLY: tl.constexpr, PTX_ASM: tl.constexpr, LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr,
                      DQ_ATOMIC: tl.constexpr):
     start_n = tl.program_id(0) * BLOCK_N
     batch = tl.program_id(1) // kv_heads
@@ -433,14 +469,14 @@ def _bwd_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV, DQ,
             lo, mid, logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6,
             amp_grad_scale, phase_grad_scale,
             AMP_DIM, HEAD_DIM, V_DIM, BLOCK_DA, BLOCK_DP, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL,
-            DIST_POWER, PHASE_QUAD, TRIG_POLY, PTX_ASM, DOT_PRECISION, DQ_ATOMIC)
+            DIST_POWER, PHASE_QUAD, TRIG_POLY, PTX_ASM, LONG_PHASE, DOT_PRECISION, DQ_ATOMIC)
         dk_a, dk_p, dk_psum, dv = _dkdv_inner(
             dk_a, dk_p, dk_psum, dv, k_a, k_p, k_sum, v, pos_n, key_first, q_base, do_base, dq_base,
             Lse + bh * n_q, Delta + bh * n_q, stride_qn, stride_dn, stride_dqn, n_q, q_offset,
             mid, n_q, logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6,
             amp_grad_scale, phase_grad_scale,
             AMP_DIM, HEAD_DIM, V_DIM, BLOCK_DA, BLOCK_DP, BLOCK_DV, BLOCK_M, BLOCK_N, False,
-            DIST_POWER, PHASE_QUAD, TRIG_POLY, PTX_ASM, DOT_PRECISION, DQ_ATOMIC)
+            DIST_POWER, PHASE_QUAD, TRIG_POLY, PTX_ASM, LONG_PHASE, DOT_PRECISION, DQ_ATOMIC)
 
     dk_base = DK + batch.to(tl.int64) * stride_dkb + kv_head.to(tl.int64) * stride_dkh
     tl.store(dk_base + rows * stride_dkn + offs_da[None, :],
@@ -466,7 +502,7 @@ def _dq_inner(dq_a, dq_p, dq_psum, q_a, q_p, q_sum, do, lse2, delta, pos_m, q_fi
               BLOCK_DA: tl.constexpr, BLOCK_DP: tl.constexpr, BLOCK_DV: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
               CAUSAL: tl.constexpr, DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr,
-              TRIG_POLY: tl.constexpr, PTX_ASM: tl.constexpr, DOT_PRECISION: tl.constexpr):
+              TRIG_POLY: tl.constexpr, PTX_ASM: tl.constexpr, LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """dQ of one query block against key blocks [lo, hi); tiles are (queries, keys)."""
     offs_da = tl.arange(0, BLOCK_DA)
     offs_dp = AMP_DIM + tl.arange(0, BLOCK_DP)
@@ -479,7 +515,7 @@ def _dq_inner(dq_a, dq_p, dq_psum, q_a, q_p, q_sum, do, lse2, delta, pos_m, q_fi
         key_first = (k_offset + start_n).to(tl.float32)
         fs = _scaled_distance_weight(s, q_first - (key_first + (BLOCK_N - 1)),
                                      q_first + (BLOCK_M - 1) - key_first, alpha, phase_scale,
-                                     taylor_rho, b1, b2, b3, b4, b5, b6, DIST_POWER, PTX_ASM)
+                                     taylor_rho, b1, b2, b3, b4, b5, b6, DIST_POWER, PTX_ASM, LONG_PHASE)
         k_p = _load_tile(k_base + rows * stride_kn + offs_dp[None, :], key_ok,
                          offs_dp < HEAD_DIM, MASKED, BLOCK_DP != HEAD_DIM - AMP_DIM)
         if PHASE_QUAD:
@@ -489,7 +525,7 @@ def _dq_inner(dq_a, dq_p, dq_psum, q_a, q_p, q_sum, do, lse2, delta, pos_m, q_fi
         k_a = _load_tile(k_base + rows * stride_kn + offs_da[None, :], key_ok, offs_da < AMP_DIM,
                          MASKED, BLOCK_DA != AMP_DIM)
         qk_amp = tl.dot(q_a, tl.trans(k_a), input_precision=DOT_PRECISION)
-        cos, sin = _sincos_turns(_turns_fraction(t), TRIG_POLY)
+        cos, sin = _sincos_turns(_turns_fraction(t, LONG_PHASE), TRIG_POLY)
         p = tl.exp2(qk_amp * cos * logit_scale - lse2[:, None])
         if MASKED:
             visible = key_ok[None, :]
@@ -522,7 +558,7 @@ def _bwd_dq_kernel(Q, K, V, DOut, Lse, Delta, DQ,
                    BLOCK_DA: tl.constexpr, BLOCK_DP: tl.constexpr, BLOCK_DV: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
                    DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr, TRIG_POLY: tl.constexpr,
-                   PTX_ASM: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                   PTX_ASM: tl.constexpr, LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr):
     block = tl.program_id(0)
     if CAUSAL:
         block = tl.num_programs(0) - 1 - block
@@ -568,13 +604,13 @@ def _bwd_dq_kernel(Q, K, V, DOut, Lse, Delta, DQ,
         stride_kn, stride_vn, n_k, k_offset, 0, full,
         logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6,
         AMP_DIM, HEAD_DIM, V_DIM, BLOCK_DA, BLOCK_DP, BLOCK_DV, BLOCK_M, BLOCK_N, False, CAUSAL,
-        DIST_POWER, PHASE_QUAD, TRIG_POLY, PTX_ASM, DOT_PRECISION)
+        DIST_POWER, PHASE_QUAD, TRIG_POLY, PTX_ASM, LONG_PHASE, DOT_PRECISION)
     dq_a, dq_p, dq_psum = _dq_inner(
         dq_a, dq_p, dq_psum, q_a, q_p, q_sum, do, lse2, delta, pos_m, q_first, k_base, v_base,
         stride_kn, stride_vn, n_k, k_offset, full, hi,
         logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6,
         AMP_DIM, HEAD_DIM, V_DIM, BLOCK_DA, BLOCK_DP, BLOCK_DV, BLOCK_M, BLOCK_N, True, CAUSAL,
-        DIST_POWER, PHASE_QUAD, TRIG_POLY, PTX_ASM, DOT_PRECISION)
+        DIST_POWER, PHASE_QUAD, TRIG_POLY, PTX_ASM, LONG_PHASE, DOT_PRECISION)
 
     dq_base = DQ + batch.to(tl.int64) * stride_dqb + head.to(tl.int64) * stride_dqh
     tl.store(dq_base + rows * stride_dqn + offs_da[None, :],

@@ -19,6 +19,11 @@ TAYLOR_ORDER = 6
 # cos/sin as polynomials on the FMA pipes (True) or the MUFU's cos.approx/sin.approx (False).
 # (Measured on the H200: the MUFU is about 5% faster, but its GPU accuracy is not yet checked.)
 TRIG_POLY = True
+# From this f(d) on, the kernels take the LONG_PHASE path: d ** alpha to a few ulp however large,
+# and a second turn reduction, valid for any finite phase. Below it the one reduction (exact for
+# |t| < 2**22) needs only |q_P . k_P| / sqrt(d_P) < 2**19, and exp2(alpha * log2 d) loses at most
+# ln(8) ~ 2 ulp. The default alpha = 0.1 stays below it up to 2**24 tokens (f = 5.3).
+LONG_PHASE_FROM = 8.0
 # dQ by float32 atomics from the dK/dV kernel (True) or by a separate dQ kernel (False).
 # (The atomic path passes the interpreter tests; it has not yet run on a GPU.)
 DQ_ATOMIC = False
@@ -124,7 +129,17 @@ def _pow2(n: int) -> int:
     return max(16, triton.next_power_of_2(n))
 
 
-def _common_args(q, k, v, amp_dim, alpha, distance, phase, causal):
+def long_phase(alpha: float, distance: str, max_distance: int) -> bool:
+    """Whether f at the call's largest distance reaches LONG_PHASE_FROM."""
+    weight = max_distance ** alpha if distance == "power" else alpha * max_distance
+    return weight >= LONG_PHASE_FROM
+
+
+def _max_distance(n_q, n_k, q_offset, k_offset):
+    return max(abs(q_offset + n_q - 1 - k_offset), abs(k_offset + n_k - 1 - q_offset))
+
+
+def _common_args(q, k, v, amp_dim, alpha, distance, phase, causal, q_offset, k_offset):
     head_dim, v_dim = q.shape[-1], v.shape[-1]
     phase_dim = head_dim - amp_dim
     rho, coefficients = taylor_constants(alpha)
@@ -133,6 +148,8 @@ def _common_args(q, k, v, amp_dim, alpha, distance, phase, causal):
     constexprs = dict(AMP_DIM=amp_dim, HEAD_DIM=head_dim, V_DIM=v_dim, BLOCK_DA=_pow2(amp_dim),
                       BLOCK_DP=_pow2(phase_dim), BLOCK_DV=_pow2(v_dim), CAUSAL=causal,
                       DIST_POWER=distance == "power", PHASE_QUAD=phase == "quadratic",
+                      LONG_PHASE=long_phase(alpha, distance,
+                                            _max_distance(q.shape[1], k.shape[1], q_offset, k_offset)),
                       DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
     return scalars, constexprs
 
@@ -156,7 +173,8 @@ def forward(q, k, v, *, amp_dim, alpha, distance, phase, causal, q_offset, k_off
     cfg = configs.fwd
     out = torch.empty((batch, n_q, heads, v.shape[-1]), dtype=q.dtype, device=q.device)
     lse = torch.empty((batch, heads, n_q), dtype=torch.float32, device=q.device)
-    scalars, constexprs = _common_args(q, k, v, amp_dim, alpha, distance, phase, causal)
+    scalars, constexprs = _common_args(q, k, v, amp_dim, alpha, distance, phase, causal, q_offset,
+                                       k_offset)
     grid = (triton.cdiv(n_q, cfg.block_m), batch * heads)
     kernels._fwd_kernel[grid](
         q, k, v, out, lse, *_row_strides(q), *_row_strides(k), *_row_strides(v),
@@ -182,7 +200,8 @@ def backward(dout, dlse, q, k, v, out, lse, *, amp_dim, alpha, distance, phase, 
         out, dout, dlse if dlse is not None else delta, delta, *_row_strides(out),
         *_row_strides(dout), n_q, heads, V_DIM=v_dim, BLOCK_DV=_pow2(v_dim),
         BLOCK_M=preprocess_rows, HAS_DLSE=dlse is not None)
-    scalars, constexprs = _common_args(q, k, v, amp_dim, alpha, distance, phase, causal)
+    scalars, constexprs = _common_args(q, k, v, amp_dim, alpha, distance, phase, causal, q_offset,
+                                       k_offset)
     grad_scales = [1 / math.sqrt(amp_dim), -2 * math.pi / math.sqrt(amp_dim)]
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     dq_atomic = DQ_ATOMIC if configs.dq_atomic is None else configs.dq_atomic
