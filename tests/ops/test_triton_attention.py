@@ -135,6 +135,22 @@ def test_alpha_at_its_bound(distance):
     assert (fused["lse"] <= bound + 1e-4).all()
 
 
+def test_broadcast_output_gradients():
+    """loss = out.sum() + lse.sum(): autograd hands the backward expanded (stride-0) gradients."""
+    q, k, v = _inputs(1, 37, 37, 2, 2, 32, 32, torch.float32, seed=14)
+
+    def grads(fn, *inputs):
+        inputs = [t.detach().clone().requires_grad_(True) for t in inputs]
+        out, lse = fn(*inputs, return_lse=True)
+        (out.sum() + lse.sum()).backward()
+        return [t.grad for t in inputs]
+
+    fused = grads(lambda *a, **kw: tapa_attention(*a, impl="triton", **kw), q, k, v)
+    exact = grads(naive_tapa_attention, q.double(), k.double(), v.double())
+    for got, want in zip(fused, exact):
+        assert rel_rmse(got, want) < FLOAT32_TOLERANCE
+
+
 def test_every_output_element_written(monkeypatch):
     """The launchers' output buffers (out, lse, delta, dq, dk, dv) start as NaN."""
     q, k, v = _inputs(1, 37, 37, 3, 1, 32, 24, torch.float32, seed=6)

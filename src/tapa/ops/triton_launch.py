@@ -189,6 +189,8 @@ def backward(dout, dlse, q, k, v, out, lse, *, amp_dim, alpha, distance, phase, 
              k_offset, configs: LaunchConfigs | None = None):
     """Fused backward: (dq, dk, dv) for the gradients dout of out and dlse (or None) of lse."""
     q, k, v, out, dout = (_contiguous_last(t) for t in (q, k, v, out, dout))
+    if dlse is not None:  # the kernel indexes it as a dense (B, H, Nq); autograd may hand an expand
+        dlse = dlse.contiguous()
     batch, n_q, heads, _ = q.shape
     n_k, kv_heads = k.shape[1], k.shape[2]
     v_dim = v.shape[-1]
