@@ -86,5 +86,6 @@ def tapa_attention(
     return chunked_tapa_attention(q, k, v, **kwargs)
 
 
-__all__ = ["tapa_attention", "tapa_attention_with_kvcache", "naive_tapa_attention", "chunked_tapa_attention", "check_args", "check_variant",
-           "split_dims", "DISTANCES", "PHASES", "IMPLS", "MAX_ALPHA", "MAX_POSITION"]
+__all__ = ["tapa_attention", "tapa_attention_with_kvcache", "naive_tapa_attention",
+           "chunked_tapa_attention", "check_args", "check_variant", "split_dims", "DISTANCES", "PHASES",
+           "IMPLS", "MAX_ALPHA", "MAX_POSITION"]
