@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-HAS_CUDA = torch.cuda.is_available()
 pytest.importorskip("triton")  # without CUDA, tests/conftest.py has selected Triton's interpreter
 from helpers import rel_rmse  # noqa: E402
 

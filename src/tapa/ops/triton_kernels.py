@@ -16,6 +16,7 @@ from tapa.ops.triton_logits import tile_logits, tile_logits_and_derivatives
 LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
 
+
 @triton.jit
 def _load_tile(ptrs, row_ok, col_ok, ROW_MASK: tl.constexpr, COL_MASK: tl.constexpr):
     if ROW_MASK and COL_MASK:
