@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import gc
+import importlib
 import json
 import os
 import platform
@@ -153,10 +154,11 @@ def run_worker(spec_path: Path) -> int:
             shutil.rmtree(out)  # a partial evaluation
         (root / "runs" / gid / "status.json").write_text(json.dumps({"stage": name, "started": time.time()}))
         started, clock = _now(), time.perf_counter()
-        print(f"== {name} ({started}): tapa {shlex.join(argv)}", flush=True)
-        sys.argv = ["tapa", *argv]  # tapa eval records its command from sys.argv
+        module = argv[1] if argv[0] == "-m" else None
+        print(f"== {name} ({started}): {'python3' if module else 'tapa'} {shlex.join(argv)}", flush=True)
+        sys.argv = [module or "tapa", *(argv[2:] if module else argv)]  # tapa eval records sys.argv
         try:
-            rc = tapa_main(argv)
+            rc = importlib.import_module(module).main(argv[2:]) if module else tapa_main(argv)
         except SystemExit as stop:
             rc = stop.code if isinstance(stop.code, int) else 1
             if not isinstance(stop.code, int):
