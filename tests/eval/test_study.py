@@ -2,6 +2,7 @@
 its plans, and the aggregation of job JSONs (tapa.eval.study) on a known case."""
 
 import copy
+import csv
 import json
 import math
 import sys
@@ -172,7 +173,7 @@ def test_aggregate_known_mean_and_std(tmp_path):
 
     study.aggregate([tmp_path / "in"], tmp_path / "out")
     rows = {(r["stage"], r["arm"], int(r["length"])): r
-            for r in __import__("csv").DictReader(open(tmp_path / "out" / "perplexity.csv"))}
+            for r in csv.DictReader(open(tmp_path / "out" / "perplexity.csv"))}
     first = rows[("zero-shot", "tapa", 512)]
     assert float(first["lr"]) == 1e-3 and int(first["n"]) == 3  # main lr: the one with 3 seeds
     assert math.isclose(float(first["mean"]), 8.0) and math.isclose(float(first["std"]), 1.0)
@@ -185,7 +186,7 @@ def test_aggregate_known_mean_and_std(tmp_path):
     sweep = (tmp_path / "out" / "lr_sweep.md").read_text()  # compared on seed 0, common to both lrs
     assert "| tapa | tapa | 0.001 **(best)** | 1 | 2.0000 | 7.00 |" in sweep
     assert "| tapa | tapa | 0.0005 | 1 | 2.5000 | 12.00 |" in sweep
-    passkey = list(__import__("csv").DictReader(open(tmp_path / "out" / "passkey.csv")))
+    passkey = list(csv.DictReader(open(tmp_path / "out" / "passkey.csv")))
     cell = next(r for r in passkey if r["length"] == "2048" and r["depth"] == "0.0")
     assert math.isclose(float(cell["mean"]), 0.5) and math.isclose(float(cell["std"]), 0.5)
     assert "| tapa | 3 | 50% | 25% |" in (tmp_path / "out" / "passkey.md").read_text()

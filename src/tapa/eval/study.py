@@ -2,7 +2,7 @@
 
     python3 -m tapa.eval.study aggregate --in /tmp/archives --out results/toy-study
 
---in takes folders (searched for *.job.json), job JSON files and the runner's .tar.gz archives.
+--in takes folders (searched for *.job.json and *.tar.gz), job JSON files and the runner's archives.
 Every number written comes from the job JSONs. Written to --out:
     jobs.csv                          one row per job
     lr_sweep.csv, lr_sweep.md         per family and arm, each lr: final validation loss, zero-shot ppl
