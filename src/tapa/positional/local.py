@@ -27,8 +27,11 @@ Three implementations of the one function:
   (shape, dtype, grad mode) compiles once.
 
 `local_attention` checks the arguments and dispatches; impl="auto" takes FlexAttention on CUDA for
-query blocks of 128 rows and more (fp16/bf16/fp32), the chunked path otherwise (decoding steps,
-CPU, float64, or a FlexAttention that failed to import or to compile).
+query blocks of 128 rows and more (fp16/bf16/fp32), the chunked path otherwise: decoding steps,
+CPU, float64, a FlexAttention that failed to import or to compile (with a warning), and new shapes
+once dynamo's recompile limit is reached (past it torch would run flex_attention unfused, with an
+N x N score matrix). Inside a model compiled by the caller, the outer graph takes flex_attention
+itself and the block table is made outside it (a graph break).
 """
 
 from __future__ import annotations
@@ -160,12 +163,12 @@ def _chunked(q, k, v, window, q_offset, k_offset, block_size):
         stop = min(start + block_size, q_len)
         span_start = max(0, start + shift - window + 1)
         span_stop = stop + shift  # one past the last query's own key; the checks keep it <= Nk
-        rows = torch.arange(start + shift, stop + shift, device=q.device)
-        cols = torch.arange(span_start, span_stop, device=q.device)
-        distance = rows[:, None] - cols[None, :]
-        if stop - start == 1 and span_stop - span_start <= window:
-            mask = None  # one query, whose span is exactly its window: every key is visible
+        if stop - start == 1:
+            mask = None  # one query (decoding), whose span is its window: every key is visible
         else:
+            rows = torch.arange(start + shift, stop + shift, device=q.device)
+            cols = torch.arange(span_start, span_stop, device=q.device)
+            distance = rows[:, None] - cols[None, :]
             mask = (distance >= 0) & (distance < window)
         outs.append(_attend_block(q_heads_first[:, :, start:stop],
                                   k_heads_first[:, :, span_start:span_stop],
@@ -195,6 +198,7 @@ _compiled_flex = None
 _block_masks: OrderedDict = OrderedDict()
 _flex_signatures: set = set()  # (shapes, strides, dtype, device, grad) sent to the compiled op
 _flex_failures: dict = {}  # (device type, dtype, head_dim, gqa) -> why flex failed in "auto"
+_budget_warned = False
 
 
 def _flex_api():
@@ -253,9 +257,6 @@ def window_block_mask(q_len: int, k_len: int, window: int, shift: int, device,
                                          seq_lengths=(q_len, k_len))
 
 
-# Kept outside any compiled graph (a graph break): inductor lowers a flex_attention whose block
-# table is a graph input, but failed (torch 2.13, CPU) on one computed inside the graph.
-@torch.compiler.disable
 def _cached_block_mask(q_len, k_len, window, shift, device):
     key = (q_len, k_len, window, shift, str(device))
     mask = _block_masks.get(key)
@@ -291,10 +292,15 @@ def _flex(q, k, v, window, q_offset, k_offset):
     flex = _flex_api()
     shift = q_offset - k_offset
     gqa = q.shape[2] != k.shape[2]
-    block_mask = _cached_block_mask(q.shape[1], k.shape[1], window, shift, q.device)
+    sizes = (q.shape[1], k.shape[1], window, shift, q.device)
     if torch.compiler.is_compiling():  # inside a compiled model: the outer graph fuses flex
+        # The block table is made outside the graph (a graph break): inductor lowers a
+        # flex_attention whose table is a graph input, but failed (torch 2.13, CPU) on one
+        # computed inside the graph.
+        block_mask = torch.compiler.disable(_cached_block_mask)(*sizes)
         attend = flex.flex_attention
     else:
+        block_mask = _cached_block_mask(*sizes)
         attend = _compiled()
         _flex_signatures.add(_flex_signature(q, k, v))
     out = attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), block_mask=block_mask,
@@ -311,19 +317,27 @@ def _is_fatal(err: Exception) -> bool:
 
 
 def _auto(q, k, v, window, q_offset, k_offset):
+    global _budget_warned
+    flex_shape = q.is_cuda and q.dtype in FLEX_DTYPES and q.shape[1] >= FLEX_BLOCK
+    if flex_shape and torch.compiler.is_compiling():  # the outer compile owns flex's kernel
+        return _flex(q, k, v, window, q_offset, k_offset)
     failure_key = (q.device.type, q.dtype, q.shape[3], q.shape[2] != k.shape[2])
-    use_flex = (q.is_cuda and q.dtype in FLEX_DTYPES and q.shape[1] >= FLEX_BLOCK
-                and failure_key not in _flex_failures and _flex_budget_left(q, k, v))
-    if use_flex:
-        try:
-            return _flex(q, k, v, window, q_offset, k_offset)
-        except Exception as err:  # noqa: BLE001 - import or compile failure: fall back, say why
-            if _is_fatal(err):
-                raise
-            _flex_failures[failure_key] = err
-            warnings.warn(f"local_attention: FlexAttention failed for {failure_key}, using the "
-                          f"chunked path instead: {str(err).splitlines()[0][:300]}",
-                          stacklevel=3)
+    if flex_shape and failure_key not in _flex_failures:
+        if _flex_budget_left(q, k, v):
+            try:
+                return _flex(q, k, v, window, q_offset, k_offset)
+            except Exception as err:  # noqa: BLE001 - import or compile failure: say why, fall back
+                if _is_fatal(err):
+                    raise
+                _flex_failures[failure_key] = err
+                warnings.warn(f"local_attention: FlexAttention failed for {failure_key}, using "
+                              f"the chunked path instead: {str(err).splitlines()[0][:300]}",
+                              stacklevel=3)
+        elif not _budget_warned:
+            _budget_warned = True
+            warnings.warn(f"local_attention: FlexAttention was compiled for "
+                          f"{len(_flex_signatures)} input shapes, dynamo's recompile limit; new "
+                          f"shapes take the chunked path", stacklevel=3)
     return _chunked(q, k, v, window, q_offset, k_offset, default_block_size(window))
 
 
