@@ -373,7 +373,8 @@ def main(argv=None) -> int:
     if problems:
         print("the commands do not fit this checkout's tapa (merge main?):\n  " + "\n  ".join(problems))
         return 2
-    call = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    # unique per runner: runners for other GPUs may share --root and start in the same second
+    call = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}"
     (root / "logs").mkdir(parents=True, exist_ok=True)
     os.environ["TAPA_CACHE"] = str(root / "cache")
     os.environ.setdefault("TRITON_CACHE_DIR", str(root / "cache" / "triton"))
