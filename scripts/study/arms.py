@@ -108,8 +108,11 @@ class Protocol:
         return values
 
     def fingerprint(self) -> str:
-        """Short hash of everything that makes two jobs comparable (not the name)."""
-        values = {k: v for k, v in self.to_dict().items() if k != "name"}
+        """Short hash of what the training and evaluation numbers depend on: jobs with equal
+        fingerprints are comparable (the name, the plan's lrs and seeds and the theory settings
+        are left out)."""
+        plan_only = ("name", "sweep_lrs", "seeds", "theory_len", "theory_sequences")
+        values = {k: v for k, v in self.to_dict().items() if k not in plan_only}
         return hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()[:12]
 
 
