@@ -102,7 +102,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="build (or find) the run's data cache and exit; run this once before "
                              "torchrun so no process waits on a long tokenization")
     groups = {section: parser.add_argument_group(
-        f"{section} ({cls.__name__}; defaults shown are the dataclass's, a recipe may set others)")
+        f"{section} ({cls.__name__}; defaults shown are the dataclass's, a recipe (tiny unless "
+        "--recipe) may set others)")
         for section, cls in _SECTIONS.items()}
     fields = {section: {f.name: f for f in dataclasses.fields(cls)}
               for section, cls in _SECTIONS.items()}
