@@ -15,15 +15,17 @@ def test_cpu_smoke_writes_results(tmp_path, capsys):
     assert main(["bench", "model", "--cpu-smoke", "--warmup", "1", "--steps", "1",
                  "--lengths", "32", "64", "--out", str(out)]) == 0
     rows = list(csv.DictReader(open(out / "results.csv")))
-    assert [(r["pe"], r["seq_len"]) for r in rows] == [("tapa", "32"), ("rope", "32"),
-                                                       ("tapa", "64"), ("rope", "64")]
+    hybrid = "TAPA hybrid (LLLG, w256)"
+    assert [(r["pe"], r["seq_len"]) for r in rows] == [("TAPA", "32"), (hybrid, "32"), ("RoPE", "32"),
+                                                       ("TAPA", "64"), (hybrid, "64"), ("RoPE", "64")]
     for row in rows:
         assert float(row["tokens_per_s"]) > 0 and float(row["step_ms"]) > 0
         expected = float(row["tokens_per_s"]) / float(next(
-            r["tokens_per_s"] for r in rows if r["pe"] == "rope" and r["seq_len"] == row["seq_len"]))
+            r["tokens_per_s"] for r in rows if r["pe"] == "RoPE" and r["seq_len"] == row["seq_len"]))
         assert float(row["tapa_over_rope"]) == pytest.approx(expected, rel=1e-2)
     readme = (out / "README.md").read_text()
-    assert "--warmup 1 --steps 1 --pes tapa rope --cpu-smoke --out" in readme and "| tapa | tapa-reference |" in readme
+    assert "--warmup 1 --steps 1 --pes tapa tapa:LLLG:256 rope --cpu-smoke --out" in readme
+    assert "| TAPA | tapa-reference |" in readme and f"| {hybrid} | local+tapa-reference |" in readme
     assert "TAPA/RoPE" in capsys.readouterr().out
     assert (out / "throughput.png").is_file() and "throughput.png" in readme
 
@@ -42,3 +44,11 @@ def test_flop_count():
     per_layer = 4 * 64 * 64 + 3 * 64 * cfg.ffn_dim + 2 * 64  # attention, SwiGLU, two norms
     assert matmul_params(model) == 2 * per_layer + 64 + 100 * 64  # + final norm + tied lm_head
     assert flops_per_token(model, 128) == 6 * matmul_params(model) + 6 * 2 * 128 * 64
+
+
+def test_flop_count_of_a_hybrid_counts_local_layers_at_their_window():
+    cfg = ModelConfig(dim=64, n_layers=4, n_heads=2, vocab_size=100, layer_pattern="LLLG", local_window=32)
+    with torch.device("meta"):
+        model = TapaLM(cfg)
+    assert flops_per_token(model, 128) == 6 * matmul_params(model) + 6 * (3 * 32 + 128) * 64
+    assert flops_per_token(model, 16) == 6 * matmul_params(model) + 6 * 4 * 16 * 64

@@ -163,7 +163,7 @@ def test_cli_build_and_info(tmp_path, capsys):
     assert f"vocab {SMALL_VOCAB}" in capsys.readouterr().out
     assert tapa_main(["data", "info", "--all", "--cache-dir", str(tmp_path / "cache")]) == 0
     assert "src-" in capsys.readouterr().out
-    with pytest.raises(ValueError, match="does not exist"):
+    with pytest.raises(SystemExit, match="^tapa data: error: source path .* does not exist"):
         tapa_main(["data", "build", "--source", str(tmp_path / "nope"), "--cache-dir", str(tmp_path)])
 
 

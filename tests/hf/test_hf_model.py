@@ -23,9 +23,13 @@ VOCAB = 97
 
 
 def tiny_model(pe: str = "tapa", seed: int = 0, **overrides) -> TapaForCausalLM:
-    """A tiny random model; init_std 0.3 makes greedy continuations vary from token to token."""
+    """A tiny random model; init_std 0.3 makes greedy continuations vary from token to token.
+    pe "tapa-hybrid": a local sliding-window layer (window 4, shorter than every test's text)
+    then a global TAPA layer."""
     torch.manual_seed(seed)
     fields = dict(vocab_size=VOCAB, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, pe=pe, init_std=0.3)
+    if pe == "tapa-hybrid":
+        fields.update(pe="tapa", layer_pattern="LG", local_window=4)
     return TapaForCausalLM(TapaConfig(**{**fields, **overrides})).eval()
 
 
@@ -100,7 +104,7 @@ def test_trust_remote_code_without_importing_tapa(tmp_path):
     assert "remote code ok TapaForCausalLM" in result.stdout
 
 
-@pytest.mark.parametrize("pe", ["tapa", "rope", "tapa-linear-phase"])
+@pytest.mark.parametrize("pe", ["tapa", "rope", "tapa-linear-phase", "tapa-hybrid"])
 def test_generate_with_cache_equals_without(pe):
     model = tiny_model(pe)
     ids = torch.stack(random_ids([10, 10], seed=2))
@@ -111,7 +115,7 @@ def test_generate_with_cache_equals_without(pe):
     assert len(set(cached.flatten().tolist())) > 3  # a real continuation, not one repeated token
 
 
-@pytest.mark.parametrize("pe", ["tapa", "rope", "nope"])
+@pytest.mark.parametrize("pe", ["tapa", "rope", "nope", "tapa-hybrid"])
 def test_left_padded_batch_generates_as_each_sequence_alone(pe):
     model = tiny_model(pe, phase_matrix="full")
     seqs = random_ids([5, 11, 2], seed=3)
@@ -124,7 +128,7 @@ def test_left_padded_batch_generates_as_each_sequence_alone(pe):
     assert torch.equal(greedy(model, ids, attention_mask=mask, cache_implementation="static"), batched)
 
 
-@pytest.mark.parametrize("pe", ["tapa", "rope"])
+@pytest.mark.parametrize("pe", ["tapa", "rope", "tapa-hybrid"])
 def test_mask_with_holes_equals_sequence_without_them(pe):
     """A 0 inside the mask hides that token: the other tokens' logits equal those of the sequence
     with the token removed (positions restart from the mask's cumsum). Row 1 is left-padded."""
@@ -141,7 +145,7 @@ def test_mask_with_holes_equals_sequence_without_them(pe):
             torch.testing.assert_close(masked[row, keep], removed, rtol=1e-10, atol=1e-10)
 
 
-@pytest.mark.parametrize("pe", ["tapa", "rope"])
+@pytest.mark.parametrize("pe", ["tapa", "rope", "tapa-hybrid"])
 @pytest.mark.parametrize("padded", [False, True])
 def test_chunked_prefill_equals_one_shot(pe, padded):
     model = tiny_model(pe).double()

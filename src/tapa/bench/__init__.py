@@ -1,1 +1,2 @@
-"""Benchmarks (GPU): the attention kernel, model training throughput, decoding."""
+"""Benchmarks (GPU): the attention kernel, model training throughput, decoding,
+the sliding-window (local) attention layer."""

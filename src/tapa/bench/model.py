@@ -1,13 +1,15 @@
 """`tapa bench model`: training throughput (tokens/s) and MFU of a ~125M-parameter decoder,
-TAPA (fused kernel through attn_impl="auto") vs RoPE (F.scaled_dot_product_attention forced to
-the FLASH_ATTENTION backend), at several context lengths, in one process.
+TAPA (fused kernel through attn_impl="auto"), the TAPA hybrid (three of four layers local
+sliding-window RoPE on FlexAttention, every fourth global TAPA) and RoPE
+(F.scaled_dot_product_attention forced to the FLASH_ATTENTION backend), at several context
+lengths, in one process.
 
 One training step = forward, float32 cross-entropy, backward, fused AdamW step, under bf16
 autocast, on random token ids (the data does not change the work). Each configuration runs
 `warmup` untimed steps (compilation, autotuning) and then `steps` timed ones.
 
 Model FLOPs per token (the PaLM convention, causal attention counted once):
-    6 * N_matmul + 6 * n_layers * seq_len * dim
+    6 * N_matmul + 6 * sum over layers of (seq_len, or min(seq_len, local_window) in local layers) * dim
 where N_matmul counts the weights that multiply activations (all but the embedding lookup; a tied
 lm_head counts). MFU = achieved model FLOP/s / peak bf16 dense FLOP/s of the GPU.
 
@@ -49,7 +51,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="tokens per training step; batch = this // seq_len (default 32768)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps per config (default 3)")
     parser.add_argument("--steps", type=int, default=10, help="timed steps per config (default 10)")
-    parser.add_argument("--pes", nargs="+", default=["tapa", "rope"], help="positional encodings")
+    parser.add_argument("--pes", nargs="+", default=["tapa", "tapa:LLLG:256", "rope"],
+                        help="models: a positional encoding, or PE:LAYER_PATTERN:LOCAL_WINDOW for a "
+                             "hybrid (default: tapa tapa:LLLG:256 rope)")
     parser.add_argument("--compile", action="store_true", help="torch.compile the decoder blocks")
     parser.add_argument("--peak-tflops", type=float, default=None,
                         help="peak bf16 TFLOP/s for MFU (default: looked up from the GPU name)")
@@ -72,11 +76,25 @@ def matmul_params(model: TapaLM) -> int:
 
 def flops_per_token(model: TapaLM, seq_len: int) -> float:
     cfg = model.config
-    return 6.0 * matmul_params(model) + 6.0 * cfg.n_layers * seq_len * cfg.dim
+    attended = sum(min(seq_len, cfg.local_window) if cfg.layer_kind(i) == "local" else seq_len
+                   for i in range(cfg.n_layers))
+    return 6.0 * matmul_params(model) + 6.0 * attended * cfg.dim
+
+
+def parse_variant(spec: str) -> dict:
+    """"tapa" -> {pe}; "tapa:LLLG:256" -> {pe, layer_pattern, local_window}."""
+    parts = spec.split(":")
+    if len(parts) == 1:
+        return {"pe": spec}
+    if len(parts) != 3 or not parts[2].isdigit():
+        raise ValueError(f"--pes: expected PE or PE:LAYER_PATTERN:LOCAL_WINDOW, got {spec!r}")
+    return {"pe": parts[0], "layer_pattern": parts[1], "local_window": int(parts[2])}
 
 
 def attention_path(cfg: ModelConfig, device: torch.device) -> str:
     """What computes attention: "tapa-triton", "tapa-reference", "sdpa-flash" or "sdpa"."""
+    if cfg.is_hybrid:
+        return "local+" + attention_path(ModelConfig(**{**cfg.to_dict(), "layer_pattern": "G"}), device)
     if cfg.family != "tapa":
         return "sdpa-flash" if device.type == "cuda" else "sdpa"
     from tapa.ops import _triton_backend
@@ -89,7 +107,7 @@ def attention_path(cfg: ModelConfig, device: torch.device) -> str:
 
 
 def _sdpa_context(path: str):
-    if path == "sdpa-flash":
+    if path.endswith("sdpa-flash"):
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
         return sdpa_kernel([SDPBackend.FLASH_ATTENTION])
@@ -137,7 +155,7 @@ def measure(cfg: ModelConfig, *, seq_len: int, batch: int, warmup: int, steps: i
         raise RuntimeError(f"non-finite loss in the {cfg.pe} benchmark at seq_len {seq_len}")
     step_s = elapsed / steps
     row = {
-        "model": f"{cfg.dim}d x {cfg.n_layers}L x {cfg.n_heads}h", "pe": cfg.pe, "attention": path,
+        "model": f"{cfg.dim}d x {cfg.n_layers}L x {cfg.n_heads}h", "pe": cfg.label, "attention": path,
         "seq_len": seq_len, "batch": batch, "params_m": round(model.num_parameters() / 1e6, 1),
         "step_ms": round(1e3 * step_s, 2), "tokens_per_s": round(batch * seq_len / step_s, 1),
         "tflops": float(f"{batch * seq_len * flops_per_token(model, seq_len) / step_s / 1e12:.4g}"),
@@ -163,12 +181,12 @@ def run_benchmark(*, model_kwargs: dict, lengths: list[int], pes: list[str], tok
         bar.set_postfix(pe=pe, seq_len=seq_len)
         if tokens_per_step < seq_len:
             raise ValueError(f"tokens_per_step ({tokens_per_step}) must be >= seq_len ({seq_len})")
-        cfg = ModelConfig(pe=pe, **model_kwargs)
+        cfg = ModelConfig(**parse_variant(pe), **model_kwargs)
         try:
             row = measure(cfg, seq_len=seq_len, batch=tokens_per_step // seq_len, warmup=warmup,
                           steps=steps, device=device, compile_model=compile_model)
         except torch.cuda.OutOfMemoryError:
-            row = {"pe": pe, "seq_len": seq_len, "attention": "OOM"}
+            row = {"pe": cfg.label, "seq_len": seq_len, "attention": "OOM"}
         if row["attention"] == "OOM":  # outside the except: its traceback no longer pins memory
             gc.collect()
             torch.cuda.empty_cache()
@@ -176,7 +194,7 @@ def run_benchmark(*, model_kwargs: dict, lengths: list[int], pes: list[str], tok
                       if peak_tflops and row.get("tflops") is not None else None)
         rows.append(row)
     for row in rows:  # ratio against the RoPE row of the same length
-        rope = next((r for r in rows if r["seq_len"] == row["seq_len"] and r["pe"] == "rope"
+        rope = next((r for r in rows if r["seq_len"] == row["seq_len"] and r["pe"] == "RoPE"
                      and r.get("tokens_per_s")), None)
         if rope and row.get("tokens_per_s"):
             row["tapa_over_rope"] = round(row["tokens_per_s"] / rope["tokens_per_s"], 3)
@@ -208,7 +226,8 @@ def write_results(rows: list[dict], out_dir: Path, *, command: str, device_name:
         f"- Device: {device_name}; torch {torch.__version__}; Python {platform.python_version()}",
         f"- Peak bf16 for MFU: {peak_tflops} TFLOP/s" if peak_tflops else "- MFU: no peak known",
         "- FLOPs/token = 6 * N_matmul + 6 * n_layers * seq_len * dim (causal attention);"
-        " tapa_over_rope = TAPA tokens/s / RoPE tokens/s at the same length (target >= 0.9).",
+        " tapa_over_rope = tokens/s / RoPE tokens/s at the same length (target >= 0.9; the hybrid"
+        " should exceed 1 at 32k).",
         *[f"- {note}" for note in notes], "",
         header, "|" + "---|" * len(FIELDS),
         *["| " + " | ".join("" if row.get(k) is None else str(row.get(k)) for k in FIELDS) + " |"
@@ -288,7 +307,7 @@ def run(args: argparse.Namespace) -> int:
     write_results(rows, Path(args.out), command=command_line(args), device_name=device_name,
                   peak_tflops=peak, notes=notes)
     for row in rows:
-        print(f"{row['pe']:>6} L={row['seq_len']:>6}  {row.get('attention'):>14}  "
+        print(f"{row['pe']:>24} L={row['seq_len']:>6}  {row.get('attention'):>14}  "
               f"{row.get('tokens_per_s')} tok/s  MFU {row.get('mfu')}  "
               f"TAPA/RoPE {row.get('tapa_over_rope')}")
     for note in notes:

@@ -11,7 +11,13 @@ and mtimes, or the dataset fingerprint), the split fractions, max_train_bytes an
 (its config when trained here, the sha256 of its tokenizer.json when given). Any change there is
 a new key, hence a rebuild; the same config finds its directory and reuses it. An entry is built in
 a temporary directory and renamed into place, so a reader never sees half a cache, and two
-processes building the same entry at once both end up with one complete copy.
+processes building the same entry at once both end up with one complete copy. A build that was
+killed leaves its temporary directory behind; the next build removes it. An entry without its
+manifest (deleted by hand) is rebuilt.
+
+The first time a process reads a split, its file is checked against the manifest's sha256 and its
+largest id against the vocabulary (about a second per 100M tokens), so a corrupted cache is an
+error naming what to delete, never a silently wrong run.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import hashlib
 import json
 import os
 import shutil
+import socket
 import sys
 import time
 import uuid
@@ -46,6 +53,10 @@ FORMAT_VERSION = 2  # bump when the layout or the manifest changes: old entries 
 MANIFEST = "manifest.json"
 LONG_DOC_THRESHOLDS = (1024, 4096, 16384, 65536)  # document lengths (tokens) the manifest counts
 ENCODE_BATCH_BYTES = 1 << 21  # text per encode_batch call: enough to keep all cores busy
+STAGING_MARK = ".tmp-"  # .<entry>.tmp-<host>-<pid>-<random>: an entry being built
+REMOVING_MARK = ".removing-"  # .<entry>.removing-<random>: an entry being deleted
+STAGING_MAX_AGE_S = 7 * 24 * 3600  # a staging dir of another host is removed after this long
+_VERIFIED_FILES: set[tuple] = set()  # (path, size, mtime_ns) of token files checked in this process
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -78,13 +89,33 @@ class Corpus:
                     f"{expected}; the cache is corrupt, delete {self.directory} and rebuild"
                 )
 
-    def tokens(self, split: str) -> np.ndarray:
-        """All token ids of a split as a read-only memmap (documents separated by eot_id)."""
+    def tokens(self, split: str, *, verify: bool = True) -> np.ndarray:
+        """All token ids of a split as a read-only memmap (documents separated by eot_id).
+        verify: check the file (sha256, ids < vocab) the first time this process reads it."""
         if split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
         if self.manifest["splits"][split]["tokens"] == 0:
             return np.empty(0, dtype=self.dtype)  # np.memmap refuses empty files
-        return np.memmap(self.directory / f"{split}.bin", dtype=self.dtype, mode="r")
+        path = self.directory / f"{split}.bin"
+        ids = np.memmap(path, dtype=self.dtype, mode="r")
+        if verify:
+            self._verify(split, path, ids)
+        return ids
+
+    def _verify(self, split: str, path: Path, ids: np.ndarray) -> None:
+        stat = path.stat()
+        key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+        if key in _VERIFIED_FILES:
+            return
+        remedy = f"the token cache is corrupt: delete {self.directory} and run again to rebuild it"
+        expected = self.manifest["splits"][split].get("sha256")
+        if expected is not None and file_sha256(path) != expected:
+            raise ValueError(f"{path} does not match the sha256 in its {MANIFEST}; {remedy}")
+        largest = int(ids.max())
+        if largest >= self.vocab_size:
+            raise ValueError(f"{path} holds token id {largest}, but the tokenizer has {self.vocab_size} "
+                             f"ids; {remedy}")
+        _VERIFIED_FILES.add(key)
 
     @property
     def tokenizer(self):
@@ -145,7 +176,12 @@ def build_corpus(cfg: DataConfig, progress: bool = True) -> Corpus:
     if (directory / MANIFEST).is_file():
         return Corpus(directory)
     directory.parent.mkdir(parents=True, exist_ok=True)
-    staging = directory.parent / f".{directory.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    remove_stale_staging(directory.parent)
+    if directory.exists():  # renames only ever create complete entries: this one was damaged
+        print(f"{directory} has no {MANIFEST} (an incomplete cache entry): rebuilding it", file=sys.stderr)
+        _remove_entry(directory)
+    staging = directory.parent / (f".{directory.name}{STAGING_MARK}{socket.gethostname()}-{os.getpid()}-"
+                                  f"{uuid.uuid4().hex[:8]}")
     try:
         _build_into(staging, cfg, source, progress)
         try:
@@ -156,6 +192,48 @@ def build_corpus(cfg: DataConfig, progress: bool = True) -> Corpus:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return Corpus(directory, built=True)
+
+
+def _remove_entry(directory: Path) -> None:
+    """Delete a cache entry: renamed aside first, so no reader ever sees it half deleted."""
+    doomed = directory.parent / f".{directory.name}{REMOVING_MARK}{uuid.uuid4().hex[:8]}"
+    try:
+        os.rename(directory, doomed)
+    except FileNotFoundError:  # another process got there first
+        return
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def remove_stale_staging(cache_dir: Path) -> list[Path]:
+    """Delete what dead builds left in cache_dir: staging directories whose process is gone (or,
+    built on another host, older than STAGING_MAX_AGE_S) and half-removed entries; return them."""
+    host = socket.gethostname()
+    stale = list(cache_dir.glob(f".*{REMOVING_MARK}*"))
+    for path in cache_dir.glob(f".*{STAGING_MARK}*"):
+        # [host, pid, random]; builds of earlier versions wrote [pid, random]
+        parts = path.name.partition(STAGING_MARK)[2].rsplit("-", 2)
+        if len(parts) < 2 or not parts[-2].isdigit():
+            continue
+        same_host = len(parts) == 2 or parts[0] == host
+        try:
+            old = time.time() - path.stat().st_mtime > STAGING_MAX_AGE_S
+        except FileNotFoundError:
+            continue
+        if old or (same_host and not _process_alive(int(parts[-2]))):
+            stale.append(path)
+    for path in stale:
+        shutil.rmtree(path, ignore_errors=True)
+    return stale
 
 
 def _split_documents(source: Source, assignment: dict[str, str], split: str, byte_limit: int | None = None

@@ -72,7 +72,11 @@ def load_tokenizer(directory: str | Path):
 
 
 def file_sha256(path: Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def end_of_text_token(tokenizer, directory: Path | None = None) -> str:

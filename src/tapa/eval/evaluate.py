@@ -22,18 +22,9 @@ import torch
 from tapa.eval.passkey_eval import DEFAULT_DEPTHS, passkey_grid
 from tapa.eval.perplexity import perplexity_vs_length
 from tapa.eval.scaling import ROPE_FAMILY, SCALED_AT_EVAL, with_positional
+from tapa.positional.kinds import model_label
 
-METHOD_NAMES = {"tapa": "TAPA", "tapa-linear-phase": "TAPA (linear phase)", "rope": "RoPE",
-                "rope-pi": "PI", "rope-ntk": "NTK", "rope-dynamic-ntk": "Dynamic NTK",
-                "rope-yarn": "YaRN", "nope": "NoPE"}
 DEFAULT_MULTIPLES = (0.5, 1, 2, 4, 8, 16)
-
-
-def method_label(trained_pe: str, eval_pe: str) -> str:
-    """'RoPE', 'TAPA', ...; a RoPE model evaluated under another rule is 'RoPE+PI' etc."""
-    if eval_pe == trained_pe:
-        return METHOD_NAMES.get(eval_pe, eval_pe)
-    return f"{METHOD_NAMES.get(trained_pe, trained_pe)}+{METHOD_NAMES.get(eval_pe, eval_pe)}"
 
 
 def lengths_from_multiples(train_len: int, multiples=DEFAULT_MULTIPLES) -> list[int]:
@@ -102,14 +93,16 @@ def evaluate_model(model, tokens, *, train_len: int, options: EvalOptions, train
     """
     pe = model.config.pe
     trained_pe = trained_pe or pe
-    label = method_label(trained_pe, pe)
-    scaling_len = train_len / model.config.rope_scale if pe in SCALED_AT_EVAL else train_len
+    cfg = model.config
+    label = model_label(trained_pe, cfg.layer_pattern if cfg.is_hybrid else "G", cfg.local_window, eval_pe=pe)
+    scaling_len = train_len / cfg.rope_scale if pe in SCALED_AT_EVAL else train_len
     lengths = options.lengths or lengths_from_multiples(train_len, options.multiples)
     perplexity = perplexity_vs_length(model, tokens, lengths=lengths, train_len=scaling_len,
                                       stride=options.stride, max_tokens=options.max_tokens,
                                       tokens_per_batch=options.tokens_per_batch,
                                       progress=options.progress, label=label)
-    entry = {"label": label, "pe": pe, "trained_pe": trained_pe, "run": run, "train_len": train_len,
+    entry = {"label": label, "pe": pe, "trained_pe": trained_pe, "layer_pattern": cfg.layer_pattern,
+             "local_window": cfg.local_window, "run": run, "train_len": train_len,
              "zero_shot": zero_shot, "num_parameters": model.num_parameters(),
              "perplexity": [r.to_dict() for r in perplexity], "passkey": None}
     if options.passkey:

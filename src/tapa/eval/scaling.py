@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
-# Methods whose factor is set from the eval length (factor = eval_len / train_len, never below 1).
-# rope-dynamic-ntk adapts by itself; rope has no scaling; tapa* and nope have nothing to scale.
-SCALED_AT_EVAL = ("rope-pi", "rope-ntk", "rope-yarn")
-ROPE_FAMILY = ("rope", "rope-pi", "rope-ntk", "rope-dynamic-ntk", "rope-yarn")
+from tapa.positional.kinds import ROPE_FAMILY, SCALED_AT_EVAL
+
+# SCALED_AT_EVAL (from the registry): methods whose factor is set from the eval length (factor =
+# eval_len / train_len, never below 1). rope-dynamic-ntk adapts by itself; rope has no scaling;
+# tapa* and nope have nothing to scale. Scaling applies to global layers only: local layers never
+# see a distance beyond their window.
 
 
 def eval_rope_factor(pe: str, eval_len: int, train_len: int, trained_factor: float = 1.0) -> float:
@@ -42,8 +44,8 @@ def rope_scaling_at(model, eval_len: int, train_len: int):
 
 
 def with_positional(model, pe: str, train_len: int):
-    """A copy of a RoPE-family `model` that uses scaling rule `pe` (e.g. a plain-RoPE model
-    evaluated with PI or YaRN). The weights are copied; only the rotation differs. The copy's
+    """A copy of a RoPE-family `model` that uses scaling rule `pe` in its global layers (e.g. a
+    plain-RoPE model evaluated with PI or YaRN). The weights are copied; only the rotation differs. The copy's
     scaling refers to `train_len` (config.original_seq_len, used by YaRN and dynamic NTK).
     """
     from tapa.model import ModelConfig, TapaLM

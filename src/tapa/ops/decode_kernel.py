@@ -27,8 +27,9 @@ import torch
 import triton
 import triton.language as tl
 
-from tapa.ops import check_variant
+from tapa.ops.checks import check_cache_lengths, check_kvcache_args, check_triton_device
 from tapa.ops.reference import split_dims
+from tapa.ops.triton_launch import interpreting
 
 MAX_QUERY_ROWS = 64  # G * Nq rows per program; more queries are prefill work for the fused kernel
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -219,39 +220,14 @@ def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
 
 
 def _check(q, k_cache, v_cache, cache_seqlens, cache_starts, theta, alpha, distance, phase):
-    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
-        if not isinstance(t, torch.Tensor) or t.dim() != 4:
-            raise ValueError(f"{name} must be a rank-4 tensor (batch, seqlen, heads, head_dim)")
-    if q.dtype not in DTYPES or k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
-        raise ValueError(f"q, k_cache, v_cache must share one dtype of {DTYPES}, got "
-                         f"{q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
-    batch, q_len, heads, head_dim = q.shape
-    if k_cache.shape[0] != batch or v_cache.shape[:3] != k_cache.shape[:3] or k_cache.shape[3] != head_dim:
-        raise ValueError(f"cache shapes k {tuple(k_cache.shape)}, v {tuple(v_cache.shape)} do not fit "
-                         f"q {tuple(q.shape)}")
-    if heads % k_cache.shape[2]:
-        raise ValueError(f"heads: q heads ({heads}) must be a multiple of kv heads ({k_cache.shape[2]})")
+    check_kvcache_args(q, k_cache, v_cache, cache_seqlens, cache_starts, theta=theta, alpha=alpha,
+                       distance=distance, phase=phase)
+    check_triton_device(q.device, interpreting())
+    if q.dtype not in DTYPES:
+        raise ValueError(f"the decode kernel takes q, k_cache, v_cache of one dtype of {DTYPES}, got {q.dtype}")
     if not supports(q, k_cache, v_cache):
         raise ValueError(f"q_len * heads / kv_heads must be <= {MAX_QUERY_ROWS} and head dims <= 256 "
                          f"for the decode kernel, got q {tuple(q.shape)}, kv heads {k_cache.shape[2]}")
-    for name, t in (("cache_seqlens", cache_seqlens), ("cache_starts", cache_starts)):
-        if t is None and name == "cache_starts":
-            continue
-        if not isinstance(t, torch.Tensor) or t.shape != (batch,) or t.dtype != torch.int32:
-            raise ValueError(f"{name} must be an int32 tensor of shape ({batch},)")
-        if t.device != q.device:
-            raise ValueError(f"{name} is on {t.device}, q on {q.device}")
-    check_variant(head_dim, theta=theta, alpha=alpha, distance=distance, phase=phase)
-
-
-def _check_lengths(q_len, capacity, cache_seqlens, cache_starts):
-    """Value checks on the lengths (a device sync: the caller may skip them for lengths it built)."""
-    if bool((cache_seqlens < q_len).any()) or bool((cache_seqlens > capacity).any()):
-        raise ValueError(f"cache_seqlens must lie in [q_len={q_len}, cache capacity={capacity}], "
-                         f"got {cache_seqlens.tolist()}")
-    if cache_starts is not None and bool(((cache_starts < 0) | (cache_starts > cache_seqlens - q_len)).any()):
-        raise ValueError(f"cache_starts must lie in [0, cache_seqlens - q_len] so every query sees a key, "
-                         f"got {cache_starts.tolist()}")
 
 
 def tapa_decode_attention(
@@ -282,7 +258,7 @@ def tapa_decode_attention(
     batch, q_len, heads, head_dim = q.shape
     capacity, kv_heads, v_dim = k_cache.shape[1], k_cache.shape[2], v_cache.shape[3]
     if check_lengths:
-        _check_lengths(q_len, capacity, cache_seqlens, cache_starts)
+        check_cache_lengths(q_len, capacity, cache_seqlens, cache_starts)
     group = heads // kv_heads
     rows = group * q_len
     amp_dim, phase_dim = split_dims(head_dim, theta)

@@ -11,6 +11,7 @@ import torch
 
 from tapa.ops import triton_launch
 from tapa.ops.reference import split_dims
+from tapa.ops.triton_launch import interpreting  # noqa: F401  (the dispatcher asks it)
 
 
 def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, theta: float) -> bool:

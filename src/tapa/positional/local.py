@@ -1,0 +1,369 @@
+"""Causal sliding-window softmax attention: the attention of the model's local (RoPE) layers.
+
+Query i sits at position q_offset + i and key j at k_offset + j. A query at position p sees the
+key at position s iff
+
+    0 <= p - s < window                  (itself and the window - 1 positions before it)
+
+    out[i] = sum over visible j of softmax_j(q_i . k_j / sqrt(D)) * v[j]
+
+Layout (batch, seqlen, heads, head_dim), as flash_attn_func; k and v may have fewer heads than q
+(GQA/MQA, heads % kv_heads == 0), and query head h reads kv head h // (heads // kv_heads).
+Every query must see at least its own position: the keys must cover the queries,
+k_offset <= q_offset and q_offset + Nq <= k_offset + Nk. Training has q_offset = k_offset = 0 and
+Nq = Nk; decoding and chunked prefill pass the last Nq positions of the keys
+(q_offset + Nq == k_offset + Nk). Keys after a query's own position, or window or more before it,
+are simply not seen.
+
+Three implementations of the one function:
+- `dense_local_attention`: materializes the (Nq, Nk) mask and scores; the spec, float64-capable.
+- `chunked_local_attention`: query blocks of C rows, each against only its own key span of at most
+  C + window - 1 keys (SDPA with a (C, C + window - 1) boolean mask). Exact, differentiable,
+  memory O(N * (C + window)); never an N x N tensor. CPU, and wherever FlexAttention is missing.
+- FlexAttention (`impl="flex"`): `torch.nn.attention.flex_attention`, compiled once with
+  dynamic=False, with a BlockMask built from the window arithmetic (a block table of
+  (Nq/128) x (Nk/128) entries, never an element mask). The mask_mod captures the position shift
+  and the window as 0-d tensors, so a new offset or window reuses the compiled kernel; each new
+  (shape, dtype, grad mode) compiles once.
+
+`local_attention` checks the arguments and dispatches; impl="auto" takes FlexAttention on CUDA for
+query blocks of 128 rows and more (fp16/bf16/fp32), the chunked path otherwise: decoding steps,
+CPU, float64, a FlexAttention that failed to import or to compile (with a warning), and new shapes
+once dynamo's recompile limit is reached (past it torch would run flex_attention unfused, with an
+N x N score matrix). Inside a model compiled by the caller, the outer graph takes flex_attention
+itself and the block table is made outside it (a graph break).
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import warnings
+from collections import OrderedDict
+
+import torch
+import torch.nn.functional as F
+
+IMPLS = ("auto", "flex", "chunked", "dense")
+FLEX_BLOCK = 128  # FlexAttention's sparse block size (rows and columns of one block-table entry)
+FLEX_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_BLOCK_MASK_CACHE_SIZE = 32
+
+
+# ---------------------------------------------------------------------------------------------
+# Argument checks
+
+
+def _as_int(name: str, value, minimum: int) -> int:
+    if isinstance(value, bool):
+        raise ValueError(f"{name} must be an int, got {value!r}")
+    try:
+        number = operator.index(value)
+    except TypeError:
+        raise ValueError(f"{name} must be an int, got {type(value).__name__} {value!r}") from None
+    if number < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {number}")
+    return number
+
+
+def check_local_arguments(q, k, v, window, q_offset, k_offset):
+    """(window, q_offset, k_offset) as ints, or a ValueError naming the bad argument."""
+    for name, tensor in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(tensor, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+        if tensor.dim() != 4:
+            raise ValueError(f"{name} must have shape (batch, seqlen, heads, head_dim), got "
+                             f"{tuple(tensor.shape)}")
+        if not tensor.is_floating_point():
+            raise ValueError(f"{name} must be a floating-point tensor, got {tensor.dtype}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and "
+                         f"{tuple(v.shape)}")
+    if q.shape[0] != k.shape[0]:
+        raise ValueError(f"q and k must have the same batch size, got {q.shape[0]} and "
+                         f"{k.shape[0]}")
+    if q.shape[3] != k.shape[3]:
+        raise ValueError(f"q and k must have the same head_dim, got {q.shape[3]} and {k.shape[3]}")
+    if k.shape[2] == 0 or q.shape[2] % k.shape[2]:
+        raise ValueError(f"q heads ({q.shape[2]}) must be a multiple of k/v heads ({k.shape[2]})")
+    window = _as_int("window", window, 1)
+    q_offset = _as_int("q_offset", q_offset, 0)
+    k_offset = _as_int("k_offset", k_offset, 0)
+    q_len, k_len = q.shape[1], k.shape[1]
+    if q_len and not (k_offset <= q_offset and q_offset + q_len <= k_offset + k_len):
+        raise ValueError(
+            f"the keys must cover every query's own position: queries sit at "
+            f"[{q_offset}, {q_offset + q_len}) (q_offset={q_offset}, Nq={q_len}), keys at "
+            f"[{k_offset}, {k_offset + k_len}) (k_offset={k_offset}, Nk={k_len})")
+    return window, q_offset, k_offset
+
+
+# ---------------------------------------------------------------------------------------------
+# The spec: a materialized mask
+
+
+def _dense(q, k, v, window, q_offset, k_offset):
+    batch, q_len, heads, head_dim = q.shape
+    k_len, kv_heads = k.shape[1], k.shape[2]
+    compute = torch.float64 if q.dtype == torch.float64 else torch.float32
+    q_pos = torch.arange(q_offset, q_offset + q_len, device=q.device)
+    k_pos = torch.arange(k_offset, k_offset + k_len, device=q.device)
+    distance = q_pos[:, None] - k_pos[None, :]
+    visible = (distance >= 0) & (distance < window)
+    bias = torch.zeros(visible.shape, dtype=compute, device=q.device).masked_fill(~visible,
+                                                                                float("-inf"))
+    # query heads grouped onto their kv head (h = kv_head * group + g), never repeating k and v
+    grouped_q = q.to(compute).reshape(batch, q_len, kv_heads, heads // kv_heads, head_dim)
+    scores = torch.einsum("bihgd,bjhd->bhgij", grouped_q, k.to(compute)) / math.sqrt(head_dim)
+    probs = torch.softmax(scores + bias, dim=-1)
+    out = torch.einsum("bhgij,bjhd->bihgd", probs, v.to(compute))
+    return out.reshape(batch, q_len, heads, head_dim).to(q.dtype)
+
+
+def dense_local_attention(q, k, v, window: int, *, q_offset: int = 0,
+                          k_offset: int = 0) -> torch.Tensor:
+    """The spec (module docstring) with the (Nq, Nk) mask materialized as a float bias.
+
+    Scores and softmax in float32 for half-precision inputs, in float64 for float64 inputs; the
+    output is cast back to q's dtype. Memory O(Nq * Nk): tests and short sequences only.
+    """
+    window, q_offset, k_offset = check_local_arguments(q, k, v, window, q_offset, k_offset)
+    return _dense(q, k, v, window, q_offset, k_offset)
+
+
+# ---------------------------------------------------------------------------------------------
+# Chunked: query blocks against their own key span
+
+
+def default_block_size(window: int) -> int:
+    """Query rows per block of the chunked path: about the window (64..512), so that the key
+    span (block + window - 1) stays within a small multiple of the work a query needs."""
+    return min(512, max(64, window))
+
+
+def _attend_block(q_block, k_span, v_span, mask, gqa):
+    """SDPA of one query block (B, H, C, D) against its key span (B, Hk, S, D)."""
+    return F.scaled_dot_product_attention(q_block, k_span, v_span, attn_mask=mask,
+                                          enable_gqa=gqa)
+
+
+def _chunked(q, k, v, window, q_offset, k_offset, block_size):
+    batch, q_len, heads, head_dim = q.shape
+    if q_len == 0:
+        return q.new_zeros(batch, 0, heads, head_dim)
+    shift = q_offset - k_offset  # query i's own position is key index i + shift
+    gqa = heads != k.shape[2]
+    q_heads_first, k_heads_first, v_heads_first = (t.transpose(1, 2) for t in (q, k, v))
+    outs = []
+    for start in range(0, q_len, block_size):
+        stop = min(start + block_size, q_len)
+        span_start = max(0, start + shift - window + 1)
+        span_stop = stop + shift  # one past the last query's own key; the checks keep it <= Nk
+        if stop - start == 1:
+            mask = None  # one query (decoding), whose span is its window: every key is visible
+        else:
+            rows = torch.arange(start + shift, stop + shift, device=q.device)
+            cols = torch.arange(span_start, span_stop, device=q.device)
+            distance = rows[:, None] - cols[None, :]
+            mask = (distance >= 0) & (distance < window)
+        outs.append(_attend_block(q_heads_first[:, :, start:stop],
+                                  k_heads_first[:, :, span_start:span_stop],
+                                  v_heads_first[:, :, span_start:span_stop], mask, gqa))
+    return torch.cat(outs, dim=2).transpose(1, 2)
+
+
+def chunked_local_attention(q, k, v, window: int, *, q_offset: int = 0, k_offset: int = 0,
+                            block_size: int | None = None) -> torch.Tensor:
+    """The spec by query blocks of `block_size` rows (default: `default_block_size(window)`).
+
+    Each block attends to keys [block_first_pos - window + 1, block_last_pos] only, through SDPA
+    with a boolean (block, block + window - 1) mask: exact, differentiable, memory
+    O(N * (block + window)), no N x N tensor.
+    """
+    window, q_offset, k_offset = check_local_arguments(q, k, v, window, q_offset, k_offset)
+    block = default_block_size(window) if block_size is None else _as_int("block_size",
+                                                                          block_size, 1)
+    return _chunked(q, k, v, window, q_offset, k_offset, block)
+
+
+# ---------------------------------------------------------------------------------------------
+# FlexAttention
+
+
+_compiled_flex = None
+_block_masks: OrderedDict = OrderedDict()
+_flex_signatures: set = set()  # (shapes, strides, dtype, device, grad) sent to the compiled op
+_flex_failures: dict = {}  # (device type, dtype, head_dim, gqa) -> why flex failed in "auto"
+_budget_warned = False
+
+
+def _flex_api():
+    """The torch.nn.attention.flex_attention module, or a RuntimeError saying why not."""
+    try:
+        from torch.nn.attention import flex_attention as flex_module
+    except ImportError as err:
+        raise RuntimeError(f"local_attention(impl='flex') needs torch.nn.attention.flex_attention"
+                           f" (torch {torch.__version__}): {err}") from err
+    return flex_module
+
+
+def _compiled():
+    global _compiled_flex
+    if _compiled_flex is None:
+        _compiled_flex = torch.compile(_flex_api().flex_attention, dynamic=False)
+    return _compiled_flex
+
+
+def _ordered_blocks(blocks: torch.Tensor):
+    """Dense (Qb, KVb) block flags -> (count per row, column indices with the set ones first),
+    shaped (1, 1, ...) to broadcast over batch and heads, as BlockMask stores them."""
+    counts = blocks.sum(dim=-1, dtype=torch.int32)
+    indices = torch.argsort(blocks.to(torch.int8), dim=-1, descending=True, stable=True)
+    return counts[None, None], indices.to(torch.int32)[None, None]
+
+
+def window_block_mask(q_len: int, k_len: int, window: int, shift: int, device,
+                      block: int = FLEX_BLOCK):
+    """FlexAttention BlockMask of the window: query i sees key j iff 0 <= i + shift - j < window.
+
+    Built from block arithmetic, never from an element mask. A block is partial where the window
+    cuts it or where it overhangs the sequence end (as create_block_mask pads), full where every
+    element is visible, absent where none is.
+    """
+    flex = _flex_api()
+    q_first = torch.arange(0, q_len, block, device=device)
+    k_first = torch.arange(0, k_len, block, device=device)
+    q_last = torch.clamp(q_first + block, max=q_len) - 1
+    k_last = torch.clamp(k_first + block, max=k_len) - 1
+    nearest = q_first[:, None] + shift - k_last[None, :]  # smallest distance in the block
+    farthest = q_last[:, None] + shift - k_first[None, :]  # largest distance in the block
+    touched = (farthest >= 0) & (nearest < window)
+    whole = ((q_last - q_first + 1) == block)[:, None] & ((k_last - k_first + 1) == block)[None, :]
+    full = touched & whole & (nearest >= 0) & (farthest < window)
+    partial = touched & ~full
+    shift_t = torch.tensor(shift, dtype=torch.int32, device=device)
+    window_t = torch.tensor(window, dtype=torch.int32, device=device)
+
+    def sliding_window(batch, head, q_idx, kv_idx):
+        distance = q_idx + shift_t - kv_idx
+        return (distance >= 0) & (distance < window_t)
+
+    return flex.BlockMask.from_kv_blocks(*_ordered_blocks(partial), *_ordered_blocks(full),
+                                         BLOCK_SIZE=block, mask_mod=sliding_window,
+                                         seq_lengths=(q_len, k_len))
+
+
+def _cached_block_mask(q_len, k_len, window, shift, device):
+    key = (q_len, k_len, window, shift, str(device))
+    mask = _block_masks.get(key)
+    if mask is None:
+        mask = window_block_mask(q_len, k_len, window, shift, device)
+        _block_masks[key] = mask
+        if len(_block_masks) > _BLOCK_MASK_CACHE_SIZE:
+            _block_masks.popitem(last=False)
+    else:
+        _block_masks.move_to_end(key)
+    return mask
+
+
+def _recompile_limit() -> int:
+    config = torch._dynamo.config
+    return int(getattr(config, "recompile_limit", getattr(config, "cache_size_limit", 8)))
+
+
+def _flex_signature(q, k, v):
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    return (tuple(q.shape), tuple(k.shape), q.stride(), k.stride(), v.stride(), q.dtype,
+            str(q.device), grad)
+
+
+def _flex_budget_left(q, k, v) -> bool:
+    """Whether the compiled op can take these inputs without passing dynamo's recompile limit,
+    past which torch silently runs flex_attention unfused, with an N x N score matrix."""
+    signature = _flex_signature(q, k, v)
+    return signature in _flex_signatures or len(_flex_signatures) < _recompile_limit()
+
+
+def _flex(q, k, v, window, q_offset, k_offset):
+    flex = _flex_api()
+    shift = q_offset - k_offset
+    gqa = q.shape[2] != k.shape[2]
+    sizes = (q.shape[1], k.shape[1], window, shift, q.device)
+    if torch.compiler.is_compiling():  # inside a compiled model: the outer graph fuses flex
+        # The block table is made outside the graph (a graph break): inductor lowers a
+        # flex_attention whose table is a graph input, but failed (torch 2.13, CPU) on one
+        # computed inside the graph.
+        block_mask = torch.compiler.disable(_cached_block_mask)(*sizes)
+        attend = flex.flex_attention
+    else:
+        block_mask = _cached_block_mask(*sizes)
+        attend = _compiled()
+        _flex_signatures.add(_flex_signature(q, k, v))
+    out = attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), block_mask=block_mask,
+                 enable_gqa=gqa)
+    return out.transpose(1, 2)
+
+
+def _is_fatal(err: Exception) -> bool:
+    """Errors that a fallback must not hide: out of memory, or a device fault (the context is
+    poisoned after one)."""
+    return (isinstance(err, torch.OutOfMemoryError)
+            or isinstance(err, getattr(torch, "AcceleratorError", ()))
+            or "CUDA error" in str(err))
+
+
+def _auto(q, k, v, window, q_offset, k_offset):
+    global _budget_warned
+    flex_shape = q.is_cuda and q.dtype in FLEX_DTYPES and q.shape[1] >= FLEX_BLOCK
+    if flex_shape and torch.compiler.is_compiling():  # the outer compile owns flex's kernel
+        return _flex(q, k, v, window, q_offset, k_offset)
+    failure_key = (q.device.type, q.dtype, q.shape[3], q.shape[2] != k.shape[2])
+    if flex_shape and failure_key not in _flex_failures:
+        if _flex_budget_left(q, k, v):
+            try:
+                return _flex(q, k, v, window, q_offset, k_offset)
+            except Exception as err:  # noqa: BLE001 - import or compile failure: say why, fall back
+                if _is_fatal(err):
+                    raise
+                _flex_failures[failure_key] = err
+                warnings.warn(f"local_attention: FlexAttention failed for {failure_key}, using "
+                              f"the chunked path instead: {str(err).splitlines()[0][:300]}",
+                              stacklevel=3)
+        elif not _budget_warned:
+            _budget_warned = True
+            warnings.warn(f"local_attention: FlexAttention was compiled for "
+                          f"{len(_flex_signatures)} input shapes, dynamo's recompile limit; new "
+                          f"shapes take the chunked path", stacklevel=3)
+    return _chunked(q, k, v, window, q_offset, k_offset, default_block_size(window))
+
+
+def local_attention(q, k, v, window: int, *, q_offset: int = 0, k_offset: int = 0,
+                    impl: str = "auto") -> torch.Tensor:
+    """Causal sliding-window softmax attention, scale 1/sqrt(head_dim).
+
+    q (B, Nq, H, D), k/v (B, Nk, Hk, D) (GQA: H % Hk == 0). Query i sits at position q_offset+i,
+    key j at k_offset+j; query at p sees key at s iff 0 <= p - s < window (itself and the
+    window-1 before it). The keys must cover every query's own position (k_offset <= q_offset,
+    q_offset + Nq <= k_offset + Nk). Returns (B, Nq, H, D) in q's dtype.
+
+    impl: "auto" (FlexAttention on CUDA for Nq >= 128 in fp16/bf16/fp32, else the chunked
+    fallback; a FlexAttention that fails to import or compile falls back with a warning),
+    "flex" (FlexAttention or a RuntimeError), "chunked", "dense" (materialized float mask; the
+    test reference).
+    """
+    if impl not in IMPLS:
+        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+    window, q_offset, k_offset = check_local_arguments(q, k, v, window, q_offset, k_offset)
+    if impl == "dense":
+        return _dense(q, k, v, window, q_offset, k_offset)
+    if impl == "chunked":
+        return _chunked(q, k, v, window, q_offset, k_offset, default_block_size(window))
+    if q.shape[1] == 0:
+        return q.new_zeros(q.shape)
+    if impl == "flex":
+        return _flex(q, k, v, window, q_offset, k_offset)
+    return _auto(q, k, v, window, q_offset, k_offset)
