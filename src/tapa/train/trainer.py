@@ -298,7 +298,8 @@ def _train(train_cfg: TrainConfig, model_cfg: ModelConfig | None, data_cfg: Data
                              model_cfg=model_cfg, info=info, keep=train_cfg.keep_checkpoints,
                              extra={"tokens": step * tokens_per_step,
                                     "samples": step * train_cfg.batch_size,
-                                    "seed": train_cfg.seed, "loss_window": window})
+                                    "seed": train_cfg.seed, "loss_window": window,
+                                    "train": train_cfg.to_dict()})
 
     bar = None
     if show:
