@@ -1,0 +1,166 @@
+"""The toy study of issue 11 in one place: its arms, its protocols and the runner's time estimates.
+
+An arm is a recipe under test. Its flags are `tapa train` flags (every config field is one):
+- `pretrain`: the model and optimizer flags of pretraining at the protocol's length;
+- `continual`: added to `pretrain` for the continual stage (argparse keeps the last value of a
+  repeated flag, so `--pe rope-yarn` here overrides the `--pe rope` of `pretrain`);
+- `eval_pe`: evaluate the weights under another RoPE rule (`tapa eval --eval-pe`), e.g. eval-time
+  YaRN; None evaluates the model as trained;
+- `zero_shot`: whether the arm has a zero-shot evaluation of its own. RoPE continued with YaRN
+  starts from the RoPE pretraining, so its zero-shot numbers are the RoPE arm's.
+Arms with equal `pretrain` flags share one pretraining run (at the same lr and seed), and arms with
+equal `pretrain` + `continual` flags share the continual run too; the runner never trains twice.
+
+Families group arms for the learning-rate sweep: each family sweeps its first arm (SWEEP_ARM) at
+the protocol's lrs with one seed, and every arm of the family then runs its seeds at the family's
+best lr.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+
+# the TAPA recipe under test (issue 11): the phase rows of W_q, W_k learn at 0.1x the lr
+PHASE_LR = ["--phase-lr-scale", "0.1"]
+HYBRID = ["--layer-pattern", "LLLG", "--local-window", "256"]  # 3 local RoPE layers, 1 global
+# YaRN from the pretraining length to the continual one (4 = 2048 / 512 in the toy protocol);
+# {names} are Protocol fields or `scale` (continual_len / pretrain_len), filled in by plan.py
+YARN_CONTINUAL = ["--pe", "rope-yarn", "--rope-scale", "{scale}", "--original-seq-len", "{pretrain_len}"]
+
+
+@dataclass(frozen=True)
+class Arm:
+    name: str
+    label: str
+    family: str
+    pretrain: tuple = ()
+    continual: tuple = ()
+    eval_pe: str | None = None
+    zero_shot: bool = True
+
+
+ARMS = {arm.name: arm for arm in (
+    Arm("rope", "RoPE", "rope", ("--pe", "rope")),
+    Arm("rope-yarn", "RoPE, continued with YaRN (s=4)", "rope", ("--pe", "rope"),
+        continual=tuple(YARN_CONTINUAL), zero_shot=False),
+    Arm("rope-eval-yarn", "RoPE + eval-time YaRN", "rope", ("--pe", "rope"), eval_pe="rope-yarn"),
+    Arm("nope", "NoPE", "nope", ("--pe", "nope")),
+    Arm("tapa", "TAPA", "tapa", ("--pe", "tapa", *PHASE_LR)),
+    Arm("tapa-theta75", "TAPA, theta 0.75", "tapa", ("--pe", "tapa", "--theta", "0.75", *PHASE_LR)),
+    Arm("tapa-linear", "TAPA, linear phase", "tapa", ("--pe", "tapa-linear-phase", *PHASE_LR)),
+    Arm("hybrid-tapa", "TAPA hybrid (LLLG, w256)", "hybrid", ("--pe", "tapa", *HYBRID, *PHASE_LR)),
+    Arm("hybrid-nope", "NoPE hybrid (LLLG, w256)", "hybrid", ("--pe", "nope", *HYBRID)),
+    Arm("hybrid-rope", "RoPE hybrid (LLLG, w256)", "hybrid", ("--pe", "rope", *HYBRID)),
+    Arm("hybrid-rope-eval-yarn", "RoPE hybrid (LLLG, w256) + eval-time YaRN", "hybrid",
+        ("--pe", "rope", *HYBRID), eval_pe="rope-yarn"),
+)}
+FAMILIES = ("rope", "nope", "tapa", "hybrid")
+SWEEP_ARM = {"rope": "rope", "nope": "nope", "tapa": "tapa", "hybrid": "hybrid-tapa"}
+STAGES = ("pretrain", "eval0", "continual", "eval1", "passkey")
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """Everything a job's commands share. `tokens` counts training tokens per stage."""
+
+    name: str
+    recipe: str
+    device: str
+    data: tuple  # data flags, identical for `tapa train --data-only` and every run
+    model: tuple = ()  # model flags added to every arm's (a scale step changes these)
+    pretrain_len: int = 512
+    pretrain_batch: int = 64
+    pretrain_steps: int = 3052  # 3052 x 64 x 512 = 100.0M tokens
+    pretrain_flags: tuple = ("--warmup-steps", "100", "--eval-every", "1000", "--eval-batches", "8",
+                             "--save-every", "250", "--log-every", "50")
+    continual_len: int = 2048
+    continual_batch: int = 16
+    continual_steps: int = 153  # 153 x 16 x 2048 = 5.01M tokens, 5% of pretraining
+    continual_flags: tuple = ("--warmup-steps", "15", "--eval-every", "0", "--eval-batches", "4",
+                              "--save-every", "0", "--log-every", "10", "--passkey-fraction", "0.02")
+    eval_lengths: tuple = (512, 1024, 2048, 4096, 8192, 16384)
+    eval_stride: int = 256
+    eval_tokens: int = 65536  # scored tokens per length
+    passkey_lengths: tuple = (2048, 4096, 8192, 16384)  # 1x, 2x, 4x, 8x the continual length
+    passkey_depths: tuple = (0.0, 0.25, 0.5, 0.75, 1.0)
+    passkey_trials: int = 50
+    sweep_lrs: tuple = (5e-4, 1e-3, 2e-3)
+    seeds: tuple = (0, 1, 2)
+
+    @property
+    def pretrain_tokens(self) -> int:
+        return self.pretrain_steps * self.pretrain_batch * self.pretrain_len
+
+    @property
+    def continual_tokens(self) -> int:
+        return self.continual_steps * self.continual_batch * self.continual_len
+
+    def to_dict(self) -> dict:
+        values = dataclasses.asdict(self)
+        values.update(pretrain_tokens=self.pretrain_tokens, continual_tokens=self.continual_tokens)
+        return values
+
+    def fingerprint(self) -> str:
+        """Short hash of everything that makes two jobs comparable (not the name)."""
+        values = {k: v for k, v in self.to_dict().items() if k != "name"}
+        return hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()[:12]
+
+
+TOY_GPU = Protocol(
+    name="toy-gpu", recipe="toy-gpu", device="cuda",
+    # builtin stdlib + site-packages Python (the recipe's), capped at 400 MB: >= 100M tokens if the
+    # machine has that much text; the runner reports the count from the corpus manifest
+    data=("--max-train-bytes", "400000000", "--tokenizer-train-bytes", "50000000"))
+
+# The issue's scale step: dim 768, 12 layers, head_dim 128, one seed; steps to be set from the
+# throughput a first call measures (the largest budget one 10-minute command allows).
+SCALE_768 = dataclasses.replace(TOY_GPU, name="scale-768",
+                                model=("--dim", "768", "--n-layers", "12", "--n-heads", "6"))
+
+# Seconds-long CPU version of every stage, for tests and a dry run of the machinery.
+TINY_CPU = Protocol(
+    name="tiny-cpu", recipe="tiny", device="cpu",
+    data=("--vocab-size", "300", "--max-train-bytes", "200000"),
+    model=("--dim", "32", "--n-layers", "2", "--n-heads", "2"),
+    pretrain_len=32, pretrain_batch=4, pretrain_steps=4,
+    pretrain_flags=("--warmup-steps", "1", "--eval-every", "0", "--eval-batches", "1",
+                    "--save-every", "2", "--log-every", "1", "--no-plot"),
+    continual_len=256, continual_batch=2, continual_steps=2,
+    continual_flags=("--warmup-steps", "1", "--eval-every", "0", "--eval-batches", "1",
+                     "--save-every", "0", "--log-every", "1", "--passkey-fraction", "0.5",
+                     "--no-plot"),
+    eval_lengths=(32, 64, 128), eval_stride=32, eval_tokens=128,
+    passkey_lengths=(256, 512), passkey_depths=(0.0, 1.0), passkey_trials=2,
+    sweep_lrs=(1e-3, 3e-3), seeds=(0, 1))
+
+PROTOCOLS = {p.name: p for p in (TOY_GPU, SCALE_768, TINY_CPU)}
+
+
+@dataclass
+class Estimates:
+    """What the runner assumes before this call has measured anything (then it uses what it saw).
+
+    tokens_per_s: one training process alone on an H200 at L=512. results/demo-gpu trained 24.6M
+    tokens in 68 s (361k tokens/s, batch 32, with evaluation); issue 11's brief quotes ~440k for
+    TAPA at batch 64. Hybrids and L=2048 are unmeasured: the same rate is assumed.
+    speedup: total throughput of N processes sharing the GPU over one alone. A GUESS (a 30M model
+    leaves most of an H200 idle); the first call's progress lines measure it.
+    """
+
+    tokens_per_s: float = 400_000.0
+    speedup: dict = field(default_factory=lambda: {1: 1.0, 2: 1.5, 3: 1.8, 4: 2.0})
+    startup_s: float = 25.0  # per training stage: imports, CUDA context, Triton compiles, corpus
+    eval_s_per_method: float = 30.0  # 6 lengths x 64k scored tokens, up to 16k windows
+    passkey_s_per_method: float = 45.0  # 4 lengths x 5 depths x 50 trials, up to 16k prompts
+    data_build_s: float = 90.0  # fresh machine: BPE on 50 MB + tokenizing ~400 MB (a guess)
+
+    def process_rate(self, concurrent: int) -> float:
+        speedup = self.speedup.get(concurrent, max(self.speedup.values()))
+        return self.tokens_per_s * speedup / concurrent
+
+
+TINY_ESTIMATES = Estimates(tokens_per_s=5_000.0, speedup={1: 1.0, 2: 1.0}, startup_s=3.0,
+                           eval_s_per_method=1.0, passkey_s_per_method=1.0, data_build_s=2.0)

@@ -1,0 +1,284 @@
+"""From jobs to commands: which runs a batch of study jobs needs, and the `tapa` command of each.
+
+A job is (arm, lr, seed). Jobs whose arms share pretraining flags form a group: one pretraining
+run, its zero-shot evaluation, and one continual run (+ evaluation and passkey grid) per distinct
+continual recipe. A group is what one worker process runs, stage after stage, so nothing is
+trained twice and a group's stages need no other process's files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from arms import ARMS, FAMILIES, STAGES, SWEEP_ARM, Arm, Estimates, Protocol
+
+
+@dataclass(frozen=True)
+class Job:
+    arm: str
+    lr: float
+    seed: int
+
+    @property
+    def id(self) -> str:
+        return f"{self.arm}:{self.lr:g}:{self.seed}"
+
+    @property
+    def slug(self) -> str:
+        return f"{self.arm}-lr{self.lr:g}-s{self.seed}"
+
+
+@dataclass
+class Stage:
+    name: str  # unique in its group: pretrain, eval0, continual-<arm>, eval1-<arm>, passkey-<arm>
+    kind: str  # one of STAGES
+    argv: list  # tapa argv (without the leading "tapa")
+    out: str  # the run directory or the evaluation folder it writes
+    needs: list = field(default_factory=list)
+    tokens: int = 0  # training tokens (train stages)
+    methods: int = 0  # models evaluated (evaluation stages)
+
+    def command(self) -> str:
+        return "tapa " + shlex.join(self.argv)
+
+
+@dataclass
+class Group:
+    id: str
+    jobs: list
+    stages: list = field(default_factory=list)
+
+    def stage(self, name: str) -> Stage | None:
+        return next((s for s in self.stages if s.name == name), None)
+
+
+def parse_jobs(text: str) -> list[Job]:
+    """'arm:lr:seed,arm:lr:seed' -> jobs; a clear error naming the bad entry."""
+    jobs = []
+    for item in (part.strip() for part in text.split(",") if part.strip()):
+        pieces = item.split(":")
+        if len(pieces) != 3 or pieces[0] not in ARMS:
+            raise ValueError(f"--jobs: {item!r} is not arm:lr:seed with an arm of {list(ARMS)}")
+        try:
+            lr, seed = float(pieces[1]), int(pieces[2])
+        except ValueError as err:
+            raise ValueError(f"--jobs: {item!r}: lr must be a number and seed an int") from err
+        if lr <= 0 or seed < 0:
+            raise ValueError(f"--jobs: {item!r}: lr must be > 0 and seed >= 0")
+        jobs.append(Job(pieces[0], lr, seed))
+    if not jobs:
+        raise ValueError("--jobs: no jobs given")
+    return list(dict.fromkeys(jobs))
+
+
+def parse_lr_map(text: str | None) -> dict[str, float]:
+    """'rope=1e-3,tapa=2e-3' -> {family: lr}."""
+    values = {}
+    for item in (part.strip() for part in (text or "").split(",") if part.strip()):
+        family, _, value = item.partition("=")
+        if family not in FAMILIES or not value:
+            raise ValueError(f"--lr: {item!r} is not family=lr with a family of {FAMILIES}")
+        values[family] = float(value)
+    return values
+
+
+def plan_jobs(plan: str, protocol: Protocol, *, families=FAMILIES, arms=None, lrs=None,
+              seeds=None) -> list[Job]:
+    """lr-sweep: each family's sweep arm (or `arms`) at the protocol's lrs, seed 0.
+    seeds: every arm of `families` (or `arms`) at its family's lr from `lrs`, at `seeds`."""
+    unknown = [f for f in families if f not in FAMILIES]
+    if unknown:
+        raise ValueError(f"--families: unknown {unknown}; choose from {FAMILIES}")
+    if plan == "lr-sweep":
+        chosen = arms or [SWEEP_ARM[f] for f in families]
+        return [Job(arm, lr, (seeds or [0])[0]) for arm in chosen for lr in protocol.sweep_lrs]
+    if plan == "seeds":
+        chosen = arms or [a.name for a in ARMS.values() if a.family in families]
+        missing = sorted({ARMS[a].family for a in chosen} - set(lrs or {}))
+        if missing:
+            raise ValueError(f"--plan seeds needs --lr for the families {missing} "
+                             "(family=lr, the lr sweep's best)")
+        return [Job(arm, lrs[ARMS[arm].family], seed) for seed in (seeds or protocol.seeds)
+                for arm in chosen]
+    raise ValueError(f"--plan must be lr-sweep or seeds, got {plan!r}")
+
+
+def _owner(arm: Arm, same) -> str:
+    """The first arm of the table whose flags equal `arm`'s under `same` (names shared runs)."""
+    return next(a.name for a in ARMS.values() if same(a) == same(arm))
+
+
+def pretrain_owner(arm: Arm) -> str:
+    return _owner(arm, lambda a: a.pretrain)
+
+
+def continual_owner(arm: Arm) -> str:
+    return _owner(arm, lambda a: (a.pretrain, a.continual))
+
+
+def stage_closure(stages) -> list[str]:
+    """The requested stages plus the ones they read: an evaluation reads its run, a continual
+    run reads the pretrained one."""
+    wanted = set(stages)
+    unknown = wanted - set(STAGES)
+    if unknown:
+        raise ValueError(f"--stages: unknown {sorted(unknown)}; choose from {STAGES}")
+    if wanted & {"eval1", "passkey"}:
+        wanted.add("continual")
+    if wanted:
+        wanted.add("pretrain")
+    return [s for s in STAGES if s in wanted]
+
+
+def job_stages(job: Job, stages) -> list[str]:
+    """The group stages (names) a job reads, in order."""
+    arm = ARMS[job.arm]
+    owner = continual_owner(arm)
+    names = {"pretrain": "pretrain", "eval0": "eval0", "continual": f"continual-{owner}",
+             "eval1": f"eval1-{owner}", "passkey": f"passkey-{owner}"}
+    return [names[s] for s in stages if s != "eval0" or arm.zero_shot]
+
+
+def _csv(values) -> str:
+    return ",".join(f"{v:g}" for v in values)
+
+
+def build_groups(jobs: list[Job], protocol: Protocol, stages, root: Path,
+                 train_extra=(), cache_dir: str | None = None) -> list[Group]:
+    """Groups of jobs that share a pretraining run, each with its stages and commands."""
+    stages = stage_closure(stages)
+    cache_dir = cache_dir or str(root / "cache" / "data")
+    by_key: dict[tuple, Group] = {}
+    for job in jobs:
+        arm = ARMS[job.arm]
+        key = (pretrain_owner(arm), job.lr, job.seed)
+        gid = f"{key[0]}-lr{job.lr:g}-s{job.seed}"
+        by_key.setdefault(key, Group(gid, [])).jobs.append(job)
+    for group in by_key.values():
+        first = group.jobs[0]
+        lr, seed, arm0 = first.lr, first.seed, ARMS[first.arm]
+        base = root / "runs" / group.id
+        train_common = ["train", "--recipe", protocol.recipe, *protocol.data, "--cache-dir", cache_dir,
+                        *protocol.model, *arm0.pretrain, "--lr", f"{lr:g}", "--seed", str(seed),
+                        "--device", protocol.device, "--no-progress", "--name", group.id,
+                        *train_extra]
+        evaluation = ["--lengths", _csv(protocol.eval_lengths), "--stride", str(protocol.eval_stride),
+                      "--max-tokens", str(protocol.eval_tokens), "--split", "test",
+                      "--device", protocol.device, "--no-progress"]
+        passkey = ["--lengths", str(protocol.continual_len), "--max-tokens",
+                   str(protocol.continual_len),  # tapa eval always scores perplexity: one window
+                   "--passkey", "--passkey-lengths", _csv(protocol.passkey_lengths),
+                   "--passkey-depths", _csv(protocol.passkey_depths),
+                   "--passkey-trials", str(protocol.passkey_trials), "--passkey-filler", "corpus",
+                   "--seed", "0", "--device", protocol.device, "--no-progress"]
+        pre_dir = str(base / "pretrain")
+        needed = {name for job in group.jobs for name in job_stages(job, stages)}
+        if "pretrain" in needed:
+            group.stages.append(Stage(
+                "pretrain", "pretrain",
+                train_common + ["--seq-len", str(protocol.pretrain_len),
+                                "--batch-size", str(protocol.pretrain_batch),
+                                "--steps", str(protocol.pretrain_steps), *protocol.pretrain_flags,
+                                "--run-dir", pre_dir],
+                pre_dir, tokens=protocol.pretrain_tokens))
+        zero_shot = [ARMS[j.arm] for j in group.jobs if ARMS[j.arm].zero_shot]
+        if "eval0" in needed:
+            group.stages.append(_eval_stage("eval0", "eval0", pre_dir, base, evaluation,
+                                            zero_shot, ["pretrain"]))
+        for owner in dict.fromkeys(continual_owner(ARMS[j.arm]) for j in group.jobs):
+            users = [ARMS[j.arm] for j in group.jobs if continual_owner(ARMS[j.arm]) == owner]
+            cont_dir = str(base / f"continual-{owner}")
+            if f"continual-{owner}" in needed:
+                group.stages.append(Stage(
+                    f"continual-{owner}", "continual",
+                    train_common + [*_fill(ARMS[owner].continual, protocol), "--init-from", pre_dir,
+                                    "--seq-len", str(protocol.continual_len),
+                                    "--batch-size", str(protocol.continual_batch),
+                                    "--steps", str(protocol.continual_steps),
+                                    *protocol.continual_flags, "--run-dir", cont_dir],
+                    cont_dir, needs=["pretrain"], tokens=protocol.continual_tokens))
+            for kind, flags in (("eval1", evaluation), ("passkey", passkey)):
+                if f"{kind}-{owner}" in needed:
+                    group.stages.append(_eval_stage(f"{kind}-{owner}", kind, cont_dir, base, flags,
+                                                    users, [f"continual-{owner}"]))
+    return list(by_key.values())
+
+
+def _fill(flags, protocol: Protocol) -> list[str]:
+    """Arm flags with the protocol's values in place of {pretrain_len}, {continual_len}, {scale}."""
+    values = {**protocol.to_dict(), "scale": f"{protocol.continual_len / protocol.pretrain_len:g}"}
+    return [flag.format(**values) for flag in flags]
+
+
+def _eval_stage(name, kind, run_dir, base, flags, arms, needs) -> Stage:
+    """`tapa eval` of one run under every rule the arms reading it ask for (the run's own
+    rule is always evaluated)."""
+    rules = sorted({a.eval_pe for a in arms if a.eval_pe})
+    argv = ["eval", run_dir, *flags, "--out", str(base / name)]
+    if rules:
+        argv += ["--eval-pe", ",".join(rules)]
+    return Stage(name, kind, argv, str(base / name), needs=needs, methods=1 + len(rules))
+
+
+def check_flags(groups: list[Group]) -> list[str]:
+    """Problems with the commands as this tapa parses them (a flag another branch adds and this
+    checkout lacks), found before any GPU time is spent."""
+    from tapa.eval import command as eval_command
+    from tapa.train import command as train_command
+
+    parsers = {}
+    for name, module in (("train", train_command), ("eval", eval_command)):
+        parsers[name] = argparse.ArgumentParser(prog=f"tapa {name}", add_help=False)
+        module.add_arguments(parsers[name])
+    problems = []
+    for group in groups:
+        for stage in group.stages:
+            try:
+                _, unknown = parsers[stage.argv[0]].parse_known_args(stage.argv[1:])
+            except SystemExit:
+                unknown = ["(argparse error above)"]
+            if unknown:
+                problems.append(f"{group.id} {stage.name}: this tapa {stage.argv[0]} does not know "
+                                f"{unknown}")
+    return problems
+
+
+def estimate_stage(stage: Stage, est: Estimates, concurrent: int, observed: dict | None = None) -> float:
+    """Seconds a stage should take with `concurrent` processes sharing the GPU. `observed`:
+    seconds per token (train stages) or per method (evaluations) measured in this call."""
+    observed = observed or {}
+    if stage.kind in ("pretrain", "continual"):
+        if stage.kind in observed:
+            return observed[stage.kind] * stage.tokens
+        return est.startup_s + stage.tokens / est.process_rate(concurrent)
+    per_method = observed.get(stage.kind) or (est.passkey_s_per_method if stage.kind == "passkey"
+                                              else est.eval_s_per_method)
+    return per_method * stage.methods
+
+
+def split_batches(groups: list[Group], est: Estimates, concurrent: int, budget_s: float,
+                  reserve_s: float = 20.0, calls: int = 1) -> list[list[Group]]:
+    """Groups packed into batches of `calls` back-to-back device calls on one machine: longest
+    first, each into the first batch whose simulated schedule (`concurrent` slots, the data built
+    once at the start) still ends inside the calls' budgets."""
+    capacity = calls * (budget_s - reserve_s)
+
+    def cost(group):
+        return sum(estimate_stage(s, est, concurrent) for s in group.stages)
+
+    batches: list[tuple[list, list]] = []  # (groups, slot finish times)
+    for group in sorted(groups, key=cost, reverse=True):
+        for chosen, slots in batches:
+            slot = min(range(len(slots)), key=slots.__getitem__)
+            if slots[slot] + cost(group) <= capacity:
+                chosen.append(group)
+                slots[slot] += cost(group)
+                break
+        else:
+            slots = [est.data_build_s] * concurrent
+            slots[0] += cost(group)
+            batches.append(([group], slots))
+    return [chosen for chosen, _ in batches]

@@ -1,0 +1,135 @@
+"""One self-contained JSON per study job, read from the stage outputs under the runner's root, and
+the one archive a device call sends back.
+
+A job JSON ("kind": "tapa-study-job") holds the arm, lr, seed, protocol, the exact commands, the
+corpus' token counts, each finished stage's results (training summaries with a loss curve,
+perplexity per length, the passkey grid) and wall times, the hardware and the dates.
+`python3 -m tapa.eval.study aggregate` turns a folder (or archives) of them into tables and plots.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import tarfile
+from pathlib import Path
+
+from arms import ARMS, Protocol
+from plan import Group, Job, job_stages
+
+JOB_KIND = "tapa-study-job"
+CURVE_POINTS = 100  # loss-curve points kept per training stage
+
+
+def done_marker(root: Path, group_id: str, stage_name: str) -> Path:
+    return root / "runs" / group_id / "done" / f"{stage_name}.json"
+
+
+def read_json(path: Path):
+    return json.loads(Path(path).read_text()) if Path(path).is_file() else None
+
+
+def corpus_summary(manifest: dict, directory: str) -> dict:
+    splits = {name: {k: counts[k] for k in ("docs", "bytes", "tokens")}
+              for name, counts in manifest["splits"].items()}
+    source = manifest.get("source", {})
+    return {"directory": directory, "splits": splits, "train_tokens": splits["train"]["tokens"],
+            "tokenizer_sha256": manifest["tokenizer"]["sha256"],
+            "vocab_size": manifest["tokenizer"]["vocab_size"],
+            "source": {k: source.get(k) for k in ("source", "kind", "python_version", "files",
+                                                  "include_site_packages")},
+            "created": manifest.get("created"), "build_seconds": manifest.get("build_seconds")}
+
+
+def _training_summary(run_dir: Path) -> dict:
+    config = read_json(run_dir / "config.json") or {}
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines if line]
+    last = records[-1]
+    val = [r for r in records if r.get("val_loss") is not None]
+    every = max(1, len(records) // CURVE_POINTS)
+    curve = [[r["step"], round(r["loss"], 5), r.get("val_loss")] for r in records[::every]]
+    if curve[-1][0] != last["step"]:
+        curve.append([last["step"], round(last["loss"], 5), last.get("val_loss")])
+    return {"steps": last["step"], "tokens": last["tokens"], "final_loss": last["loss"],
+            "final_val_loss": val[-1]["val_loss"] if val else None,
+            "tokens_per_s": last["tokens"] / last["elapsed_s"] if last["elapsed_s"] else None,
+            "train_seconds": last["elapsed_s"], "num_parameters": config.get("num_parameters"),
+            "precision": config.get("precision"), "device": config.get("device"),
+            "torch_version": config.get("torch_version"), "init_from": config.get("init_from"),
+            "model": config.get("model"), "train": config.get("train"),
+            "curve": {"fields": ["step", "loss", "val_loss"], "points": curve}}
+
+
+def _pick_method(results: dict, pe: str | None) -> dict:
+    """The method entry evaluated under `pe` (None: the model's own rule)."""
+    for method in results["methods"]:
+        if (method["pe"] == pe) if pe else (method["pe"] == method["trained_pe"]):
+            return method
+    raise ValueError(f"no method evaluated under {pe or 'its own rule'} in {results['runs']}")
+
+
+def _evaluation_summary(out_dir: Path, pe: str | None, passkey: bool) -> dict:
+    results = read_json(out_dir / "results.json")
+    method = _pick_method(results, pe)
+    summary = {"label": method["label"], "pe": method["pe"], "trained_pe": method["trained_pe"],
+               "train_len": method["train_len"], "split": results["split"],
+               "stride": results["stride"], "max_tokens": results["max_tokens"],
+               "hardware": results["hardware"], "date": results["date"]}
+    if passkey:
+        summary["passkey"] = method["passkey"]
+        return summary
+    rows = sorted(method["perplexity"], key=lambda r: r["length"])
+    summary["perplexity"] = [{k: r[k] for k in ("length", "perplexity", "loss", "tokens", "windows",
+                                                 "rope_scale", "seconds")} for r in rows]
+    summary["position_loss_longest"] = rows[-1]["buckets"]
+    return summary
+
+
+def job_summary(job: Job, group: Group, stages: list[str], protocol: Protocol, root: Path,
+                context: dict) -> dict:
+    """The job's JSON from whatever of its stages have finished (see the module docstring)."""
+    arm = ARMS[job.arm]
+    wanted = job_stages(job, stages)
+    summary = {"kind": JOB_KIND, "version": 1, "job": job.id, "arm": arm.name,
+               "arm_index": list(ARMS).index(arm.name), "label": arm.label,
+               "family": arm.family, "lr": job.lr, "seed": job.seed, "group": group.id,
+               "eval_pe": arm.eval_pe, "protocol": protocol.to_dict(),
+               "protocol_id": protocol.fingerprint(), "stages_requested": wanted,
+               "stages_done": [], "commands": {}, "wall_seconds": {}, "stage_dates": {},
+               "results": {}, **context}
+    hardware = set()
+    for name in wanted:
+        stage = group.stage(name)
+        marker = read_json(done_marker(root, group.id, name))
+        if stage is None or marker is None:
+            continue
+        kind = stage.kind
+        summary["stages_done"].append(name)
+        summary["commands"][kind] = "tapa " + shlex.join(marker["argv"])
+        summary["wall_seconds"][kind] = marker["wall_s"]
+        summary["stage_dates"][kind] = [marker["started"], marker["finished"]]
+        hardware.add(marker["hardware"])
+        if kind in ("pretrain", "continual"):
+            summary["results"][kind] = _training_summary(Path(stage.out))
+        else:
+            summary["results"][kind] = _evaluation_summary(Path(stage.out), arm.eval_pe,
+                                                           passkey=kind == "passkey")
+    summary["complete"] = len(summary["stages_done"]) == len(wanted)
+    summary["hardware"] = sorted(hardware)
+    pretrain = summary["results"].get("pretrain")
+    corpus_tokens = (context.get("corpus") or {}).get("train_tokens")
+    if pretrain and corpus_tokens:
+        summary["pretrain_epochs"] = pretrain["tokens"] / corpus_tokens
+    return summary
+
+
+def pack(out_dir: Path, name: str, files: dict[str, Path]) -> Path:
+    """One tar.gz in out_dir holding `files` ({name in the archive: path})."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    archive = out_dir / name
+    with tarfile.open(archive, "w:gz") as tar:
+        for arcname, path in sorted(files.items()):
+            if Path(path).is_file():
+                tar.add(path, arcname=arcname)
+    return archive

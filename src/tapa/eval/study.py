@@ -1,0 +1,503 @@
+"""Aggregate the toy study's job JSONs (scripts/study/run.py) into tables, plots and a README.
+
+    python3 -m tapa.eval.study aggregate --in /tmp/archives --out results/toy-study
+
+--in takes folders (searched for *.job.json), job JSON files and the runner's .tar.gz archives.
+Every number written comes from the job JSONs. Written to --out:
+    jobs.csv                          one row per job
+    lr_sweep.csv, lr_sweep.md         per family and arm, each lr: final validation loss, zero-shot ppl
+    perplexity.csv                    per stage, arm, length: mean, std (over seeds), n, the values
+    perplexity_{zero_shot,continual}.md  and .png (log-log, error bars: one std over seeds)
+    passkey.csv, passkey.md, passkey_<arm>.png   accuracy per length and depth, mean over seeds
+    commands.md                       every job's exact commands
+    README.md                         a skeleton (protocol, hardware, dates, tables); an existing
+                                      README.md is kept and the skeleton goes to README.skeleton.md
+Each arm is reported at its main lr: the lr with the most seeds (ties: the lowest validation loss).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import tarfile
+from collections import defaultdict
+from pathlib import Path
+
+JOB_KIND = "tapa-study-job"
+STAGE_NAMES = {"eval0": "zero-shot", "eval1": "continual"}
+
+
+# ---------------------------------------------------------------------------------------------
+# reading
+
+def load_jobs(paths) -> list[dict]:
+    """Job JSONs from folders, files and .tar.gz archives; one per (protocol, job): the one with
+    the most finished stages, then the latest."""
+    files = []
+    for path in map(Path, paths):
+        if path.is_dir():
+            files += sorted(p for p in path.rglob("*") if p.name.endswith((".job.json", ".tar.gz")))
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise ValueError(f"--in: {str(path)!r} does not exist")
+    found = []
+    for path in files:
+        if path.name.endswith(".tar.gz"):
+            with tarfile.open(path) as tar:
+                found += [json.load(tar.extractfile(m)) for m in tar.getmembers()
+                          if m.isfile() and m.name.endswith(".job.json")]
+        else:
+            found.append(json.loads(path.read_text()))
+    if not found:
+        raise ValueError(f"no job JSONs (*.job.json, or in *.tar.gz archives) under {list(map(str, paths))}")
+    best = {}
+    for job in found:
+        if job.get("kind") != JOB_KIND:
+            raise ValueError(f"not a study job JSON: {str(job)[:80]}")
+        key = (job["protocol_id"], job["job"])
+        rank = (len(job["stages_done"]), job["date"])
+        if key not in best or rank > (len(best[key]["stages_done"]), best[key]["date"]):
+            best[key] = job
+    return sorted(best.values(), key=lambda j: (j.get("arm_index", 0), j["arm"], j["lr"], j["seed"]))
+
+
+def select_protocol(jobs: list[dict], protocol_id: str | None = None) -> list[dict]:
+    ids = sorted({j["protocol_id"] for j in jobs})
+    if protocol_id is None and len(ids) > 1:
+        names = {i: next(j["protocol"]["name"] for j in jobs if j["protocol_id"] == i) for i in ids}
+        raise ValueError(f"the jobs come from {len(ids)} protocols {names}; pick one with --protocol-id")
+    chosen = [j for j in jobs if j["protocol_id"] == (protocol_id or ids[0])] if jobs else []
+    if not chosen:
+        raise ValueError(f"no jobs of protocol {protocol_id!r} (found {ids})")
+    return chosen
+
+
+def mean_std(values) -> tuple[float, float, int]:
+    """(mean, sample standard deviation (n - 1), n); std is nan for a single value."""
+    values = [float(v) for v in values]
+    n = len(values)
+    if n == 0:
+        return math.nan, math.nan, 0
+    mean = sum(values) / n
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else math.nan
+    return mean, std, n
+
+
+def perplexities(job: dict, stage: str) -> dict[int, float]:
+    result = job["results"].get(stage)
+    return {r["length"]: r["perplexity"] for r in result["perplexity"]} if result else {}
+
+
+def val_loss(job: dict) -> float:
+    pretrain = job["results"].get("pretrain") or {}
+    value = pretrain.get("final_val_loss")
+    return math.nan if value is None else value
+
+
+def main_lrs(jobs: list[dict]) -> dict[str, float]:
+    """arm -> the lr with the most seeds (ties: the lowest mean validation loss)."""
+    by_arm = defaultdict(lambda: defaultdict(list))
+    for job in jobs:
+        by_arm[job["arm"]][job["lr"]].append(job)
+
+    def rank(item):
+        lr, group = item
+        loss = mean_std([val_loss(j) for j in group])[0]
+        return (-len(group), loss if loss == loss else math.inf, lr)
+    return {arm: min(lrs.items(), key=rank)[0] for arm, lrs in by_arm.items()}
+
+
+def arm_order(jobs: list[dict]) -> list[str]:
+    """Arms in the order of the study's arm table (scripts/study/arms.py)."""
+    return list(dict.fromkeys(j["arm"] for j in sorted(jobs, key=lambda j: (j.get("arm_index", 0),
+                                                                           j["arm"]))))
+
+
+# ---------------------------------------------------------------------------------------------
+# tables
+
+def _fmt(value: float, digits: int = 2) -> str:
+    if value != value:
+        return ""
+    return f"{value:.{digits}f}" if abs(value) < 1000 else f"{value:.0f}"
+
+
+def _cell(mean: float, std: float, n: int) -> str:
+    if n == 0:
+        return ""
+    return _fmt(mean) + (f" ± {_fmt(std)}" if n > 1 else "")
+
+
+def _length_name(length: int) -> str:
+    return f"{length // 1024}k" if length >= 1024 and length % 1024 == 0 else str(length)
+
+
+def perplexity_summary(jobs: list[dict], stage: str) -> list[dict]:
+    """One row per arm (at its main lr) and length: mean, std, n, the per-seed values."""
+    lrs, rows = main_lrs(jobs), []
+    for arm in arm_order(jobs):
+        mine = [j for j in jobs if j["arm"] == arm and j["lr"] == lrs[arm] and j["results"].get(stage)]
+        lengths = sorted({n for j in mine for n in perplexities(j, stage)})
+        for length in lengths:
+            values = [(j["seed"], perplexities(j, stage)[length]) for j in mine
+                      if length in perplexities(j, stage)]
+            mean, std, n = mean_std(v for _, v in values)
+            rows.append({"stage": STAGE_NAMES[stage], "arm": arm, "label": mine[0]["label"],
+                         "family": mine[0]["family"], "lr": lrs[arm], "length": length, "n": n,
+                         "mean": mean, "std": std,
+                         "values": ";".join(f"s{s}={v:.4f}" for s, v in sorted(values))})
+    return rows
+
+
+def perplexity_markdown(rows: list[dict], title: str) -> str:
+    lengths = sorted({r["length"] for r in rows})
+    arms = list(dict.fromkeys(r["arm"] for r in rows))
+    lines = [f"**{title}** (mean ± std over seeds; n seeds; lr)", "",
+             "| arm | n | lr | " + " | ".join(_length_name(n) for n in lengths) + " |",
+             "|---|---|---|" + "---|" * len(lengths)]
+    for arm in arms:
+        mine = {r["length"]: r for r in rows if r["arm"] == arm}
+        first = next(iter(mine.values()))
+        cells = [_cell(mine[n]["mean"], mine[n]["std"], mine[n]["n"]) if n in mine else ""
+                 for n in lengths]
+        seeds = sorted({r["n"] for r in mine.values()})
+        lines.append(f"| {first['label']} | {'/'.join(map(str, seeds))} | {first['lr']:g} | "
+                     + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def lr_sweep_rows(jobs: list[dict]) -> list[dict]:
+    """Per family, arm and lr (arms run at two or more lrs): validation loss and zero-shot ppl,
+    over the seeds every lr of the arm has (so the lrs are compared on the same seeds)."""
+    rows = []
+    by_arm = defaultdict(lambda: defaultdict(list))
+    for job in jobs:
+        by_arm[job["arm"]][job["lr"]].append(job)
+    for arm in arm_order(jobs):
+        if len(by_arm[arm]) < 2:
+            continue
+        common = set.intersection(*({j["seed"] for j in group} for group in by_arm[arm].values()))
+        by_arm[arm] = {lr: [j for j in group if j["seed"] in common]
+                       for lr, group in by_arm[arm].items()}
+        if not common:
+            continue
+        losses = {lr: mean_std([val_loss(j) for j in group])[0] for lr, group in by_arm[arm].items()}
+        finite = {lr: loss for lr, loss in losses.items() if loss == loss}
+        best = min(finite, key=finite.get) if finite else None
+        for lr, group in sorted(by_arm[arm].items()):
+            row = {"family": group[0]["family"], "arm": arm, "label": group[0]["label"], "lr": lr,
+                   "n": len(group), "final_val_loss": losses[lr], "best": lr == best}
+            for length in sorted({n for j in group for n in perplexities(j, "eval0")}):
+                row[f"ppl_{length}"] = mean_std(perplexities(j, "eval0")[length] for j in group
+                                                if length in perplexities(j, "eval0"))[0]
+            rows.append(row)
+    return rows
+
+
+def lr_sweep_markdown(rows: list[dict]) -> str:
+    if not rows:
+        return "No arm ran at more than one learning rate."
+    lengths = sorted({int(k[4:]) for r in rows for k in r if k.startswith("ppl_")})
+    lines = ["| family | arm | lr | seeds | final val loss | "
+             + " | ".join(f"ppl {_length_name(n)}" for n in lengths) + " |",
+             "|---|---|---|---|---|" + "---|" * len(lengths)]
+    for row in rows:
+        mark = " **(best)**" if row["best"] else ""
+        lines.append(f"| {row['family']} | {row['label']} | {row['lr']:g}{mark} | {row['n']} | "
+                     f"{_fmt(row['final_val_loss'], 4)} | "
+                     + " | ".join(_fmt(row.get(f"ppl_{n}", math.nan)) for n in lengths) + " |")
+    lines += ["", "Best: the lowest final validation loss at the training length (the val split; "
+              "the perplexities are on the test split, zero-shot)."]
+    return "\n".join(lines)
+
+
+def passkey_summary(jobs: list[dict]) -> dict[str, dict]:
+    """arm -> grid of mean accuracy over seeds (at the arm's main lr), with n and std per cell."""
+    lrs, grids = main_lrs(jobs), {}
+    for arm in arm_order(jobs):
+        mine = [j["results"]["passkey"]["passkey"] for j in jobs
+                if j["arm"] == arm and j["lr"] == lrs[arm] and j["results"].get("passkey")]
+        if not mine:
+            continue
+        first = mine[0]
+        if any(g["lengths"] != first["lengths"] or g["depths"] != first["depths"] for g in mine):
+            raise ValueError(f"arm {arm}: passkey grids of different shapes")
+        cells = [[mean_std(g["accuracy"][li][di] for g in mine) for di in range(len(first["depths"]))]
+                 for li in range(len(first["lengths"]))]
+        label = next(j["label"] for j in jobs if j["arm"] == arm)
+        grids[arm] = {"label": label, "lr": lrs[arm], "lengths": first["lengths"],
+                      "depths": first["depths"], "trials": first["trials"], "filler": first["filler"],
+                      "seeds": len(mine), "accuracy": [[c[0] for c in row] for row in cells],
+                      "std": [[c[1] for c in row] for row in cells]}
+    return grids
+
+
+def passkey_markdown(grids: dict[str, dict]) -> str:
+    if not grids:
+        return "No passkey results."
+    lengths = next(iter(grids.values()))["lengths"]
+    lines = ["| arm | seeds | " + " | ".join(_length_name(n) for n in lengths) + " |",
+             "|---|---|" + "---|" * len(lengths)]
+    for grid in grids.values():
+        per_length = [sum(row) / len(row) for row in grid["accuracy"]]
+        lines.append(f"| {grid['label']} | {grid['seeds']} | "
+                     + " | ".join(f"{a:.0%}" for a in per_length) + " |")
+    first = next(iter(grids.values()))
+    lines += ["", f"Accuracy averaged over {len(first['depths'])} depths, {first['trials']} trials "
+              "per cell and seed, then over seeds; per-depth grids in passkey.csv and the heat maps."]
+    return "\n".join(lines)
+
+
+def write_csv(rows: list[dict], path: Path) -> None:
+    fields = list(dict.fromkeys(k for r in rows for k in r))
+    with open(path, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def job_rows(jobs: list[dict]) -> list[dict]:
+    rows = []
+    for job in jobs:
+        pretrain = job["results"].get("pretrain") or {}
+        row = {"job": job["job"], "arm": job["arm"], "family": job["family"], "lr": job["lr"],
+               "seed": job["seed"], "complete": job["complete"], "stages": ",".join(job["stages_done"]),
+               "pretrain_tokens": pretrain.get("tokens"), "final_val_loss": pretrain.get("final_val_loss"),
+               "tokens_per_s": pretrain.get("tokens_per_s"), "hardware": ";".join(job["hardware"]),
+               "date": job["date"]}
+        for stage, prefix in (("eval0", "zs"), ("eval1", "cont")):
+            row.update({f"{prefix}_ppl_{n}": v for n, v in perplexities(job, stage).items()})
+        rows.append(row)
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# plots
+
+_FAMILY_COLORS = {"rope": "tab:red", "nope": "tab:gray", "tapa": "tab:blue", "hybrid": "tab:green"}
+_MARKERS = ("o", "s", "^", "D", "v", "P", "X")
+
+
+def nice_log_ticks(low: float, high: float, most: int = 11) -> list[float]:
+    """Round tick values spanning [low, high] on a log axis: evenly spaced round numbers over a
+    narrow range, else mantissas (1, 2, 5, ... x 10^k) as fine as `most` ticks allow."""
+    if high < 3 * low:
+        from tapa._optional import require
+
+        require("matplotlib")
+        from matplotlib.ticker import MaxNLocator
+
+        ticks = MaxNLocator(nbins=6).tick_values(low, high)
+        return [float(t) for t in ticks if t > 0]
+    for mantissas in ((1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 7, 8, 9), (1, 1.5, 2, 3, 5, 7), (1, 2, 5), (1,)):
+        ticks = [m * 10.0 ** k for k in range(math.floor(math.log10(low)) - 1, math.ceil(math.log10(high)) + 1)
+                 for m in mantissas]
+        inside = [t for t in ticks if low <= t <= high]
+        below, above = [t for t in ticks if t < low], [t for t in ticks if t > high]
+        chosen = below[-1:] + inside + above[:1]
+        if len(chosen) <= most:
+            return chosen
+    return chosen
+
+
+def plot_perplexity(rows: list[dict], path: Path, *, title: str, train_len: int | None,
+                    stride: int | None = None) -> Path:
+    """Perplexity vs length, log-log, one line per arm with one-std error bars over seeds."""
+    from tapa.eval.plots import _pyplot
+
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 5))
+    seen = defaultdict(int)
+    for arm in dict.fromkeys(r["arm"] for r in rows):
+        mine = sorted((r for r in rows if r["arm"] == arm), key=lambda r: r["length"])
+        family = mine[0]["family"]
+        index = seen[family]
+        seen[family] += 1
+        eval_time = "eval-time" in mine[0]["label"]
+        ax.errorbar([r["length"] for r in mine], [r["mean"] for r in mine],
+                    yerr=[0 if r["n"] < 2 else r["std"] for r in mine], capsize=3,
+                    color=_FAMILY_COLORS.get(family), marker=_MARKERS[index % len(_MARKERS)],
+                    linestyle="--" if eval_time else "-", alpha=1.0 - 0.15 * index,
+                    label=f"{mine[0]['label']} (n={max(r['n'] for r in mine)})")
+    lengths = sorted({r["length"] for r in rows})
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xticks(lengths, [_length_name(n) for n in lengths])
+    low = min(r["mean"] - (r["std"] if r["n"] > 1 else 0) for r in rows)
+    high = max(r["mean"] + (r["std"] if r["n"] > 1 else 0) for r in rows)
+    ticks = nice_log_ticks(max(low, 1e-3), high)
+    ax.set_yticks(ticks, [_fmt(t, 1).removesuffix(".0") for t in ticks])
+    ax.set_ylim(min(ticks[0], low / 1.02), max(ticks[-1], high * 1.02))
+    ax.minorticks_off()
+    if train_len:
+        ax.axvline(train_len, color="gray", linestyle=":", linewidth=1.2)
+        ax.annotate(f"trained at {_length_name(train_len)}", (train_len, 1.0),
+                    xycoords=("data", "axes fraction"), xytext=(3, -12), textcoords="offset points",
+                    fontsize=8, color="gray")
+    ax.set_xlabel("evaluation length (tokens)")
+    ax.set_ylabel("perplexity (sliding window" + (f", stride {stride})" if stride else ")"))
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+    return path
+
+
+def plot_passkey(grid: dict, path: Path) -> Path:
+    from tapa.eval.plots import plot_passkey_heatmap
+
+    return plot_passkey_heatmap(grid, path, title=f"passkey: {grid['label']} (mean of {grid['seeds']} "
+                                                  f"seeds x {grid['trials']} trials)")
+
+
+# ---------------------------------------------------------------------------------------------
+# README skeleton
+
+def _protocol_lines(jobs: list[dict]) -> list[str]:
+    protocol = jobs[0]["protocol"]
+    model = next((j["results"]["pretrain"]["model"] for j in jobs if j["results"].get("pretrain")), {})
+    params = sorted({j["results"]["pretrain"]["num_parameters"] for j in jobs if j["results"].get("pretrain")})
+    corpus = jobs[0].get("corpus") or {}
+    tokens = sorted({(j.get("corpus") or {}).get("train_tokens") for j in jobs} - {None})
+    shas = sorted({(j.get("corpus") or {}).get("tokenizer_sha256", "")[:12] for j in jobs})
+    epochs = sorted({round(j["pretrain_epochs"], 3) for j in jobs if "pretrain_epochs" in j})
+    return [
+        f"- Protocol `{protocol['name']}` (id {jobs[0]['protocol_id']}); model dim {model.get('dim')}, "
+        f"{model.get('n_layers')} layers, {model.get('n_heads')} heads, vocab {model.get('vocab_size')}; "
+        f"parameters {', '.join(f'{p:,}' for p in params)}.",
+        f"- Corpus: {corpus.get('source', {}).get('source')} (site-packages "
+        f"{corpus.get('source', {}).get('include_site_packages')}), train split "
+        f"{', '.join(f'{t:,}' for t in tokens)} tokens (tokenizer sha256 {', '.join(shas)}).",
+        f"- Pretraining: L={protocol['pretrain_len']}, batch {protocol['pretrain_batch']}, "
+        f"{protocol['pretrain_steps']} steps = {protocol['pretrain_tokens']:,} tokens per run "
+        f"({', '.join(map(str, epochs))} passes over the train split).",
+        f"- Continual: L={protocol['continual_len']}, batch {protocol['continual_batch']}, "
+        f"{protocol['continual_steps']} steps = {protocol['continual_tokens']:,} tokens, "
+        f"passkey mix (see the commands).",
+        f"- Evaluation: sliding window, stride {protocol['eval_stride']}, {protocol['eval_tokens']:,} "
+        f"scored test tokens per length at {', '.join(map(_length_name, protocol['eval_lengths']))}.",
+        f"- Passkey: lengths {', '.join(map(_length_name, protocol['passkey_lengths']))}, depths "
+        f"{', '.join(f'{d:g}' for d in protocol['passkey_depths'])}, {protocol['passkey_trials']} "
+        "trials per cell, corpus filler.",
+        f"- Learning rates swept: {', '.join(f'{lr:g}' for lr in protocol['sweep_lrs'])}; seeds "
+        f"{', '.join(map(str, protocol['seeds']))}.",
+    ]
+
+
+def readme_skeleton(jobs: list[dict], tables: dict[str, str], command: str) -> str:
+    hardware = sorted({h for j in jobs for h in j["hardware"]})
+    dates = sorted(d for j in jobs for span in j["stage_dates"].values() for d in span)
+    calls = sorted({(j["runner"]["call"], j["runner"]["command"]) for j in jobs})
+    complete = sum(j["complete"] for j in jobs)
+    parts = [
+        "# Toy-scale reproduction study (issue 11)", "",
+        f"Generated by `{command}` from {len(jobs)} job JSONs ({complete} complete); every number "
+        "below comes from them.", "",
+        "## Headline", "", "TODO (lead): what reproduces and what does not: the in-length gap to RoPE, "
+        "flatness past the training length, TAPA vs NoPE, hybrid-TAPA vs hybrid-NoPE, with the seed "
+        "spread.", "",
+        "## Protocol", "", *_protocol_lines(jobs), "",
+        "## Hardware and dates", "",
+        f"- Hardware: {'; '.join(hardware)}.",
+        f"- Runs between {dates[0] if dates else '?'} and {dates[-1] if dates else '?'} (UTC).",
+        f"- {len(calls)} runner calls (`scripts/study/gpu_batch.sh` -> `scripts/study/run.py`):", "",
+        *[f"      {call}: {cmd}" for call, cmd in calls], "",
+        "Every job's exact `tapa` commands: `commands.md`.", "",
+        "## Zero-shot perplexity (after pretraining)", "", tables["zero-shot"], "",
+        "![zero-shot](perplexity_zero_shot.png)", "",
+        "## After the continual stage", "", tables["continual"], "",
+        "![continual](perplexity_continual.png)", "",
+        "## Learning-rate sweep", "", tables["lr"], "",
+        "## Passkey retrieval (after the continual stage)", "", tables["passkey"], "",
+    ]
+    return "\n".join(parts)
+
+
+def commands_markdown(jobs: list[dict]) -> str:
+    lines = ["# Commands of every job", ""]
+    for job in jobs:
+        lines += [f"## {job['label']}, lr {job['lr']:g}, seed {job['seed']} (`{job['job']}`)", "",
+                  "```", job.get("data_command", ""), *job["commands"].values(), "```", ""]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# the command
+
+def aggregate(paths, out_dir: str | Path, *, protocol_id: str | None = None,
+              command: str = "python3 -m tapa.eval.study aggregate") -> list[Path]:
+    """Write the tables, plots and README skeleton of the jobs in `paths` to out_dir."""
+    jobs = select_protocol(load_jobs(paths), protocol_id)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+
+    def save(name: str, text: str) -> None:
+        (out / name).write_text(text + "\n")
+        written.append(out / name)
+
+    write_csv(job_rows(jobs), out / "jobs.csv")
+    written.append(out / "jobs.csv")
+    sweep = lr_sweep_rows(jobs)
+    if sweep:
+        write_csv(sweep, out / "lr_sweep.csv")
+        written.append(out / "lr_sweep.csv")
+    tables = {"lr": lr_sweep_markdown(sweep)}
+    save("lr_sweep.md", tables["lr"])
+    protocol, all_rows = jobs[0]["protocol"], []
+    for stage, train_len in (("eval0", protocol["pretrain_len"]), ("eval1", protocol["continual_len"])):
+        name = STAGE_NAMES[stage]
+        rows = perplexity_summary(jobs, stage)
+        all_rows += rows
+        tables[name] = perplexity_markdown(rows, f"{name} perplexity") if rows else "No results."
+        save(f"perplexity_{name.replace('-', '_')}.md", tables[name])
+        if rows:
+            written.append(plot_perplexity(rows, out / f"perplexity_{name.replace('-', '_')}.png",
+                                           title=f"{name} perplexity vs length", train_len=train_len,
+                                           stride=protocol["eval_stride"]))
+    if all_rows:
+        write_csv(all_rows, out / "perplexity.csv")
+        written.append(out / "perplexity.csv")
+    grids = passkey_summary(jobs)
+    tables["passkey"] = passkey_markdown(grids)
+    save("passkey.md", tables["passkey"])
+    if grids:
+        write_csv([{"arm": arm, "label": g["label"], "lr": g["lr"], "seeds": g["seeds"],
+                    "trials": g["trials"], "length": n, "depth": d, "mean": g["accuracy"][li][di],
+                    "std": g["std"][li][di]}
+                   for arm, g in grids.items() for li, n in enumerate(g["lengths"])
+                   for di, d in enumerate(g["depths"])], out / "passkey.csv")
+        written.append(out / "passkey.csv")
+        written += [plot_passkey(g, out / f"passkey_{arm}.png") for arm, g in grids.items()]
+    save("commands.md", commands_markdown(jobs))
+    readme = "README.md" if not (out / "README.md").exists() else "README.skeleton.md"
+    save(readme, readme_skeleton(jobs, tables, command))
+    return written
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python3 -m tapa.eval.study",
+                                     description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="action", required=True)
+    agg = sub.add_parser("aggregate", help="tables, plots and a README skeleton from job JSONs")
+    agg.add_argument("--in", dest="inputs", nargs="+", required=True,
+                     help="folders, *.job.json files or the runner's .tar.gz archives")
+    agg.add_argument("--out", default="results/toy-study")
+    agg.add_argument("--protocol-id", default=None, help="keep the jobs of this protocol only")
+    args = parser.parse_args(argv)
+    command = "python3 -m tapa.eval.study aggregate --in " + " ".join(args.inputs) + f" --out {args.out}"
+    try:
+        written = aggregate(args.inputs, args.out, protocol_id=args.protocol_id, command=command)
+    except ValueError as err:
+        raise SystemExit(f"tapa.eval.study: {err}") from err
+    print(f"wrote {len(written)} files to {args.out}: " + ", ".join(p.name for p in written))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

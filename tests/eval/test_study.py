@@ -1,0 +1,202 @@
+"""The toy study's tooling: the runner (scripts/study/run.py) end to end on the tiny CPU protocol,
+its plans, and the aggregation of job JSONs (tapa.eval.study) on a known case."""
+
+import copy
+import json
+import math
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from tapa.eval import study
+
+STUDY_SCRIPTS = Path(__file__).resolve().parents[2] / "scripts" / "study"
+sys.path.insert(0, str(STUDY_SCRIPTS))
+
+import arms  # noqa: E402
+import plan  # noqa: E402
+import run  # noqa: E402
+
+# ---------------------------------------------------------------------------------------------
+# the runner
+
+
+@pytest.fixture(scope="module")
+def study_root(tmp_path_factory):
+    return tmp_path_factory.mktemp("study")
+
+
+def archive_jobs(out: Path) -> dict[str, dict]:
+    (archive,) = out.glob("study-*.tar.gz")
+    with tarfile.open(archive) as tar:
+        names = tar.getnames()
+        assert "batch.json" in names and "corpus/tokenizer.json" in names
+        assert any(n.startswith("logs/") for n in names)
+        return {m.name: json.load(tar.extractfile(m)) for m in tar.getmembers() if m.name.endswith(".job.json")}
+
+
+def test_runner_end_to_end_two_jobs_at_once(study_root, capsys):
+    out = study_root / "out1"
+    rc = run.main(["--protocol", "tiny-cpu", "--jobs", "rope-eval-yarn:0.001:0,nope:0.001:0",
+                   "--concurrent", "2", "--root", str(study_root), "--out", str(out),
+                   "--progress-every", "1", "--time-budget", "300"])
+    printed = capsys.readouterr().out
+    assert rc == 0, printed
+    assert "rope-lr0.001-s0: started" in printed and "nope-lr0.001-s0: done" in printed
+    jobs = archive_jobs(out)
+    assert sorted(jobs) == ["jobs/nope-lr0.001-s0.job.json", "jobs/rope-eval-yarn-lr0.001-s0.job.json"]
+    protocol = arms.TINY_CPU
+    for job in jobs.values():
+        assert job["complete"] and job["stages_done"][0] == "pretrain"
+        assert job["results"]["pretrain"]["tokens"] == protocol.pretrain_tokens
+        assert job["results"]["continual"]["tokens"] == protocol.continual_tokens
+        for stage in ("eval0", "eval1"):
+            lengths = [r["length"] for r in job["results"][stage]["perplexity"]]
+            assert lengths == list(protocol.eval_lengths)
+            assert all(r["tokens"] == protocol.eval_tokens for r in job["results"][stage]["perplexity"])
+        grid = job["results"]["passkey"]["passkey"]
+        assert grid["lengths"] == list(protocol.passkey_lengths) and grid["trials"] == 2
+        assert set(job["commands"]) == set(arms.STAGES)
+        assert job["commands"]["pretrain"].startswith("tapa train --recipe tiny")
+        assert job["corpus"]["train_tokens"] > 0 and job["hardware"]
+    yarn = jobs["jobs/rope-eval-yarn-lr0.001-s0.job.json"]
+    assert yarn["results"]["eval0"]["pe"] == "rope-yarn" and yarn["results"]["eval0"]["trained_pe"] == "rope"
+    assert "--eval-pe rope-yarn" in yarn["commands"]["eval1"]
+    # the archive aggregates: tables and a README come out of it
+    written = study.aggregate([out], study_root / "agg")
+    assert {p.name for p in written} >= {"README.md", "perplexity_zero_shot.png", "passkey.md"}
+
+
+def test_runner_skips_finished_stages_and_respects_the_budget(study_root, capsys):
+    out = study_root / "out2"
+    # the group finished above: nothing to run again; a new one cannot fit in 1 s
+    rc = run.main(["--protocol", "tiny-cpu", "--jobs", "nope:0.001:0,nope:0.002:0", "--root", str(study_root),
+                   "--out", str(out), "--time-budget", "16", "--pack-reserve", "15", "--progress-every", "0"])
+    assert rc == 1
+    batch = json.loads((out / "batch.json").read_text())
+    assert batch["groups"]["nope-lr0.001-s0"]["state"] == "done"
+    assert batch["groups"]["nope-lr0.002-s0"]["state"] == "not started"
+    assert list(archive_jobs(out)) == ["jobs/nope-lr0.001-s0.job.json"]  # rebuilt from the markers
+    assert "not started" in capsys.readouterr().out
+
+
+def test_plan_shares_runs_and_fills_the_protocol():
+    jobs = plan.parse_jobs("rope:1e-3:0,rope-yarn:0.001:0,rope-eval-yarn:1e-3:0,tapa:1e-3:1")
+    groups = plan.build_groups(jobs, arms.TOY_GPU, arms.STAGES, Path("/r"))
+    rope, tapa = groups
+    assert [len(g.jobs) for g in groups] == [3, 1] and rope.id == "rope-lr0.001-s0"
+    assert [s.name for s in rope.stages] == ["pretrain", "eval0", "continual-rope", "eval1-rope",
+                                             "passkey-rope", "continual-rope-yarn", "eval1-rope-yarn",
+                                             "passkey-rope-yarn"]
+    assert rope.stage("eval0").argv[-2:] == ["--eval-pe", "rope-yarn"]
+    yarn = rope.stage("continual-rope-yarn").argv
+    assert yarn[yarn.index("--rope-scale") + 1] == "4" and yarn[yarn.index("--original-seq-len") + 1] == "512"
+    assert rope.stage("pretrain").tokens == 3052 * 64 * 512 >= 100_000_000
+    assert "--phase-lr-scale" in tapa.stage("pretrain").argv
+    sweep = plan.plan_jobs("lr-sweep", arms.TOY_GPU)
+    assert len(sweep) == 12 and {j.arm for j in sweep} == {"rope", "nope", "tapa", "hybrid-tapa"}
+    seeds = plan.plan_jobs("seeds", arms.TOY_GPU, lrs={"rope": 1e-3, "nope": 2e-3, "tapa": 1e-3,
+                                                       "hybrid": 5e-4})
+    assert len(seeds) == 3 * len(arms.ARMS)
+    with pytest.raises(ValueError, match="--lr"):
+        plan.plan_jobs("seeds", arms.TOY_GPU, lrs={"rope": 1e-3})
+    with pytest.raises(ValueError, match="arm:lr:seed"):
+        plan.parse_jobs("rope:1e-3")
+    bad = plan.build_groups(plan.parse_jobs("nope:1e-3:0"), arms.TOY_GPU, ["pretrain"], Path("/r"))
+    assert plan.check_flags(bad) == []
+    bad[0].stages[0].argv.append("--no-such-flag")
+    assert "--no-such-flag" in plan.check_flags(bad)[0]
+    batches = plan.split_batches(plan.build_groups(sweep, arms.TOY_GPU, ["pretrain"], Path("/r")),
+                                 arms.Estimates(), concurrent=3, budget_s=500, calls=3)
+    assert sum(len(b) for b in batches) == 12
+
+
+# ---------------------------------------------------------------------------------------------
+# aggregation of synthetic job JSONs
+
+
+def synthetic_job(arm, family, lr, seed, ppl0, ppl1=None, val=3.0, passkey=None, label=None, **extra):
+    lengths = [512, 1024, 2048, 4096, 8192, 16384]
+
+    def evaluation(values):
+        return {"label": label or arm, "pe": arm, "trained_pe": arm,
+                "perplexity": [{"length": n, "perplexity": v, "loss": math.log(v), "tokens": 65536}
+                               for n, v in zip(lengths, values)]}
+    results = {"pretrain": {"tokens": 100, "final_val_loss": val, "num_parameters": 10,
+                            "model": {"dim": 512, "n_layers": 8, "n_heads": 4, "vocab_size": 8192}},
+               "eval0": evaluation(ppl0)}
+    if ppl1:
+        results["eval1"] = evaluation(ppl1)
+    if passkey:
+        results["passkey"] = {"passkey": {"lengths": [2048, 4096], "depths": [0.0, 1.0], "trials": 50,
+                                          "filler": "corpus", "accuracy": passkey}}
+    protocol = {**arms.TOY_GPU.to_dict()}
+    job = {"kind": "tapa-study-job", "job": f"{arm}:{lr:g}:{seed}", "arm": arm, "label": label or arm,
+           "family": family, "lr": lr, "seed": seed, "protocol": protocol, "protocol_id": "p1",
+           "stages_done": list(results), "complete": True, "results": results, "hardware": ["H200"],
+           "stage_dates": {"pretrain": ["2026-12-01T00:00:00", "2026-12-01T00:05:00"]},
+           "commands": {"pretrain": f"tapa train --lr {lr}"}, "date": "2026-12-01T00:06:00",
+           "runner": {"call": "c1", "command": "python3 scripts/study/run.py --jobs ..."},
+           "corpus": {"train_tokens": 120_000_000, "tokenizer_sha256": "abc", "source": {}}}
+    job.update(extra)
+    return job
+
+
+def test_aggregate_known_mean_and_std(tmp_path):
+    jobs = [
+        synthetic_job("tapa", "tapa", 1e-3, 0, [7, 8, 9, 10, 11, 10], [6, 6, 6, 6, 6, 6], val=2.0,
+                      passkey=[[1.0, 0.5], [0.0, 0.0]]),
+        synthetic_job("tapa", "tapa", 1e-3, 1, [8, 8, 9, 10, 11, 20], [7, 6, 6, 6, 6, 6], val=2.1,
+                      passkey=[[0.0, 0.5], [0.0, 1.0]]),
+        synthetic_job("tapa", "tapa", 1e-3, 2, [9, 8, 9, 10, 11, 30], [8, 6, 6, 6, 6, 6], val=2.2,
+                      passkey=[[0.5, 0.5], [0.0, 0.5]]),
+        synthetic_job("tapa", "tapa", 5e-4, 0, [12] * 6, val=2.5),  # the sweep's other lr, one seed
+        synthetic_job("rope", "rope", 1e-3, 0, [7, 50, 90, 100, 150, 200], label="RoPE"),
+    ]
+    (tmp_path / "in").mkdir()
+    for index, job in enumerate(jobs):
+        (tmp_path / "in" / f"{index}.job.json").write_text(json.dumps(job))
+    stale = copy.deepcopy(jobs[0])  # an earlier, unfinished copy of a job is ignored
+    stale.update(stages_done=["pretrain"], date="2026-11-30T00:00:00")
+    stale["results"]["eval0"]["perplexity"][0]["perplexity"] = 1000.0
+    (tmp_path / "in" / "stale.job.json").write_text(json.dumps(stale))
+
+    study.aggregate([tmp_path / "in"], tmp_path / "out")
+    rows = {(r["stage"], r["arm"], int(r["length"])): r
+            for r in __import__("csv").DictReader(open(tmp_path / "out" / "perplexity.csv"))}
+    first = rows[("zero-shot", "tapa", 512)]
+    assert float(first["lr"]) == 1e-3 and int(first["n"]) == 3  # main lr: the one with 3 seeds
+    assert math.isclose(float(first["mean"]), 8.0) and math.isclose(float(first["std"]), 1.0)
+    last = rows[("zero-shot", "tapa", 16384)]
+    assert math.isclose(float(last["mean"]), 20.0) and math.isclose(float(last["std"]), 10.0)
+    assert rows[("zero-shot", "rope", 512)]["std"] == "nan"  # one seed: no spread
+    markdown = (tmp_path / "out" / "perplexity_zero_shot.md").read_text()
+    assert "| tapa | 3 | 0.001 | 8.00 ± 1.00 |" in markdown and "20.00 ± 10.00" in markdown
+    assert "| RoPE | 1 | 0.001 | 7.00 | 50.00 |" in markdown
+    sweep = (tmp_path / "out" / "lr_sweep.md").read_text()  # compared on seed 0, common to both lrs
+    assert "| tapa | tapa | 0.001 **(best)** | 1 | 2.0000 | 7.00 |" in sweep
+    assert "| tapa | tapa | 0.0005 | 1 | 2.5000 | 12.00 |" in sweep
+    passkey = list(__import__("csv").DictReader(open(tmp_path / "out" / "passkey.csv")))
+    cell = next(r for r in passkey if r["length"] == "2048" and r["depth"] == "0.0")
+    assert math.isclose(float(cell["mean"]), 0.5) and math.isclose(float(cell["std"]), 0.5)
+    assert "| tapa | 3 | 50% | 25% |" in (tmp_path / "out" / "passkey.md").read_text()
+    for name in ("perplexity_zero_shot.png", "perplexity_continual.png", "passkey_tapa.png",
+                 "README.md", "commands.md", "jobs.csv"):
+        assert (tmp_path / "out" / name).stat().st_size > 0, name
+    readme = (tmp_path / "out" / "README.md").read_text()
+    assert "120,000,000" in readme and "H200" in readme and "TODO (lead)" in readme
+    # a second run keeps the lead's README and writes the skeleton beside it
+    study.aggregate([tmp_path / "in"], tmp_path / "out")
+    assert (tmp_path / "out" / "README.skeleton.md").is_file()
+
+
+def test_aggregate_refuses_mixed_protocols(tmp_path):
+    for index, pid in enumerate(("p1", "p2")):
+        job = synthetic_job("nope", "nope", 1e-3, 0, [9] * 6, protocol_id=pid)
+        (tmp_path / f"{index}.job.json").write_text(json.dumps(job))
+    with pytest.raises(ValueError, match="protocol"):
+        study.aggregate([tmp_path], tmp_path / "out")
+    assert study.aggregate([tmp_path], tmp_path / "out", protocol_id="p2")
+    assert study.mean_std([2.0, 4.0, 6.0]) == (4.0, 2.0, 3)
