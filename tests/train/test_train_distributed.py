@@ -37,7 +37,7 @@ def _torchrun(nproc: int, args: list[str]) -> None:
                "--nproc_per_node", str(nproc), "-m", "tapa.cli", "train", *args]
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
     if result.returncode != 0:
-        raise AssertionError(f"torchrun failed ({result.returncode}):\n{result.stderr[-4000:]}")
+        raise AssertionError(f"torchrun failed ({result.returncode}):\n{result.stderr[-20000:]}")
 
 
 def _cli_args(train_cfg, model_cfg, data_cfg) -> list[str]:

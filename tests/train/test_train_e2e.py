@@ -85,5 +85,6 @@ def test_init_from_takes_the_model_from_the_checkpoint(cache_dir, tmp_path):
     assert config["model"] == source["model"] and config["data"] == source["data"]
     assert (config["train"]["lr"], config["train"]["seq_len"], config["train"]["steps"]) == (2e-3, 64, 1)
     assert config["train"]["resume"] is False and config["init_from"].endswith("step_000002")
+    assert config["train"]["name"] == source["train"]["name"] + "-continual"
     with pytest.raises(SystemExit, match="keeps the checkpoint's dim=32; got dim=64"):
         main(["train", "--init-from", str(pre), "--dim", "64", "--run-dir", str(tmp_path / "bad")])

@@ -188,6 +188,9 @@ def _continual_configs(args: argparse.Namespace, overrides: dict):
     recipe = load_recipe(args.recipe) if args.recipe else {section: {} for section in _SECTIONS}
     merged = {section: {**inherited.get(section, {}), **recipe[section], **overrides[section]}
               for section in ("data", "train")}
+    if "name" in inherited["train"] and "name" not in {**recipe["train"], **overrides["train"]}:
+        # runs/<name>-<pe>-<seq_len> of the source must not be the continual run's default
+        merged["train"]["name"] = f"{inherited['train']['name']}-continual"
     model_cfg = continual_model_config(base_model, {**recipe["model"], **overrides["model"]})
     return TrainConfig.from_dict(merged["train"]), model_cfg, DataConfig.from_dict(merged["data"])
 
