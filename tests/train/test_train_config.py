@@ -94,3 +94,36 @@ def test_continual_rules():
     assert (yarn.pe, yarn.rope_scale, yarn.original_seq_len) == ("rope-yarn", 4.0, 256)
     with pytest.raises(ValueError, match="pe="):
         continual_model_config(rope, {"pe": "tapa"})
+
+
+def test_every_flag_has_a_sentence_and_its_default():
+    parser = argparse.ArgumentParser()
+    command.add_arguments(parser)
+    config_actions = [a for group in parser._action_groups if "Config;" in (group.title or "")
+                      for a in group._group_actions]
+    assert len(config_actions) > 50
+    for action in config_actions:
+        text = action.help or ""
+        assert "(default: " in text, action.option_strings
+        sentence = text.split("(default: ")[0].strip()
+        # a sentence, not the bare field name ("model.dim") the flags used to show
+        assert len(sentence.split()) >= 2 and not sentence.startswith(("model.", "data.", "train.",
+                                                                     "ModelConfig.", "DataConfig.")), \
+            (action.option_strings, text)
+    phase = next(a for a in config_actions if "--phase-lr-scale" in a.option_strings)
+    assert "(default: 0.1)" in phase.help and "learning rate" in phase.help
+    init = next(a for a in config_actions if "--phase-init-scale" in a.option_strings)
+    assert "(default: 0.1)" in init.help  # the recipe's value and the flag's agree
+
+
+def test_list_recipes_shows_size_and_purpose(capsys):
+    from tapa.cli import main
+
+    assert main(["train", "--list-recipes"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    by_name = {line.split()[0]: line for line in lines}
+    assert set(by_name) == set(available_recipes())
+    for name, line in by_name.items():  # the size computed from the recipe's model config
+        assert f" {command._human(_params(name))} parameters" in line
+    assert "902K parameters" in by_name["tiny"] and "CPU demo" in by_name["tiny"]
+    assert "toy study" in by_name["toy-gpu"] and "B parameters" in by_name["paper-7b"]

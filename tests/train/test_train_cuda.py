@@ -47,3 +47,19 @@ def test_gpu_plain_fsdp_and_resume(cache_dir, tmp_path):
     shutil.copytree(sharded, unsharded)
     train(*_gpu_configs(unsharded, cache_dir, parallel="none", resume=True))
     assert _close(losses(unsharded), losses(plain)), (losses(unsharded), losses(plain))
+
+
+def test_gpu_hybrid_fsdp_and_resume(cache_dir, tmp_path):
+    """The TAPA hybrid (local sliding-window RoPE layers on FlexAttention, a global TAPA layer) with
+    its phase parameters at phase_lr_scale: FSDP2 and a resume follow the plain run."""
+    hybrid = dict(GPU_MODEL, n_layers=4, layer_pattern="LLLG", local_window=64)
+    plain = tmp_path / "hybrid"
+    train(*small_configs(plain, cache_dir, model=hybrid, seq_len=256, batch_size=8, steps=8,
+                         save_every=4, eval_every=4, device="cuda", phase_lr_scale=0.3))
+    assert records(plain)[-1]["loss"] < records(plain)[0]["loss"]
+    sharded = tmp_path / "hybrid-fsdp"
+    configs = dict(model=hybrid, seq_len=256, batch_size=8, steps=8, save_every=4, eval_every=4,
+                   device="cuda", phase_lr_scale=0.3, parallel="fsdp")
+    train(*small_configs(sharded, cache_dir, stop_after=4, **configs))
+    train(*small_configs(sharded, cache_dir, resume=True, **configs))
+    assert _close(losses(sharded), losses(plain)), (losses(sharded), losses(plain))

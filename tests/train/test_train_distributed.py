@@ -1,5 +1,8 @@
-"""torchrun with 2 CPU processes (gloo): DDP and FSDP2 give the single-process loss curve over the
-same global batch, and an FSDP2 checkpoint saved by 2 processes resumes on 1 and on 2."""
+"""torchrun with 2 CPU processes (gloo): DDP and FSDP2 give the single-process loss curve and
+weights over the same global batch, and an FSDP2 checkpoint saved by 2 processes resumes on 1 and
+on 2. The model is a hybrid (local sliding-window RoPE layers, global TAPA layers: issue 10) whose
+phase parameters learn at their own rate (phase_lr_scale, found by name under DDP's and FSDP2's
+wrappers: issue 11)."""
 
 import json
 import os
@@ -8,14 +11,24 @@ import subprocess
 import sys
 
 import pytest
+import torch
+from safetensors.torch import load_file
 from trainkit import losses, one_thread, records, small_configs  # noqa: F401 (autouse fixture)
 
+from tapa.train.checkpoint import resolve_checkpoint
 from tapa.train.scaling_report import report
 from tapa.train.trainer import train
 
 # float32 sums in another order (gradient all-reduce, sharded norms) differ in the last bits
 # (measured: ~5e-7 over 6 steps); a wrong data shard or a missing all-reduce moves the loss ~1e-2
 TOLERANCE = 1e-5
+# a hybrid with a window shorter than seq_len (32), so local layers really cut attention off
+HYBRID = dict(n_layers=4, layer_pattern="LLLG", local_window=8)
+PHASE_LR_SCALE = 0.3  # not the default, and far from 1: a phase group lost under a wrapper shows
+
+
+def _configs(run_dir, cache_dir, **train):
+    return small_configs(run_dir, cache_dir, model=HYBRID, phase_lr_scale=PHASE_LR_SCALE, **train)
 
 
 def _torchrun(nproc: int, args: list[str]) -> None:
@@ -24,7 +37,7 @@ def _torchrun(nproc: int, args: list[str]) -> None:
                "--nproc_per_node", str(nproc), "-m", "tapa.cli", "train", *args]
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
     if result.returncode != 0:
-        raise AssertionError(f"torchrun failed ({result.returncode}):\n{result.stderr[-4000:]}")
+        raise AssertionError(f"torchrun failed ({result.returncode}):\n{result.stderr[-20000:]}")
 
 
 def _cli_args(train_cfg, model_cfg, data_cfg) -> list[str]:
@@ -32,9 +45,9 @@ def _cli_args(train_cfg, model_cfg, data_cfg) -> list[str]:
     args = ["--run-dir", train_cfg.run_dir, "--cache-dir", data_cfg.cache_dir,
             "--vocab-size", str(data_cfg.vocab_size), "--max-train-bytes", str(data_cfg.max_train_bytes)]
     for field in ("seq_len", "batch_size", "steps", "lr", "warmup_steps", "eval_every",
-                  "eval_batches", "save_every", "log_every", "device"):
+                  "eval_batches", "save_every", "log_every", "device", "phase_lr_scale"):
         args += [f"--{field.replace('_', '-')}", str(getattr(train_cfg, field))]
-    for field in ("dim", "n_layers", "n_heads", "phase_init_scale"):
+    for field in ("dim", "n_layers", "n_heads", "phase_init_scale", "layer_pattern", "local_window"):
         args += [f"--{field.replace('_', '-')}", str(getattr(model_cfg, field))]
     return args + ["--recipe", "tiny", "--name", train_cfg.name, "--no-progress", "--no-plot"]
 
@@ -43,7 +56,7 @@ def _cli_args(train_cfg, model_cfg, data_cfg) -> list[str]:
 def single(tmp_path_factory, cache_dir):
     """The reference: one process, global batch 4, 6 steps."""
     run_dir = tmp_path_factory.mktemp("runs") / "single"
-    train(*small_configs(run_dir, cache_dir))
+    train(*_configs(run_dir, cache_dir))
     return run_dir
 
 
@@ -51,10 +64,19 @@ def _close(a, b):
     return len(a) == len(b) and all(abs(x - y) <= TOLERANCE for x, y in zip(a, b))
 
 
+def _same_weights(run_a, run_b) -> None:
+    a = load_file(resolve_checkpoint(run_a) / "model.safetensors")
+    b = load_file(resolve_checkpoint(run_b) / "model.safetensors")
+    assert sorted(a) == sorted(b) and any("wq_phase" in name for name in a)
+    for name in a:
+        assert torch.allclose(a[name], b[name], rtol=0, atol=TOLERANCE), name
+
+
 def test_ddp_two_processes_match_one(single, cache_dir, tmp_path):
-    configs = small_configs(tmp_path / "ddp", cache_dir)
+    configs = _configs(tmp_path / "ddp", cache_dir)
     _torchrun(2, _cli_args(*configs) + ["--parallel", "ddp"])
     assert _close(losses(tmp_path / "ddp"), losses(single)), (losses(tmp_path / "ddp"), losses(single))
+    _same_weights(tmp_path / "ddp", single)
     val = [r["val_loss"] or 0 for r in records(tmp_path / "ddp")]
     assert _close(val, [r["val_loss"] or 0 for r in records(single)])
 
@@ -71,17 +93,19 @@ def test_ddp_two_processes_match_one(single, cache_dir, tmp_path):
 
 def test_fsdp2_two_processes_match_one_and_resume_on_other_world_sizes(single, cache_dir, tmp_path):
     saved = tmp_path / "fsdp"
-    configs = small_configs(saved, cache_dir)
+    configs = _configs(saved, cache_dir)
     _torchrun(2, _cli_args(*configs) + ["--parallel", "fsdp", "--stop-after", "3"])
     assert _close(losses(saved), losses(single)[:3]), (losses(saved), losses(single))
     assert json.loads((saved / "checkpoints" / "step_000003" / "state.json").read_text())["world_size"] == 2
 
     on_one = tmp_path / "resume1"
     shutil.copytree(saved, on_one)
-    train(*small_configs(on_one, cache_dir, parallel="fsdp", resume=True))  # world size 1
+    train(*_configs(on_one, cache_dir, parallel="fsdp", resume=True))  # world size 1
     assert _close(losses(on_one), losses(single)), (losses(on_one), losses(single))
+    _same_weights(on_one, single)
 
     on_two = tmp_path / "resume2"
     shutil.copytree(saved, on_two)
     _torchrun(2, ["--run-dir", str(on_two), "--resume", "--no-progress", "--parallel", "fsdp"])
     assert _close(losses(on_two), losses(single)), (losses(on_two), losses(single))
+    _same_weights(on_two, single)

@@ -71,3 +71,20 @@ def test_data_only_builds_the_cache(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "data cache:" in out and "vocab 300" in out
     assert any(cache_dir.iterdir())
+
+
+def test_init_from_takes_the_model_from_the_checkpoint(cache_dir, tmp_path):
+    pre = tmp_path / "pre"
+    assert main(["train", *_common(cache_dir), "--seq-len", "32", "--steps", "2", "--lr", "2e-3",
+                 "--eval-every", "0", "--run-dir", str(pre)]) == 0
+    # no recipe repeated: model, data and train settings come from the run it continues
+    cont = tmp_path / "cont"
+    assert main(["train", "--init-from", str(pre), "--seq-len", "64", "--steps", "1",
+                 "--run-dir", str(cont), "--no-progress", "--no-plot"]) == 0
+    source, config = (json.loads((d / "config.json").read_text()) for d in (pre, cont))
+    assert config["model"] == source["model"] and config["data"] == source["data"]
+    assert (config["train"]["lr"], config["train"]["seq_len"], config["train"]["steps"]) == (2e-3, 64, 1)
+    assert config["train"]["resume"] is False and config["init_from"].endswith("step_000002")
+    assert config["train"]["name"] == source["train"]["name"] + "-continual"
+    with pytest.raises(SystemExit, match="keeps the checkpoint's dim=32; got dim=64"):
+        main(["train", "--init-from", str(pre), "--dim", "64", "--run-dir", str(tmp_path / "bad")])

@@ -3,6 +3,7 @@ parameter groups (a gradient hook would do nothing: Adam is invariant to gradien
 the run, honoured on resume and on continual runs. DDP and FSDP2: test_train_distributed.py."""
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -91,6 +92,14 @@ def test_resume_and_continual_runs_keep_it(cache_dir, tmp_path):
                  "--phase-lr-scale", "0.5", "--run-dir", str(changed), "--no-progress",
                  "--no-plot"]) == 0
     assert json.loads((changed / "config.json").read_text())["train"]["phase_lr_scale"] == 0.5
+    bare = tmp_path / "bare-checkpoint"  # outside its run: the checkpoint's state.json says it
+    shutil.copytree(resolve_checkpoint(run_dir), bare)
+    from_bare = tmp_path / "from-bare"
+    assert main(["train", "--init-from", str(bare), "--cache-dir", str(cache_dir), "--vocab-size",
+                 "300", "--max-train-bytes", "200000", "--seq-len", "64", "--steps", "1",
+                 "--batch-size", "4", "--eval-batches", "1", "--run-dir", str(from_bare),
+                 "--no-progress", "--no-plot"]) == 0
+    assert json.loads((from_bare / "config.json").read_text())["train"]["phase_lr_scale"] == 0.0
 
 
 def test_a_run_saved_before_the_field_resumes_at_one_learning_rate(cache_dir, tmp_path):

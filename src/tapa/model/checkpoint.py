@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from tapa._optional import require
+from tapa.model.attention import upgrade_state_dict
 from tapa.model.config import ModelConfig
 from tapa.model.decoder import TapaLM
 
@@ -128,7 +129,8 @@ def run_config(checkpoint: Path) -> dict:
 
 
 def load_weights(checkpoint: Path, model_cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """The checkpoint's full state dict for a TapaLM of `model_cfg`; CheckpointError on mismatch."""
+    """The checkpoint's full state dict for a TapaLM of `model_cfg` (in the current layout, whatever
+    version of tapa wrote it); CheckpointError on mismatch."""
     load_file = require("safetensors.torch").load_file
     try:
         weights = load_file(Path(checkpoint) / WEIGHTS)
@@ -136,6 +138,7 @@ def load_weights(checkpoint: Path, model_cfg: ModelConfig) -> dict[str, torch.Te
         raise CheckpointError(f"cannot read {str(Path(checkpoint) / WEIGHTS)!r}: {err}") from err
     if model_cfg.tie_embeddings and "embed.weight" in weights:
         weights["lm_head.weight"] = weights["embed.weight"]
+    weights = upgrade_state_dict(weights, model_cfg)  # checkpoints written before the phase split
     with torch.device("meta"):
         expected = TapaLM(ModelConfig.from_dict(model_cfg.to_dict())).state_dict()
     problems = sorted(set(expected) ^ set(weights))

@@ -208,13 +208,22 @@ def load_training_state(checkpoint: Path, *, model: nn.Module, optimizer: torch.
         rng_states = torch.load(checkpoint / RNG, map_location="cpu", weights_only=True)
     except Exception as err:
         raise CheckpointError(f"cannot read the optimizer/RNG state in {str(checkpoint)!r}: {err}") from err
+    def misfit(reason: str) -> CheckpointError:
+        return CheckpointError(f"the optimizer state in {str(checkpoint)!r} does not fit this "
+                               f"model's parameter groups ({reason}); it was saved by another "
+                               "version of tapa. Continue from its weights in a new run instead: "
+                               f"tapa train --init-from {checkpoint}")
+
+    saved_groups = optim_state.get("param_groups", [])
+    saved_names = {name for group in saved_groups for name in group["params"]}
+    unknown = sorted(saved_names - set(weights))
+    if len(saved_groups) != len(optimizer.param_groups) or unknown:
+        raise misfit(f"{len(saved_groups)} groups for {len(optimizer.param_groups)}"
+                     + (f", unknown parameters {unknown[:4]}" if unknown else ""))
     try:
         set_optimizer_state_dict(model, optimizer, optim_state, options=_full_options())
     except (KeyError, ValueError, RuntimeError) as err:
-        raise CheckpointError(f"the optimizer state in {str(checkpoint)!r} does not fit this "
-                              f"model's parameter groups ({type(err).__name__}: {err}); it was saved "
-                              "by another version of tapa. Continue from its weights instead: "
-                              f"tapa train --init-from {checkpoint}") from err
+        raise misfit(f"{type(err).__name__}: {err}") from err
     # RNG streams are per process; they carry over when the process count is unchanged
     if len(rng_states) == info.world_size:
         _set_rng_state(rng_states[info.rank])

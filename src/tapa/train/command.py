@@ -25,7 +25,7 @@ from tapa.model import PE_CHOICES, PHASE_MATRICES, ModelConfig
 from tapa.ops import DISTANCES, IMPLS
 from tapa.train.config import (PARALLEL_MODES, PRECISIONS, TrainConfig, available_recipes,
                                build_configs, continual_model_config, default_run_dir, find_recipe,
-                               load_recipe)
+                               load_recipe, saved_train_values)
 
 # section -> {field: flag}, flags that differ from the field name
 _RENAMED = {"data": {"source": "data"}}
@@ -102,7 +102,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="build (or find) the run's data cache and exit; run this once before "
                              "torchrun so no process waits on a long tokenization")
     groups = {section: parser.add_argument_group(
-        f"{section} ({cls.__name__}; defaults shown are the dataclass's, a recipe may set others)")
+        f"{section} ({cls.__name__}; defaults shown are the dataclass's, a recipe (tiny unless "
+        "--recipe) may set others)")
         for section, cls in _SECTIONS.items()}
     fields = {section: {f.name: f for f in dataclasses.fields(cls)}
               for section, cls in _SECTIONS.items()}
@@ -157,8 +158,7 @@ def _resume_configs(args: argparse.Namespace, overrides: dict):
         raise ValueError(f"--resume: {str(Path(run_dir) / 'config.json')!r} not found; "
                          "pass the run's --run-dir")
     saved = read_run_config(Path(run_dir))
-    # a run saved before phase_lr_scale existed trained at one learning rate
-    saved["train"] = {"phase_lr_scale": 1.0, **saved.get("train", {})}
+    saved["train"] = saved_train_values(saved.get("train", {}))
     merged = {section: {**saved.get(section, {}), **overrides[section]} for section in _SECTIONS}
     merged["train"]["run_dir"] = run_dir
     # an interruption point is not part of the run: resume to the end unless asked again
@@ -167,22 +167,30 @@ def _resume_configs(args: argparse.Namespace, overrides: dict):
 
 
 def _continual_configs(args: argparse.Namespace, overrides: dict):
-    from tapa.model.checkpoint import checkpoint_model_config, resolve_checkpoint, run_config
+    from tapa.model.checkpoint import (checkpoint_model_config, read_state, resolve_checkpoint,
+                                       run_config)
 
     checkpoint = resolve_checkpoint(overrides["train"]["init_from"])
     base_model = checkpoint_model_config(checkpoint)
+    # the source run's settings: its config.json; a bare checkpoint directory has its train
+    # settings in state.json (since phase_lr_scale) and takes the default recipe's for the rest
     source = run_config(checkpoint)
+    defaults = load_recipe("tiny")
+    saved_train = source.get("train") or read_state(checkpoint, verify=False).get("train")
+    source_data = source.get("data") or defaults["data"]
+    source_train = saved_train_values(saved_train) if saved_train else defaults["train"]
     known = {section: {f.name for f in dataclasses.fields(cls)} for section, cls in _SECTIONS.items()}
     inherited = {
-        "data": {k: v for k, v in source.get("data", {}).items() if k in known["data"]},
-        "train": {k: v for k, v in {"phase_lr_scale": 1.0, **source.get("train", {})}.items()
-                  if k in known["train"] and k not in _NOT_INHERITED} if source else {},
+        "data": {k: v for k, v in source_data.items() if k in known["data"]},
+        "train": {k: v for k, v in source_train.items()
+                  if k in known["train"] and k not in _NOT_INHERITED},
     }
-    if not source:  # a bare checkpoint directory: the default recipe's train and data settings
-        inherited = {section: load_recipe("tiny")[section] for section in ("data", "train")}
     recipe = load_recipe(args.recipe) if args.recipe else {section: {} for section in _SECTIONS}
     merged = {section: {**inherited.get(section, {}), **recipe[section], **overrides[section]}
               for section in ("data", "train")}
+    if "name" in inherited["train"] and "name" not in {**recipe["train"], **overrides["train"]}:
+        # runs/<name>-<pe>-<seq_len> of the source must not be the continual run's default
+        merged["train"]["name"] = f"{inherited['train']['name']}-continual"
     model_cfg = continual_model_config(base_model, {**recipe["model"], **overrides["model"]})
     return TrainConfig.from_dict(merged["train"]), model_cfg, DataConfig.from_dict(merged["data"])
 

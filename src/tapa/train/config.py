@@ -161,9 +161,14 @@ class TrainConfig:
 
     @classmethod
     def from_saved(cls, values: dict) -> "TrainConfig":
-        """The TrainConfig of a saved run (config.json). Runs saved before phase_lr_scale existed
-        trained every parameter at one learning rate: they keep 1.0, not today's default."""
-        return from_dict(cls, {"phase_lr_scale": 1.0, **values})
+        """The TrainConfig of a saved run (config.json or a checkpoint's state.json)."""
+        return from_dict(cls, saved_train_values(values))
+
+
+def saved_train_values(values: dict) -> dict:
+    """A saved run's train settings in today's fields. Runs saved before phase_lr_scale existed
+    trained every parameter at one learning rate: they keep 1.0, not today's default."""
+    return {"phase_lr_scale": 1.0, **values}
 
 
 # ---------------------------------------------------------------------------------------------

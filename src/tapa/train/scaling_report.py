@@ -16,12 +16,13 @@ import re
 import statistics
 from pathlib import Path
 
+from tapa.train.rundir import read_metrics
+
 RUN_NAME = re.compile(r"^(?P<recipe>.+)-(?P<mode>ddp|fsdp)-(?P<gpus>\d+)(?:-resume(?P<resumed>\d+))?$")
 
 
 def _records(run_dir: Path) -> list[dict]:
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return [json.loads(line) for line in lines if line]
+    return read_metrics(run_dir / "metrics.jsonl")
 
 
 def collect(root: Path, skip: int = 5) -> list[dict]:

@@ -126,7 +126,7 @@ class _FiniteGuard:
         self.first = torch.where(new, step, self.first)
         self.values = torch.where(new, current, self.values)
 
-    def check(self, lr_of_step) -> None:
+    def check(self, cfg: TrainConfig) -> None:
         first = self.first.clone()
         if self.info.active and self.info.world_size > 1:
             dist.all_reduce(first, op=dist.ReduceOp.MIN)
@@ -138,7 +138,7 @@ class _FiniteGuard:
                 detail = f" (loss {loss}, gradient norm {norm})"
             raise NonFiniteError(
                 f"training stopped: the loss or gradient norm is not finite at step {step}{detail}, "
-                f"learning rate {lr_of_step(step - 1):.3g}. No checkpoint was written for it; "
+                f"learning rate {lr_at(step - 1, cfg):.3g}. No checkpoint was written for it; "
                 "resume from the last checkpoint with a lower --lr or a longer --warmup-steps, "
                 "or check the data")
 
@@ -292,13 +292,14 @@ def _train(train_cfg: TrainConfig, model_cfg: ModelConfig | None, data_cfg: Data
     guard = _FiniteGuard(device, info)
 
     def save(step: int) -> None:
-        guard.check(lambda s: lr_at(s, train_cfg))
+        guard.check(train_cfg)
         window = {"loss_sum": mean_across_ranks(loss_sum, info).item(), "steps": window_steps}
         ckpt.save_checkpoint(run_dir, step=step, model=wrapped, optimizer=optimizer,
                              model_cfg=model_cfg, info=info, keep=train_cfg.keep_checkpoints,
                              extra={"tokens": step * tokens_per_step,
                                     "samples": step * train_cfg.batch_size,
-                                    "seed": train_cfg.seed, "loss_window": window})
+                                    "seed": train_cfg.seed, "loss_window": window,
+                                    "train": train_cfg.to_dict()})
 
     bar = None
     if show:
@@ -336,7 +337,7 @@ def _train(train_cfg: TrainConfig, model_cfg: ModelConfig | None, data_cfg: Data
         scheduled = is_scheduled_log(done, train_cfg)
         evaluate_now = last or (train_cfg.eval_every and done % train_cfg.eval_every == 0)
         if scheduled or last:  # a stop off the schedule logs too, but keeps the loss window
-            guard.check(lambda s: lr_at(s, train_cfg))
+            guard.check(train_cfg)
             mean_loss = mean_across_ranks(loss_sum / window_steps, info).item()
             if hasattr(grad_norm, "full_tensor"):  # FSDP2 returns a DTensor
                 grad_norm = grad_norm.full_tensor()
