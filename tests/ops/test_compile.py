@@ -50,19 +50,23 @@ def compile_for_hopper(kernel, constexprs, dtype, num_warps, num_stages=2, out_d
                    options={"num_warps": num_warps, "num_stages": num_stages})
 
 
-def logit_flags(dtype, power, quadratic, trig_poly, long_phase):
-    return dict(DIST_POWER=power, PHASE_QUAD=quadratic, TRIG_POLY=trig_poly, PTX_ASM=True,
-                LONG_PHASE=long_phase, DOT_PRECISION="ieee" if dtype == "fp32" else "tf32")
+def logit_flags(dtype, power, quadratic, trig_poly, long_phase, trig_terms=6, taylor_order=6):
+    return dict(DIST_POWER=power, PHASE_QUAD=quadratic, TRIG_POLY=trig_poly, TRIG_TERMS=trig_terms,
+                TAYLOR_ORDER=taylor_order, PTX_ASM=True, LONG_PHASE=long_phase,
+                DOT_PRECISION="ieee" if dtype == "fp32" else "tf32")
 
 
-decode_variants = [  # dtype, final, power, quadratic, trig poly, long phase, starts, BLOCK_N, warps, stages
-    ("bf16", False, True, True, True, False, True, 64, 4, 2),
-    ("bf16", True, False, False, False, True, False, 128, 8, 3),
-    ("fp16", False, True, False, True, True, True, 32, 4, 3),
-    ("fp32", True, True, True, False, False, False, 64, 4, 2),
+decode_variants = [  # dtype, final, power, quadratic, trig poly, long phase, starts, BLOCK_N, warps, stages,
+    # trig terms, taylor order
+    ("bf16", False, True, True, True, False, True, 64, 4, 2, 6, 6),
+    ("bf16", True, False, False, False, True, False, 128, 8, 3, 6, 6),
+    ("fp16", False, True, False, True, True, True, 32, 4, 3, 3, 2),
+    ("fp32", True, True, True, False, False, False, 64, 4, 2, 5, 4),
 ]
-for dtype, final, power, quadratic, trig_poly, long_phase, starts, block_n, warps, stages in decode_variants:
-    constexprs = dict(HAS_STARTS=starts, FINAL=final, **logit_flags(dtype, power, quadratic, trig_poly, long_phase),
+for (dtype, final, power, quadratic, trig_poly, long_phase, starts, block_n, warps, stages, terms,
+     order) in decode_variants:
+    flags = logit_flags(dtype, power, quadratic, trig_poly, long_phase, terms, order)
+    constexprs = dict(HAS_STARTS=starts, FINAL=final, **flags,
                       BLOCK_M=16, BLOCK_N=block_n, BLOCK_D=128, BLOCK_DV=128)
     compile_for_hopper(decode_kernel._split_kernel, constexprs, dtype, warps, stages,
                        out_dtype=dtype if final else "fp32")
@@ -70,8 +74,8 @@ compile_for_hopper(decode_kernel._merge_kernel, dict(BLOCK_S=128, BLOCK_DV=128),
 
 fused = dict(AMP_DIM=32, HEAD_DIM=64, V_DIM=64, BLOCK_DA=32, BLOCK_DP=32, BLOCK_DV=64, CAUSAL=True)
 compile_for_hopper(triton_kernels._bwd_dkdv_kernel,
-                   dict(fused, **logit_flags("bf16", True, False, False, False), BLOCK_M=32, BLOCK_N=128,
-                        DQ_ATOMIC=True), "bf16", 8, 2)
+                   dict(fused, **logit_flags("bf16", True, False, True, False, 4, 3), BLOCK_M=32, BLOCK_N=128,
+                        DQ_ATOMIC=True, WARP_SPECIALIZE=False), "bf16", 8, 2)
 print("compiled for sm_90")
 """
 

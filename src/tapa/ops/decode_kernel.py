@@ -48,7 +48,8 @@ def _split_kernel(
     kv_heads, q_len, group, head_dim, v_dim, amp_dim, keys_per_split, split_bucket,
     amp_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6,
     HAS_STARTS: tl.constexpr, FINAL: tl.constexpr, DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr,
-    TRIG_POLY: tl.constexpr, PTX_ASM: tl.constexpr, LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    TRIG_POLY: tl.constexpr, TRIG_TERMS: tl.constexpr, TAYLOR_ORDER: tl.constexpr, PTX_ASM: tl.constexpr,
+    LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
 ):
     """One (batch, kv head, split). FINAL: OUT is (B, Nq, H, Dv), LSE (B, H, Nq); otherwise
@@ -101,7 +102,7 @@ def _split_kernel(
             (query_slot[:, None] - keys[None, :]).to(tl.float32),
             (first_slot - (start + BLOCK_N - 1)).to(tl.float32), (seqlen - 1 - start).to(tl.float32),
             alpha, phase_scale, taylor_rho, b1, b2, b3, b4, b5, b6, DIST_POWER, PHASE_QUAD, TRIG_POLY,
-            PTX_ASM, LONG_PHASE, DOT_PRECISION) * amp_scale
+            TRIG_TERMS, TAYLOR_ORDER, PTX_ASM, LONG_PHASE, DOT_PRECISION) * amp_scale
         visible = key_valid[None, :] & (keys[None, :] <= query_slot[:, None]) & row_valid[:, None]
         logits = tl.where(visible, logits, float("-inf"))
 

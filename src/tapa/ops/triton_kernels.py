@@ -41,12 +41,13 @@ def _fwd_inner(acc, m_i, l_i, q_a, q_p, q_sum, pos_m, q_first,
                BLOCK_DA: tl.constexpr, BLOCK_DP: tl.constexpr, BLOCK_DV: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
                CAUSAL: tl.constexpr, DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr,
-               TRIG_POLY: tl.constexpr, PTX_ASM: tl.constexpr, LONG_PHASE: tl.constexpr,
-               DOT_PRECISION: tl.constexpr):
+               TRIG_POLY: tl.constexpr, TRIG_TERMS: tl.constexpr, TAYLOR_ORDER: tl.constexpr,
+               PTX_ASM: tl.constexpr, LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+               WARP_SPECIALIZE: tl.constexpr):
     offs_da = tl.arange(0, BLOCK_DA)
     offs_dp = AMP_DIM + tl.arange(0, BLOCK_DP)
     offs_dv = tl.arange(0, BLOCK_DV)
-    for start_n in range(lo, hi, BLOCK_N):
+    for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         key_ok = offs_n < n_k
         rows = offs_n.to(tl.int64)[:, None]
@@ -59,7 +60,8 @@ def _fwd_inner(acc, m_i, l_i, q_a, q_p, q_sum, pos_m, q_first,
         logit = tile_logits(q_a, k_a, q_p, k_p, q_sum, tl.sum(k_p.to(tl.float32), axis=1), s,
                             q_first - (key_first + (BLOCK_N - 1)), q_first + (BLOCK_M - 1) - key_first,
                             alpha, phase_scale, taylor_rho, b1, b2, b3, b4, b5, b6, DIST_POWER,
-                            PHASE_QUAD, TRIG_POLY, PTX_ASM, LONG_PHASE, DOT_PRECISION)  # x sqrt(d_A)
+                            PHASE_QUAD, TRIG_POLY, TRIG_TERMS, TAYLOR_ORDER, PTX_ASM, LONG_PHASE,
+                            DOT_PRECISION)  # x sqrt(d_A)
         if MASKED:
             visible = key_ok[None, :]
             if CAUSAL:
@@ -88,7 +90,9 @@ def _fwd_kernel(Q, K, V, Out, Lse,
                 BLOCK_DA: tl.constexpr, BLOCK_DP: tl.constexpr, BLOCK_DV: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
                 DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr, TRIG_POLY: tl.constexpr,
-                PTX_ASM: tl.constexpr, LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                TRIG_TERMS: tl.constexpr, TAYLOR_ORDER: tl.constexpr, PTX_ASM: tl.constexpr,
+                LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                WARP_SPECIALIZE: tl.constexpr):
     block = tl.program_id(0)
     if CAUSAL:  # the longest rows first, so that the last wave is short
         block = tl.num_programs(0) - 1 - block
@@ -128,14 +132,14 @@ def _fwd_kernel(Q, K, V, Out, Lse,
                                stride_kn, stride_vn, n_k, k_offset, 0, full,
                                logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6,
                                AMP_DIM, HEAD_DIM, V_DIM, BLOCK_DA, BLOCK_DP, BLOCK_DV, BLOCK_M,
-                               BLOCK_N, False, CAUSAL, DIST_POWER, PHASE_QUAD, TRIG_POLY, PTX_ASM,
-                               LONG_PHASE, DOT_PRECISION)
+                               BLOCK_N, False, CAUSAL, DIST_POWER, PHASE_QUAD, TRIG_POLY, TRIG_TERMS,
+                               TAYLOR_ORDER, PTX_ASM, LONG_PHASE, DOT_PRECISION, WARP_SPECIALIZE)
     acc, m_i, l_i = _fwd_inner(acc, m_i, l_i, q_a, q_p, q_sum, pos_m, q_first, k_base, v_base,
                                stride_kn, stride_vn, n_k, k_offset, full, hi,
                                logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6,
                                AMP_DIM, HEAD_DIM, V_DIM, BLOCK_DA, BLOCK_DP, BLOCK_DV, BLOCK_M,
-                               BLOCK_N, True, CAUSAL, DIST_POWER, PHASE_QUAD, TRIG_POLY, PTX_ASM,
-                               LONG_PHASE, DOT_PRECISION)
+                               BLOCK_N, True, CAUSAL, DIST_POWER, PHASE_QUAD, TRIG_POLY, TRIG_TERMS,
+                               TAYLOR_ORDER, PTX_ASM, LONG_PHASE, DOT_PRECISION, WARP_SPECIALIZE)
     l_safe = tl.where(l_i > 0, l_i, 1.0)  # only padding rows have no visible key
     out = acc / l_safe[:, None]
     o_base = Out + batch.to(tl.int64) * stride_ob + head.to(tl.int64) * stride_oh
@@ -182,8 +186,9 @@ def _dkdv_inner(dk_a, dk_p, dk_psum, dv, k_a, k_p, k_sum, v, pos_n, key_first,
                 BLOCK_DA: tl.constexpr, BLOCK_DP: tl.constexpr, BLOCK_DV: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
                 DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr, TRIG_POLY: tl.constexpr,
-                PTX_ASM: tl.constexpr, LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                DQ_ATOMIC: tl.constexpr):
+                TRIG_TERMS: tl.constexpr, TAYLOR_ORDER: tl.constexpr, PTX_ASM: tl.constexpr,
+                LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                WARP_SPECIALIZE: tl.constexpr, DQ_ATOMIC: tl.constexpr):
     """dK/dV of one key block against query blocks [lo, hi); tiles are (keys, queries).
 
     With DQ_ATOMIC the tile's share of dQ is also added (float32 atomics) into dq_base, so that
@@ -192,7 +197,7 @@ def _dkdv_inner(dk_a, dk_p, dk_psum, dv, k_a, k_p, k_sum, v, pos_n, key_first,
     offs_da = tl.arange(0, BLOCK_DA)
     offs_dp = AMP_DIM + tl.arange(0, BLOCK_DP)
     offs_dv = tl.arange(0, BLOCK_DV)
-    for start_m in range(lo, hi, BLOCK_M):
+    for start_m in tl.range(lo, hi, BLOCK_M, warp_specialize=WARP_SPECIALIZE):
         offs_m = start_m + tl.arange(0, BLOCK_M)
         row_ok = offs_m < n_q
         rows = offs_m.to(tl.int64)[:, None]
@@ -205,8 +210,8 @@ def _dkdv_inner(dk_a, dk_p, dk_psum, dv, k_a, k_p, k_sum, v, pos_n, key_first,
         qk_amp, cos, phase_factor = tile_logits_and_derivatives(
             k_a, q_a, k_p, q_p, k_sum, tl.sum(q_p.to(tl.float32), axis=1), s,
             q_first - (key_first + (BLOCK_N - 1)), q_first + (BLOCK_M - 1) - key_first, alpha,
-            phase_scale, taylor_rho, b1, b2, b3, b4, b5, b6, DIST_POWER, PHASE_QUAD, TRIG_POLY, PTX_ASM,
-            LONG_PHASE, DOT_PRECISION)
+            phase_scale, taylor_rho, b1, b2, b3, b4, b5, b6, DIST_POWER, PHASE_QUAD, TRIG_POLY,
+            TRIG_TERMS, TAYLOR_ORDER, PTX_ASM, LONG_PHASE, DOT_PRECISION)
         # padding query rows load lse = +inf, so p = 0 there
         lse2 = tl.load(lse_ptr + offs_m, mask=row_ok, other=float("inf")) * LOG2E
         p = tl.exp2(qk_amp * cos * logit_scale - lse2[None, :])
@@ -254,8 +259,10 @@ def _bwd_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV, DQ,
                      BLOCK_DA: tl.constexpr, BLOCK_DP: tl.constexpr, BLOCK_DV: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
                      DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr,
-                     TRIG_POLY: tl.constexpr, PTX_ASM: tl.constexpr, LONG_PHASE: tl.constexpr,
-                     DOT_PRECISION: tl.constexpr, DQ_ATOMIC: tl.constexpr):
+                     TRIG_POLY: tl.constexpr, TRIG_TERMS: tl.constexpr,
+                     TAYLOR_ORDER: tl.constexpr, PTX_ASM: tl.constexpr, LONG_PHASE: tl.constexpr,
+                     DOT_PRECISION: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
+                     DQ_ATOMIC: tl.constexpr):
     start_n = tl.program_id(0) * BLOCK_N
     batch = tl.program_id(1) // kv_heads
     kv_head = tl.program_id(1) % kv_heads
@@ -304,14 +311,16 @@ def _bwd_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV, DQ,
             lo, mid, logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6,
             amp_grad_scale, phase_grad_scale,
             AMP_DIM, HEAD_DIM, V_DIM, BLOCK_DA, BLOCK_DP, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL,
-            DIST_POWER, PHASE_QUAD, TRIG_POLY, PTX_ASM, LONG_PHASE, DOT_PRECISION, DQ_ATOMIC)
+            DIST_POWER, PHASE_QUAD, TRIG_POLY, TRIG_TERMS, TAYLOR_ORDER, PTX_ASM, LONG_PHASE,
+            DOT_PRECISION, WARP_SPECIALIZE, DQ_ATOMIC)
         dk_a, dk_p, dk_psum, dv = _dkdv_inner(
             dk_a, dk_p, dk_psum, dv, k_a, k_p, k_sum, v, pos_n, key_first, q_base, do_base, dq_base,
             Lse + bh * n_q, Delta + bh * n_q, stride_qn, stride_dn, stride_dqn, n_q, q_offset,
             mid, n_q, logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6,
             amp_grad_scale, phase_grad_scale,
             AMP_DIM, HEAD_DIM, V_DIM, BLOCK_DA, BLOCK_DP, BLOCK_DV, BLOCK_M, BLOCK_N, False,
-            DIST_POWER, PHASE_QUAD, TRIG_POLY, PTX_ASM, LONG_PHASE, DOT_PRECISION, DQ_ATOMIC)
+            DIST_POWER, PHASE_QUAD, TRIG_POLY, TRIG_TERMS, TAYLOR_ORDER, PTX_ASM, LONG_PHASE,
+            DOT_PRECISION, WARP_SPECIALIZE, DQ_ATOMIC)
 
     dk_base = DK + batch.to(tl.int64) * stride_dkb + kv_head.to(tl.int64) * stride_dkh
     tl.store(dk_base + rows * stride_dkn + offs_da[None, :],
@@ -337,13 +346,14 @@ def _dq_inner(dq_a, dq_p, dq_psum, q_a, q_p, q_sum, do, lse2, delta, pos_m, q_fi
               BLOCK_DA: tl.constexpr, BLOCK_DP: tl.constexpr, BLOCK_DV: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
               CAUSAL: tl.constexpr, DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr,
-              TRIG_POLY: tl.constexpr, PTX_ASM: tl.constexpr, LONG_PHASE: tl.constexpr,
-              DOT_PRECISION: tl.constexpr):
+              TRIG_POLY: tl.constexpr, TRIG_TERMS: tl.constexpr, TAYLOR_ORDER: tl.constexpr,
+              PTX_ASM: tl.constexpr, LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+              WARP_SPECIALIZE: tl.constexpr):
     """dQ of one query block against key blocks [lo, hi); tiles are (queries, keys)."""
     offs_da = tl.arange(0, BLOCK_DA)
     offs_dp = AMP_DIM + tl.arange(0, BLOCK_DP)
     offs_dv = tl.arange(0, BLOCK_DV)
-    for start_n in range(lo, hi, BLOCK_N):
+    for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         key_ok = offs_n < n_k
         rows = offs_n.to(tl.int64)[:, None]
@@ -356,8 +366,8 @@ def _dq_inner(dq_a, dq_p, dq_psum, q_a, q_p, q_sum, do, lse2, delta, pos_m, q_fi
         qk_amp, cos, phase_factor = tile_logits_and_derivatives(
             q_a, k_a, q_p, k_p, q_sum, tl.sum(k_p.to(tl.float32), axis=1), s,
             q_first - (key_first + (BLOCK_N - 1)), q_first + (BLOCK_M - 1) - key_first, alpha,
-            phase_scale, taylor_rho, b1, b2, b3, b4, b5, b6, DIST_POWER, PHASE_QUAD, TRIG_POLY, PTX_ASM,
-            LONG_PHASE, DOT_PRECISION)
+            phase_scale, taylor_rho, b1, b2, b3, b4, b5, b6, DIST_POWER, PHASE_QUAD, TRIG_POLY,
+            TRIG_TERMS, TAYLOR_ORDER, PTX_ASM, LONG_PHASE, DOT_PRECISION)
         p = tl.exp2(qk_amp * cos * logit_scale - lse2[:, None])
         if MASKED:
             visible = key_ok[None, :]
@@ -389,7 +399,9 @@ def _bwd_dq_kernel(Q, K, V, DOut, Lse, Delta, DQ,
                    BLOCK_DA: tl.constexpr, BLOCK_DP: tl.constexpr, BLOCK_DV: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
                    DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr, TRIG_POLY: tl.constexpr,
-                   PTX_ASM: tl.constexpr, LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                   TRIG_TERMS: tl.constexpr, TAYLOR_ORDER: tl.constexpr, PTX_ASM: tl.constexpr,
+                   LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                   WARP_SPECIALIZE: tl.constexpr):
     block = tl.program_id(0)
     if CAUSAL:
         block = tl.num_programs(0) - 1 - block
@@ -435,13 +447,15 @@ def _bwd_dq_kernel(Q, K, V, DOut, Lse, Delta, DQ,
         stride_kn, stride_vn, n_k, k_offset, 0, full,
         logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6,
         AMP_DIM, HEAD_DIM, V_DIM, BLOCK_DA, BLOCK_DP, BLOCK_DV, BLOCK_M, BLOCK_N, False, CAUSAL,
-        DIST_POWER, PHASE_QUAD, TRIG_POLY, PTX_ASM, LONG_PHASE, DOT_PRECISION)
+        DIST_POWER, PHASE_QUAD, TRIG_POLY, TRIG_TERMS, TAYLOR_ORDER, PTX_ASM, LONG_PHASE,
+        DOT_PRECISION, WARP_SPECIALIZE)
     dq_a, dq_p, dq_psum = _dq_inner(
         dq_a, dq_p, dq_psum, q_a, q_p, q_sum, do, lse2, delta, pos_m, q_first, k_base, v_base,
         stride_kn, stride_vn, n_k, k_offset, full, hi,
         logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6,
         AMP_DIM, HEAD_DIM, V_DIM, BLOCK_DA, BLOCK_DP, BLOCK_DV, BLOCK_M, BLOCK_N, True, CAUSAL,
-        DIST_POWER, PHASE_QUAD, TRIG_POLY, PTX_ASM, LONG_PHASE, DOT_PRECISION)
+        DIST_POWER, PHASE_QUAD, TRIG_POLY, TRIG_TERMS, TAYLOR_ORDER, PTX_ASM, LONG_PHASE,
+        DOT_PRECISION, WARP_SPECIALIZE)
 
     dq_base = DQ + batch.to(tl.int64) * stride_dqb + head.to(tl.int64) * stride_dqh
     tl.store(dq_base + rows * stride_dqn + offs_da[None, :],

@@ -2,23 +2,38 @@
 
 `forward` returns (out, lse); `backward` returns (dq, dk, dv). Autograd and the torch custom op
 around them live in `tapa.ops.triton_attention`; the kernels in `tapa.ops.triton_kernels`.
+
+Kernel variants (for timing them against the defaults, never defaults before they are timed):
+`LaunchConfigs` holds every choice, `parse_variant` reads one from a string such as
+"dkdv=64x128/8/2,dq_atomic=1,trig_terms=4" (keys are the field names), and the environment
+variable TAPA_KERNEL_VARIANT applies such a string on top of `default_configs`, so that any
+command (`tapa bench model`, training) runs a variant unchanged.
 """
 
+import functools
 import math
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, fields, replace
 
 import torch
 import triton
 
 from tapa.ops import triton_kernels as kernels
+from tapa.ops.triton_logits import TRIG_COEFFICIENTS
 
 MAX_HEAD_DIM = 256
-# Error target of the Taylor series of d ** alpha around a tile's centre distance (relative).
+# Error target of the Taylor series of d ** alpha around a tile's centre distance (relative),
+# and its degree (1..6; a lower degree narrows the band of tiles where the series applies).
 TAYLOR_TOLERANCE = 1e-8
 TAYLOR_ORDER = 6
 # cos/sin as polynomials on the FMA pipes (True) or the MUFU's cos.approx/sin.approx (False).
 # (Measured on the H200: the MUFU is about 5% faster, but its GPU accuracy is not yet checked.)
 TRIG_POLY = True
+# Terms of the sin polynomial (cos takes one more); see triton_logits.TRIG_COEFFICIENTS.
+TRIG_TERMS = 6
+# float32 inputs never take a polynomial whose evaluation error exceeds this.
+FLOAT32_TRIG_ERROR = 1e-6
+VARIANT_ENV = "TAPA_KERNEL_VARIANT"
 # From this f(d) on, the kernels take the LONG_PHASE path: d ** alpha to a few ulp however large,
 # and a second turn reduction, valid for any finite phase. Below it the one reduction (exact for
 # |t| < 2**22) needs only |q_P . k_P| / sqrt(d_P) < 2**19, and exp2(alpha * log2 d) loses at most
@@ -31,12 +46,18 @@ DQ_ATOMIC = False
 
 @dataclass(frozen=True)
 class KernelConfig:
-    """Block sizes and launch options of one kernel: queries x keys per tile, warps, stages."""
+    """Block sizes and launch options of one kernel: queries x keys per tile, warps, stages, and
+    whether its main loop asks Triton for warp specialization (`tl.range(warp_specialize=)`)."""
 
     block_m: int
     block_n: int
     num_warps: int = 4
     num_stages: int = 2
+    warp_specialize: bool = False
+
+    def __str__(self):
+        return (f"{self.block_m}x{self.block_n}/{self.num_warps}/{self.num_stages}"
+                + ("/ws" if self.warp_specialize else ""))
 
 
 @dataclass(frozen=True)
@@ -46,6 +67,9 @@ class LaunchConfigs:
     dq: KernelConfig
     trig_poly: bool | None = None  # None: the module's TRIG_POLY
     dq_atomic: bool | None = None  # None: the module's DQ_ATOMIC
+    trig_terms: int | None = None  # None: the module's TRIG_TERMS
+    taylor_order: int | None = None  # None: the module's TAYLOR_ORDER
+    taylor_tolerance: float | None = None  # None: the module's TAYLOR_TOLERANCE
 
 
 def interpreting() -> bool:
@@ -72,10 +96,111 @@ class override_configs:
         _override = self.previous
 
 
+def _parse_kernel_config(key: str, text: str) -> KernelConfig:
+    """'128x64/8/3' (warps and stages optional, '/ws' last for warp specialization)."""
+    parts = text.split("/")
+    warp_specialize = parts[-1] == "ws"
+    if warp_specialize:
+        parts = parts[:-1]
+    try:
+        block_m, block_n = (int(x) for x in parts[0].split("x"))
+        numbers = [int(x) for x in parts[1:]]
+    except ValueError:
+        numbers = None
+    if numbers is None or len(numbers) > 2:
+        raise ValueError(f"kernel variant {key}={text!r}: expected BMxBN[/warps[/stages]][/ws], "
+                         "e.g. 128x64/8/3")
+    config = KernelConfig(block_m, block_n, *numbers, warp_specialize=warp_specialize)
+    for name in ("block_m", "block_n", "num_warps"):
+        value = getattr(config, name)
+        if value < 1 or value & (value - 1):
+            raise ValueError(f"kernel variant {key}={text!r}: {name} must be a power of two")
+    if config.block_m < 16 or config.block_n < 16 or config.num_stages < 1:
+        raise ValueError(f"kernel variant {key}={text!r}: blocks must be >= 16 and stages >= 1")
+    return config
+
+
+def _parse_flag(key: str, text: str) -> bool:
+    if text not in ("0", "1"):
+        raise ValueError(f"kernel variant {key}={text!r}: expected 0 or 1")
+    return text == "1"
+
+
+def parse_variant(spec: str) -> dict:
+    """Field changes of `LaunchConfigs` from 'key=value,key=value' (keys are its field names).
+
+    fwd/dkdv/dq=BMxBN[/warps[/stages]][/ws]; dq_atomic, trig_poly=0|1; trig_terms=3..6 (sin
+    terms; float32 inputs keep at least FLOAT32_TRIG_ERROR); taylor_order=1..6;
+    taylor_tolerance=<float>. An empty spec changes nothing.
+    """
+    changes: dict = {}
+    names = {f.name for f in fields(LaunchConfigs)}
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        key, sep, text = item.partition("=")
+        key, text = key.strip(), text.strip()
+        if not sep or key not in names:
+            raise ValueError(f"kernel variant {item!r}: expected key=value with key one of "
+                             f"{sorted(names)}")
+        if key in ("fwd", "dkdv", "dq"):
+            changes[key] = _parse_kernel_config(key, text)
+        elif key in ("dq_atomic", "trig_poly"):
+            changes[key] = _parse_flag(key, text)
+        elif key == "trig_terms":
+            if not text.isdigit() or int(text) not in TRIG_COEFFICIENTS:
+                raise ValueError(f"kernel variant trig_terms={text!r}: expected one of "
+                                 f"{sorted(TRIG_COEFFICIENTS)}")
+            changes[key] = int(text)
+        elif key == "taylor_order":
+            if not text.isdigit() or not 1 <= int(text) <= 6:
+                raise ValueError(f"kernel variant taylor_order={text!r}: expected 1..6")
+            changes[key] = int(text)
+        else:
+            try:
+                tolerance = float(text)
+            except ValueError:
+                tolerance = -1.0
+            if not 0 < tolerance < 1e-2:
+                raise ValueError(f"kernel variant taylor_tolerance={text!r}: expected 0 < x < 1e-2")
+            changes[key] = tolerance
+    return changes
+
+
+def with_variant(configs: LaunchConfigs, changes: dict | str) -> LaunchConfigs:
+    """configs with the changes of `parse_variant` (or its spec string) applied."""
+    return replace(configs, **(parse_variant(changes) if isinstance(changes, str) else changes))
+
+
+def describe(configs: LaunchConfigs) -> str:
+    """The variant string that rebuilds configs with `with_variant` from any base."""
+    parts = [f"fwd={configs.fwd}", f"dkdv={configs.dkdv}", f"dq={configs.dq}"]
+    for name in ("dq_atomic", "trig_poly"):
+        if getattr(configs, name) is not None:
+            parts.append(f"{name}={int(getattr(configs, name))}")
+    for name in ("trig_terms", "taylor_order", "taylor_tolerance"):
+        if getattr(configs, name) is not None:
+            parts.append(f"{name}={getattr(configs, name)}")
+    return ",".join(parts)
+
+
+@functools.lru_cache(maxsize=8)
+def _env_variant(spec: str) -> dict:
+    try:
+        return parse_variant(spec)
+    except ValueError as err:
+        raise ValueError(f"{VARIANT_ENV}: {err}") from None
+
+
 def default_configs(head_dim: int, v_dim: int, dtype: torch.dtype) -> LaunchConfigs:
-    """Block sizes by head size and dtype (Hopper choices; see results/kernel-h200/NOTES.md)."""
+    """Block sizes by head size and dtype (Hopper choices; see results/kernel-h200/NOTES.md),
+    with the variant of TAPA_KERNEL_VARIANT applied when it is set (not under `override_configs`)."""
     if _override is not None:
         return _override
+    configs = _default_configs(head_dim, v_dim, dtype)
+    spec = os.environ.get(VARIANT_ENV, "")
+    return replace(configs, **_env_variant(spec)) if spec else configs
+
+
+def _default_configs(head_dim: int, v_dim: int, dtype: torch.dtype) -> LaunchConfigs:
     if interpreting():  # small tiles: several per test shape, and quick on a CPU
         return LaunchConfigs(KernelConfig(32, 16), KernelConfig(16, 32), KernelConfig(32, 16))
     width = max(head_dim, v_dim)
@@ -91,10 +216,24 @@ def default_configs(head_dim: int, v_dim: int, dtype: torch.dtype) -> LaunchConf
                          KernelConfig(32, 16, 4, 1))
 
 
+def _chosen(configs: LaunchConfigs | None, name: str, default):
+    value = None if configs is None else getattr(configs, name)
+    return default if value is None else value
+
+
 def trig_poly(configs: LaunchConfigs | None = None) -> bool:
     """Polynomial cos/sin or the MUFU's; the interpreter has no PTX, so it always takes the polynomials."""
-    chosen = TRIG_POLY if configs is None or configs.trig_poly is None else configs.trig_poly
-    return chosen or interpreting()
+    return _chosen(configs, "trig_poly", TRIG_POLY) or interpreting()
+
+
+def trig_terms(configs: LaunchConfigs | None, dtype: torch.dtype) -> int:
+    """Terms of the sin polynomial; float32 inputs take the next longer one until its error is
+    at most FLOAT32_TRIG_ERROR (the half-precision grades would show in float32 results)."""
+    terms = _chosen(configs, "trig_terms", TRIG_TERMS)
+    if dtype == torch.float32:
+        while TRIG_COEFFICIENTS[terms][2] > FLOAT32_TRIG_ERROR:
+            terms += 1
+    return terms
 
 
 def check_supported(q: torch.Tensor, v: torch.Tensor) -> None:
@@ -113,15 +252,37 @@ def _binomial(alpha: float, order: int) -> float:
     return value
 
 
-def taylor_constants(alpha: float) -> tuple[float, list[float]]:
-    """(rho, [b_1..b_6]): (1 + u) ** alpha = 1 + sum_k b_k u**k within tolerance for |u| <= rho."""
-    coefficients = [_binomial(alpha, order) for order in range(1, TAYLOR_ORDER + 1)]
-    remainder = abs(_binomial(alpha, TAYLOR_ORDER + 1))
+def taylor_series_error(alpha: float, order: int, rho: float, points: int = 257) -> float:
+    """Largest |1 + sum_{k<=order} b_k u**k - (1 + u) ** alpha| / (1 + u) ** alpha over |u| <= rho
+    (a dense grid with both ends), in float64."""
+    coefficients = [_binomial(alpha, k) for k in range(1, order + 1)]
+    worst = 0.0
+    for i in range(points):
+        u = rho * (2 * i / (points - 1) - 1)
+        series = 1 + sum(c * u ** (k + 1) for k, c in enumerate(coefficients))
+        exact = (1 + u) ** alpha
+        worst = max(worst, abs(series - exact) / exact)
+    return worst
+
+
+@functools.lru_cache(maxsize=64)
+def taylor_constants(alpha: float, order: int = TAYLOR_ORDER,
+                     tolerance: float = TAYLOR_TOLERANCE) -> tuple[float, list[float]]:
+    """(rho, [b_1..b_6]): (1 + u) ** alpha = 1 + sum_{k<=order} b_k u**k within tolerance
+    (relative) for |u| <= rho; b_k past the order are returned but not used.
+
+    rho starts from the first omitted term (the remainder is below twice that term when the
+    terms after it shrink by 1/2 or more, true for order 6, alpha <= 15, rho <= 1/2) and is then
+    checked on a dense grid and narrowed until the error is within tolerance, which makes the
+    bound hold for every order and alpha.
+    """
+    coefficients = [_binomial(alpha, k) for k in range(1, 7)]
+    remainder = abs(_binomial(alpha, order + 1))
     if remainder == 0:  # alpha a small integer: the series is exact
         return 0.5, coefficients
-    # for alpha <= 15 and rho <= 1/2 the terms after the last shrink by 1/2 or more each, so
-    # the remainder is below twice its first term
-    rho = min(0.5, (TAYLOR_TOLERANCE / 2 / remainder) ** (1 / (TAYLOR_ORDER + 1)))
+    rho = min(0.5, (tolerance / 2 / remainder) ** (1 / (order + 1)))
+    while taylor_series_error(alpha, order, rho) > tolerance:
+        rho *= 0.9
     return rho, coefficients
 
 
@@ -139,10 +300,13 @@ def logits_args(*, alpha: float, distance: str, phase: str, phase_dim: int, dtyp
                 max_distance: int, configs: LaunchConfigs | None = None) -> tuple[list, dict]:
     """The scalars (phase_scale, alpha, taylor_rho, b1..b6) and flags of
     `triton_logits.tile_logits`, the same for every kernel that calls it."""
-    rho, coefficients = taylor_constants(alpha)
+    order = _chosen(configs, "taylor_order", TAYLOR_ORDER)
+    rho, coefficients = taylor_constants(float(alpha), order,
+                                         _chosen(configs, "taylor_tolerance", TAYLOR_TOLERANCE))
     scalars = [1 / math.sqrt(phase_dim), float(alpha), rho, *coefficients]
     flags = dict(DIST_POWER=distance == "power", PHASE_QUAD=phase == "quadratic",
-                 TRIG_POLY=trig_poly(configs), PTX_ASM=not interpreting(),
+                 TRIG_POLY=trig_poly(configs), TRIG_TERMS=trig_terms(configs, dtype),
+                 TAYLOR_ORDER=order, PTX_ASM=not interpreting(),
                  LONG_PHASE=long_phase(alpha, distance, max_distance),
                  DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32")
     return scalars, flags
@@ -157,6 +321,30 @@ def _common_args(q, k, v, amp_dim, alpha, distance, phase, causal, q_offset, k_o
     constexprs = dict(AMP_DIM=amp_dim, HEAD_DIM=head_dim, V_DIM=v_dim, BLOCK_DA=_pow2(amp_dim),
                       BLOCK_DP=_pow2(phase_dim), BLOCK_DV=_pow2(v_dim), CAUSAL=causal, **flags)
     return [math.log2(math.e) / math.sqrt(amp_dim), *scalars], constexprs
+
+
+# The last compiled kernel launched per (kernel, config, flags): their register and spill counts
+# (`compiled_kernels`) are the compiler's side of a variant's timing.
+_compiled: dict[tuple, object] = {}
+
+
+def _remember(name: str, config: KernelConfig, constexprs: dict, compiled) -> None:
+    if compiled is not None and not interpreting():
+        _compiled[(name, config, tuple(sorted((k, str(v)) for k, v in constexprs.items())))] = compiled
+
+
+def compiled_kernels() -> list[tuple[dict, object]]:
+    """(description, Triton CompiledKernel) of every kernel launched so far in this process: the
+    description has the kernel's name, config, constexpr flags, and n_regs, n_spills (local
+    memory bytes / 4, as Triton reports it) and shared memory bytes when the compiler gave them."""
+    rows = []
+    for (name, config, flags), compiled in _compiled.items():
+        metadata = getattr(compiled, "metadata", None)
+        rows.append((dict(kernel=name, config=str(config), **dict(flags),
+                          n_regs=getattr(compiled, "n_regs", None),
+                          n_spills=getattr(compiled, "n_spills", None),
+                          shared=getattr(metadata, "shared", None)), compiled))
+    return rows
 
 
 def _row_strides(t: torch.Tensor):
@@ -181,11 +369,12 @@ def forward(q, k, v, *, amp_dim, alpha, distance, phase, causal, q_offset, k_off
     scalars, constexprs = _common_args(q, k, v, amp_dim, alpha, distance, phase, causal, q_offset,
                                        k_offset, configs)
     grid = (triton.cdiv(n_q, cfg.block_m), batch * heads)
-    kernels._fwd_kernel[grid](
+    compiled = kernels._fwd_kernel[grid](
         q, k, v, out, lse, *_row_strides(q), *_row_strides(k), *_row_strides(v),
         *_row_strides(out), n_q, n_k, q_offset, k_offset, heads, heads // kv_heads, *scalars,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages, **constexprs)
+        num_stages=cfg.num_stages, WARP_SPECIALIZE=cfg.warp_specialize, **constexprs)
+    _remember("fwd", cfg, constexprs, compiled)
     return out, lse
 
 
@@ -215,18 +404,22 @@ def backward(dout, dlse, q, k, v, out, lse, *, amp_dim, alpha, distance, phase, 
           else torch.empty_like(q))
 
     cfg = configs.dkdv
-    kernels._bwd_dkdv_kernel[(triton.cdiv(n_k, cfg.block_n), batch * kv_heads)](
+    compiled = kernels._bwd_dkdv_kernel[(triton.cdiv(n_k, cfg.block_n), batch * kv_heads)](
         q, k, v, dout, lse, delta, dk, dv, dq, *_row_strides(q), *_row_strides(k),
         *_row_strides(v), *_row_strides(dout), *_row_strides(dk), *_row_strides(dv),
         *_row_strides(dq), n_q, n_k, q_offset, k_offset, kv_heads, heads // kv_heads, *scalars,
         *grad_scales, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, DQ_ATOMIC=dq_atomic,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **constexprs)
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, WARP_SPECIALIZE=cfg.warp_specialize,
+        **constexprs)
+    _remember("dkdv_atomic_dq" if dq_atomic else "dkdv", cfg, constexprs, compiled)
     if dq_atomic:
         return dq.to(q.dtype), dk, dv
     cfg = configs.dq
-    kernels._bwd_dq_kernel[(triton.cdiv(n_q, cfg.block_m), batch * heads)](
+    compiled = kernels._bwd_dq_kernel[(triton.cdiv(n_q, cfg.block_m), batch * heads)](
         q, k, v, dout, lse, delta, dq, *_row_strides(q), *_row_strides(k), *_row_strides(v),
         *_row_strides(dout), *_row_strides(dq), n_q, n_k, q_offset, k_offset, heads,
         heads // kv_heads, *scalars, *grad_scales, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **constexprs)
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, WARP_SPECIALIZE=cfg.warp_specialize,
+        **constexprs)
+    _remember("dq", cfg, constexprs, compiled)
     return dq, dk, dv

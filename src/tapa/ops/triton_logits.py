@@ -18,11 +18,16 @@ per score each exp2 / log2 / cos costs about a quarter of the matmul work at D=1
   is evaluated to a few ulp by an exact exponent split and the phase is reduced twice, so that
   the kernels stay as accurate as the float32 reference for any finite phase;
 - cos/sin are odd/even polynomials after the turn reduction (FMA pipes, `TRIG_POLY`), or the
-  MUFU's cos.approx/sin.approx (GPU only); which is faster is measured, not assumed.
+  MUFU's cos.approx/sin.approx (GPU only); which is faster is measured, not assumed. TRIG_TERMS
+  picks the polynomials' length: sin has TRIG_TERMS terms and cos one more (`TRIG_COEFFICIENTS` holds
+  each pair's float32 evaluation error, which tests/ops checks on the host);
+- TAYLOR_ORDER is the degree of the far-tile series (the host widens or narrows the band where it
+  applies, `taylor_rho`, to keep its tolerance).
 
 Flags (constexpr, the same names in every kernel): DIST_POWER (f = d ** alpha, else alpha * d),
-PHASE_QUAD (phi = a_P . b_P, else the sums), TRIG_POLY, PTX_ASM (MUFU's lg2.approx near the
-diagonal; GPU only), LONG_PHASE, DOT_PRECISION ("ieee" for float32 operands, else "tf32").
+PHASE_QUAD (phi = a_P . b_P, else the sums), TRIG_POLY, TRIG_TERMS, TAYLOR_ORDER, PTX_ASM (MUFU's
+lg2.approx near the diagonal; GPU only), LONG_PHASE, DOT_PRECISION ("ieee" for float32 operands,
+else "tf32").
 """
 
 import triton
@@ -33,8 +38,9 @@ TWO_PI = tl.constexpr(6.283185307179586)
 # (ties to even), on the FMA pipes.
 ROUND_MAGIC = tl.constexpr(12582912.0)
 
-# Least-squares fits on Chebyshev nodes over |u| <= 1/4 (float32 evaluation error < 2.2e-7):
-# sin(2 pi u) = u * S(u^2) and cos(2 pi u) = C(u^2).
+# Least-squares fits on Chebyshev nodes over |u| <= 1/4: sin(2 pi u) = u * S(u^2) and
+# cos(2 pi u) = C(u^2). The default pair (TRIG_TERMS = 6: S0..S5, C0..C6) evaluates to < 2.2e-7 in
+# float32; the shorter pairs (S<n>_k, C<n>_k for TRIG_TERMS = n) are near-minimax (Lawson) fits.
 S0 = tl.constexpr(6.283185306485776)
 S1 = tl.constexpr(-41.34170192921982)
 S2 = tl.constexpr(81.605209381538)
@@ -48,6 +54,42 @@ C3 = tl.constexpr(-85.4567882051106)
 C4 = tl.constexpr(60.243312641375056)
 C5 = tl.constexpr(-26.39496046109827)
 C6 = tl.constexpr(7.536663068315142)
+S5_0 = tl.constexpr(6.283185160090517)
+S5_1 = tl.constexpr(-41.34165503159368)
+S5_2 = tl.constexpr(81.60100408231098)
+S5_3 = tl.constexpr(-76.54978247208814)
+S5_4 = tl.constexpr(39.53670726702226)
+C5_0 = tl.constexpr(0.999999999780909)
+C5_1 = tl.constexpr(-19.73920854899617)
+C5_2 = tl.constexpr(64.93934663691448)
+C5_3 = tl.constexpr(-85.45357189891747)
+C5_4 = tl.constexpr(60.14401945212292)
+C5_5 = tl.constexpr(-24.982263194331253)
+S4_0 = tl.constexpr(6.283164044420753)
+S4_1 = tl.constexpr(-41.3371423834651)
+S4_2 = tl.constexpr(81.3407692431977)
+S4_3 = tl.constexpr(-70.9934363118566)
+C4_0 = tl.constexpr(0.9999999535200732)
+C4_1 = tl.constexpr(-19.7391714461453)
+C4_2 = tl.constexpr(64.93459128752038)
+C4_3 = tl.constexpr(-85.2403444412387)
+C4_4 = tl.constexpr(56.24248097859275)
+S3_0 = tl.constexpr(6.281280084030835)
+S3_1 = tl.constexpr(-41.09524308858073)
+S3_2 = tl.constexpr(73.58551946611965)
+C3_0 = tl.constexpr(0.9999933027386705)
+C3_1 = tl.constexpr(-19.7357530192206)
+C3_2 = tl.constexpr(64.66057196883821)
+C3_3 = tl.constexpr(-78.21641356485915)
+
+# TRIG_TERMS -> (sin coefficients, cos coefficients, bound on the float32 evaluation error of
+# either over |u| <= 1/4). The host reads this table; tests/ops recomputes the bounds.
+TRIG_COEFFICIENTS = {
+    6: ((S0, S1, S2, S3, S4, S5), (C0, C1, C2, C3, C4, C5, C6), 2.5e-7),
+    5: ((S5_0, S5_1, S5_2, S5_3, S5_4), (C5_0, C5_1, C5_2, C5_3, C5_4, C5_5), 2.5e-7),
+    4: ((S4_0, S4_1, S4_2, S4_3), (C4_0, C4_1, C4_2, C4_3, C4_4), 8e-7),
+    3: ((S3_0, S3_1, S3_2), (C3_0, C3_1, C3_2, C3_3), 7e-5),
+}
 
 
 @triton.jit
@@ -83,34 +125,54 @@ def _exact_pow(d, alpha):
 
 
 @triton.jit
-def _sin_poly(u):
+def _sin_poly(u, TERMS: tl.constexpr):
+    """sin(2 pi u) for |u| <= 1/4, by the odd polynomial of TERMS terms."""
     w = u * u
-    return u * (S0 + w * (S1 + w * (S2 + w * (S3 + w * (S4 + w * S5)))))
+    if TERMS == 6:
+        s = S0 + w * (S1 + w * (S2 + w * (S3 + w * (S4 + w * S5))))
+    elif TERMS == 5:
+        s = S5_0 + w * (S5_1 + w * (S5_2 + w * (S5_3 + w * S5_4)))
+    elif TERMS == 4:
+        s = S4_0 + w * (S4_1 + w * (S4_2 + w * S4_3))
+    else:
+        tl.static_assert(TERMS == 3, "TRIG_TERMS must be 3, 4, 5 or 6")
+        s = S3_0 + w * (S3_1 + w * S3_2)
+    return u * s
 
 
 @triton.jit
-def _cos_poly(u):
+def _cos_poly(u, TERMS: tl.constexpr):
+    """cos(2 pi u) for |u| <= 1/4, by the even polynomial of TERMS + 1 terms."""
     w = u * u
-    return C0 + w * (C1 + w * (C2 + w * (C3 + w * (C4 + w * (C5 + w * C6)))))
+    if TERMS == 6:
+        c = C0 + w * (C1 + w * (C2 + w * (C3 + w * (C4 + w * (C5 + w * C6)))))
+    elif TERMS == 5:
+        c = C5_0 + w * (C5_1 + w * (C5_2 + w * (C5_3 + w * (C5_4 + w * C5_5))))
+    elif TERMS == 4:
+        c = C4_0 + w * (C4_1 + w * (C4_2 + w * (C4_3 + w * C4_4)))
+    else:
+        tl.static_assert(TERMS == 3, "TRIG_TERMS must be 3, 4, 5 or 6")
+        c = C3_0 + w * (C3_1 + w * (C3_2 + w * C3_3))
+    return c
 
 
 @triton.jit
-def _cos_turns(r, TRIG_POLY: tl.constexpr):
+def _cos_turns(r, TRIG_POLY: tl.constexpr, TRIG_TERMS: tl.constexpr):
     """cos(2 pi r) for r in [-1/2, 1/2]."""
     if TRIG_POLY:
-        return _sin_poly(0.25 - tl.abs(r))  # cos(2 pi r) = sin(2 pi (1/4 - |r|))
+        return _sin_poly(0.25 - tl.abs(r), TRIG_TERMS)  # cos(2 pi r) = sin(2 pi (1/4 - |r|))
     else:
         return tl.inline_asm_elementwise("cos.approx.ftz.f32 $0, $1;", "=r,r", [r * TWO_PI],
                                          dtype=tl.float32, is_pure=True, pack=1)
 
 
 @triton.jit
-def _sincos_turns(r, TRIG_POLY: tl.constexpr):
+def _sincos_turns(r, TRIG_POLY: tl.constexpr, TRIG_TERMS: tl.constexpr):
     """(cos(2 pi r), sin(2 pi r)) for r in [-1/2, 1/2]."""
     if TRIG_POLY:
         u = 0.25 - tl.abs(r)
-        sin_abs = _cos_poly(u)  # sin(2 pi |r|) = cos(2 pi (|r| - 1/4))
-        return _sin_poly(u), tl.where(r < 0, -sin_abs, sin_abs)
+        sin_abs = _cos_poly(u, TRIG_TERMS)  # sin(2 pi |r|) = cos(2 pi (|r| - 1/4))
+        return _sin_poly(u, TRIG_TERMS), tl.where(r < 0, -sin_abs, sin_abs)
     else:
         x = r * TWO_PI
         cos = tl.inline_asm_elementwise("cos.approx.ftz.f32 $0, $1;", "=r,r", [x],
@@ -133,13 +195,15 @@ def _log2(x, PTX_ASM: tl.constexpr):
 @triton.jit
 def _scaled_distance_weight(s, s_lo, s_hi, alpha, phase_scale, taylor_rho,
                             b1, b2, b3, b4, b5, b6, DIST_POWER: tl.constexpr,
-                            PTX_ASM: tl.constexpr, LONG_PHASE: tl.constexpr):
+                            TAYLOR_ORDER: tl.constexpr, PTX_ASM: tl.constexpr,
+                            LONG_PHASE: tl.constexpr):
     """f(|s|) * phase_scale for a tile of signed distances s = m - n, s_lo <= s <= s_hi.
 
     Far from the diagonal (the tile on one side of it and its half-span <= taylor_rho * centre),
-    d ** alpha = d0 ** alpha * (1 + u) ** alpha with u = d / d0 - 1, as a Taylor series whose
-    binomial coefficients b_k come from the host. LONG_PHASE (f(d) reaches LONG_PHASE_FROM):
-    d ** alpha by `_exact_pow`, whose error does not grow with the result.
+    d ** alpha = d0 ** alpha * (1 + u) ** alpha with u = d / d0 - 1, as a Taylor series of degree
+    TAYLOR_ORDER (<= 6) whose binomial coefficients b_k come from the host (b_k past the order are
+    not read). LONG_PHASE (f(d) reaches LONG_PHASE_FROM): d ** alpha by `_exact_pow`, whose error
+    does not grow with the result.
     """
     if DIST_POWER:
         centre = (s_lo + s_hi) * 0.5
@@ -151,12 +215,30 @@ def _scaled_distance_weight(s, s_lo, s_hi, alpha, phase_scale, taylor_rho,
             else:
                 p0 = tl.exp2(alpha * tl.log2(d0)) * phase_scale
             u = s * (tl.where(centre > 0, 1.0, -1.0) / d0) - 1.0
-            h = p0 * b6
-            h = h * u + p0 * b5
-            h = h * u + p0 * b4
-            h = h * u + p0 * b3
-            h = h * u + p0 * b2
-            h = h * u + p0 * b1
+            # Horner from the leading (scalar) coefficient down: TAYLOR_ORDER FMAs per element
+            tl.static_assert((TAYLOR_ORDER >= 1) & (TAYLOR_ORDER <= 6), "TAYLOR_ORDER must be 1..6")
+            if TAYLOR_ORDER == 6:
+                h = p0 * b6
+            elif TAYLOR_ORDER == 5:
+                h = p0 * b5
+            elif TAYLOR_ORDER == 4:
+                h = p0 * b4
+            elif TAYLOR_ORDER == 3:
+                h = p0 * b3
+            elif TAYLOR_ORDER == 2:
+                h = p0 * b2
+            else:
+                h = p0 * b1
+            if TAYLOR_ORDER > 5:
+                h = h * u + p0 * b5
+            if TAYLOR_ORDER > 4:
+                h = h * u + p0 * b4
+            if TAYLOR_ORDER > 3:
+                h = h * u + p0 * b3
+            if TAYLOR_ORDER > 2:
+                h = h * u + p0 * b2
+            if TAYLOR_ORDER > 1:
+                h = h * u + p0 * b1
             fs = h * u + p0
         elif LONG_PHASE:
             d = tl.abs(s)
@@ -176,11 +258,12 @@ def _scaled_distance_weight(s, s_lo, s_hi, alpha, phase_scale, taylor_rho,
 @triton.jit
 def _tile_amplitude_and_phase(a_amp, b_amp, a_phase, b_phase, a_phase_sum, b_phase_sum, s, s_lo, s_hi,
                               alpha, phase_scale, taylor_rho, b1, b2, b3, b4, b5, b6,
-                              DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr, PTX_ASM: tl.constexpr,
+                              DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr,
+                              TAYLOR_ORDER: tl.constexpr, PTX_ASM: tl.constexpr,
                               LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """(qk_amp, r, fs): the amplitude dot, the reduced phase r = t - round(t) and fs = f / sqrt(d_P)."""
     fs = _scaled_distance_weight(s, s_lo, s_hi, alpha, phase_scale, taylor_rho, b1, b2, b3, b4, b5, b6,
-                                 DIST_POWER, PTX_ASM, LONG_PHASE)
+                                 DIST_POWER, TAYLOR_ORDER, PTX_ASM, LONG_PHASE)
     if PHASE_QUAD:
         t = tl.dot(a_phase, tl.trans(b_phase), input_precision=DOT_PRECISION) * fs
     else:
@@ -193,7 +276,8 @@ def _tile_amplitude_and_phase(a_amp, b_amp, a_phase, b_phase, a_phase_sum, b_pha
 def tile_logits(a_amp, b_amp, a_phase, b_phase, a_phase_sum, b_phase_sum, s, s_lo, s_hi,
                 alpha, phase_scale, taylor_rho, b1, b2, b3, b4, b5, b6,
                 DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr, TRIG_POLY: tl.constexpr,
-                PTX_ASM: tl.constexpr, LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                TRIG_TERMS: tl.constexpr, TAYLOR_ORDER: tl.constexpr, PTX_ASM: tl.constexpr,
+                LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """TAPA logits of the tile times sqrt(d_A): rows a_* (M, .) against rows b_* (N, .) -> (M, N).
 
     a_amp/b_amp and a_phase/b_phase are the amplitude and phase column tiles (they may be the
@@ -203,21 +287,24 @@ def tile_logits(a_amp, b_amp, a_phase, b_phase, a_phase_sum, b_phase_sum, s, s_l
     """
     qk_amp, r, fs = _tile_amplitude_and_phase(
         a_amp, b_amp, a_phase, b_phase, a_phase_sum, b_phase_sum, s, s_lo, s_hi, alpha, phase_scale,
-        taylor_rho, b1, b2, b3, b4, b5, b6, DIST_POWER, PHASE_QUAD, PTX_ASM, LONG_PHASE, DOT_PRECISION)
-    return qk_amp * _cos_turns(r, TRIG_POLY)
+        taylor_rho, b1, b2, b3, b4, b5, b6, DIST_POWER, PHASE_QUAD, TAYLOR_ORDER, PTX_ASM, LONG_PHASE,
+        DOT_PRECISION)
+    return qk_amp * _cos_turns(r, TRIG_POLY, TRIG_TERMS)
 
 
 @triton.jit
 def tile_logits_and_derivatives(a_amp, b_amp, a_phase, b_phase, a_phase_sum, b_phase_sum, s, s_lo, s_hi,
                                 alpha, phase_scale, taylor_rho, b1, b2, b3, b4, b5, b6,
                                 DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr,
-                                TRIG_POLY: tl.constexpr, PTX_ASM: tl.constexpr,
+                                TRIG_POLY: tl.constexpr, TRIG_TERMS: tl.constexpr,
+                                TAYLOR_ORDER: tl.constexpr, PTX_ASM: tl.constexpr,
                                 LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """(qk_amp, cos, phase_factor) of the tile (arguments as `tile_logits`): the logit times
     sqrt(d_A) is qk_amp * cos; its derivative by qk_amp is cos, and by the phase dot phi is
     -2 pi * phase_factor with phase_factor = qk_amp * sin * f / sqrt(d_P)."""
     qk_amp, r, fs = _tile_amplitude_and_phase(
         a_amp, b_amp, a_phase, b_phase, a_phase_sum, b_phase_sum, s, s_lo, s_hi, alpha, phase_scale,
-        taylor_rho, b1, b2, b3, b4, b5, b6, DIST_POWER, PHASE_QUAD, PTX_ASM, LONG_PHASE, DOT_PRECISION)
-    cos, sin = _sincos_turns(r, TRIG_POLY)
+        taylor_rho, b1, b2, b3, b4, b5, b6, DIST_POWER, PHASE_QUAD, TAYLOR_ORDER, PTX_ASM, LONG_PHASE,
+        DOT_PRECISION)
+    cos, sin = _sincos_turns(r, TRIG_POLY, TRIG_TERMS)
     return qk_amp, cos, qk_amp * sin * fs
