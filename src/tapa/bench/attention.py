@@ -7,6 +7,10 @@ One run checks correctness on the GPU, then times, and writes to --out:
 FLOPs: 4 * B * H * N^2 * D, halved when causal; backward 2.5x the forward (DESIGN.md §4).
 Times are triton.testing.do_bench medians. Peak memory is the fwd+bwd high-water mark above
 the inputs. Also runnable as `python -m tapa.bench.attention`.
+
+Kernel variants (`--variants`, `tapa.bench.attention_variants`) are checked and timed next to the
+default kernel in the same cases; `--combine-best` times the combination of the winners, and
+`--kernel-report` writes each compiled kernel's registers, spills and instruction census.
 """
 
 from __future__ import annotations
@@ -47,6 +51,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sweep", action="store_true",
                         help="afterwards, time kernel variants at D=128 causal N=16k")
     parser.add_argument("--skip-checks", action="store_true")
+    parser.add_argument("--variants", nargs="+", default=[], metavar="[LABEL:]SPEC",
+                        help="kernel variants to check and time next to the default, SPEC as "
+                             "triton_launch.parse_variant reads it, e.g. atomic:dq_atomic=1")
+    parser.add_argument("--combine-best", action="store_true",
+                        help="afterwards, combine the variants that beat the default (at the "
+                             "largest N) and time that combination")
+    parser.add_argument("--combine-head-dims", type=int, nargs="+", default=None,
+                        help="head dims at which the combination is timed (default: --head-dims)")
+    parser.add_argument("--compile-jobs", type=int, default=0,
+                        help="compile the default and every variant first in this many processes")
+    parser.add_argument("--kernel-report", action="store_true",
+                        help="write attention_kernels.csv/.md (registers, spills, SASS census) "
+                             "and the SASS of the default kernels")
     parser.add_argument("--out", type=Path, default=Path("results/kernel-h200"))
 
 
@@ -61,9 +78,9 @@ def _random(shape, dtype, seed):
 
 def _outputs_and_grads(fn, q, k, v, dout, **kwargs):
     q, k, v = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
-    out = fn(q, k, v, **kwargs)
+    out, lse = fn(q, k, v, return_lse=True, **kwargs)
     out.backward(dout.to(out.dtype))
-    return {"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
+    return {"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad, "lse": lse.detach()}
 
 
 def _rel(a, b):
@@ -73,7 +90,8 @@ def _rel(a, b):
 
 def accuracy_errors(n, head_dim, *, causal, dtype=torch.bfloat16, heads=4, kv_heads=4, theta=0.5,
                     distance="power", phase="quadratic", seed=0, variant=None):
-    """Relative RMSE vs float64 of the kernel and of the same-dtype chunked reference.
+    """Relative RMSE vs float64 of the kernel and of the same-dtype chunked reference, for out,
+    dq, dk, dv and lse (lse is float32 for every input dtype, so its ratio is no half-precision bar).
 
     variant: LaunchConfigs fields to change (e.g. dict(trig_poly=False)), or None.
     """
@@ -81,8 +99,7 @@ def accuracy_errors(n, head_dim, *, causal, dtype=torch.bfloat16, heads=4, kv_he
         from tapa.ops import triton_launch
 
         base = triton_launch.default_configs(head_dim, head_dim, dtype)
-        configs = triton_launch.LaunchConfigs(
-            **{**dict(fwd=base.fwd, dkdv=base.dkdv, dq=base.dq), **variant})
+        configs = triton_launch.with_variant(base, variant)
         with triton_launch.override_configs(configs):
             rows = accuracy_errors(n, head_dim, causal=causal, dtype=dtype, heads=heads,
                                    kv_heads=kv_heads, theta=theta, distance=distance,
@@ -100,7 +117,7 @@ def accuracy_errors(n, head_dim, *, causal, dtype=torch.bfloat16, heads=4, kv_he
                                dout, **kw)
     same = _outputs_and_grads(chunked_tapa_attention, q, k, v, dout, **kw)
     rows = []
-    for name in ("out", "dq", "dk", "dv"):
+    for name in ("out", "dq", "dk", "dv", "lse"):
         kernel, reference = _rel(fused[name], exact[name]), _rel(same[name], exact[name])
         rows.append(dict(check=f"N={n} D={head_dim} H={heads}/{kv_heads} causal={causal} "
                                f"{distance}/{phase} {str(dtype).removeprefix('torch.')}",
@@ -160,33 +177,49 @@ def _impls(theta):
 
 
 def _time_one(fn, q, k, v, dout, causal):
-    """{pass: ms} and the fwd+bwd peak memory (MiB above the inputs) of one implementation."""
+    """{pass: ms} and the fwd+bwd peak memory (MiB above the inputs) of one implementation.
+
+    A pass that fails (a kernel variant that does not compile or fit) is NaN and is reported on
+    stderr; the forward failing fails all of them (RuntimeError, as before).
+    """
     from triton.testing import do_bench
 
     grads = [q, k, v]
-    times = {"fwd": do_bench(lambda: fn(q, k, v, causal), return_mode="median")}
-    out = fn(q, k, v, causal)
-    times["bwd"] = do_bench(lambda: out.backward(dout, retain_graph=True), grad_to_none=grads,
-                            return_mode="median")
-    del out
-    times["fwd+bwd"] = do_bench(lambda: fn(q, k, v, causal).backward(dout), grad_to_none=grads,
+    nan = float("nan")
+    times = {"fwd": do_bench(lambda: fn(q, k, v, causal), return_mode="median"),
+             "bwd": nan, "fwd+bwd": nan}
+    peak = nan
+    try:
+        out = fn(q, k, v, causal)
+        times["bwd"] = do_bench(lambda: out.backward(dout, retain_graph=True), grad_to_none=grads,
                                 return_mode="median")
-    for t in grads:
-        t.grad = None
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
-    fn(q, k, v, causal).backward(dout)
-    torch.cuda.synchronize()
-    peak = (torch.cuda.max_memory_allocated() - base) / 2**20
+        del out
+        times["fwd+bwd"] = do_bench(lambda: fn(q, k, v, causal).backward(dout), grad_to_none=grads,
+                                    return_mode="median")
+        for t in grads:
+            t.grad = None
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        fn(q, k, v, causal).backward(dout)
+        torch.cuda.synchronize()
+        peak = (torch.cuda.max_memory_allocated() - base) / 2**20
+    except Exception as err:  # noqa: BLE001  (a backward variant that fails: keep the forward)
+        print(f"  backward failed: {str(err).splitlines()[0][:200] if str(err) else type(err)}",
+              file=sys.stderr)
     for t in grads:
         t.grad = None
     return times, peak
 
 
 def timing_rows(seq_lens, head_dims, causal_modes, tokens, heads, theta, reference_len,
-                progress=True, on_case=None):
+                progress=True, on_case=None, variants=None):
+    """Rows of every (head dim, causal, N) case: TAPA, the anchors, the reference at
+    reference_len, and each variant ({label: LaunchConfigs changes}) as impl 'tapa:<label>'
+    with its ratio to the default kernel (x_tapa)."""
     from tqdm import tqdm
+
+    from tapa.ops import triton_launch
 
     impls = _impls(theta)
     cases = list(itertools.product(head_dims, causal_modes, seq_lens))
@@ -208,6 +241,15 @@ def timing_rows(seq_lens, head_dims, causal_modes, tokens, heads, theta, referen
             except RuntimeError as err:  # an anchor backend that refuses this shape
                 print(f"  {name} N={n} D={head_dim} causal={causal}: {err}".splitlines()[0],
                       file=sys.stderr)
+        for label, changes in (variants or {}).items():
+            configs = triton_launch.with_variant(
+                triton_launch.default_configs(head_dim, head_dim, torch.bfloat16), changes)
+            try:
+                with triton_launch.override_configs(configs):  # the backward runs inside too
+                    measured[f"tapa:{label}"] = _time_one(impls["tapa"], q, k, v, dout, causal)
+            except Exception as err:  # noqa: BLE001  (a variant that does not compile or fit)
+                print(f"  variant {label} N={n} D={head_dim}: failed: "
+                      f"{str(err).splitlines()[0][:200] if str(err) else type(err)}", file=sys.stderr)
         for name, (times, peak) in measured.items():
             for pass_name in PASSES:
                 ms = times[pass_name]
@@ -215,7 +257,7 @@ def timing_rows(seq_lens, head_dims, causal_modes, tokens, heads, theta, referen
                            impl=name, pass_=pass_name, ms=ms,
                            tflops=flops * FLOP_FACTOR[pass_name] / ms / 1e9,
                            peak_mib=peak if pass_name == "fwd+bwd" else float("nan"))
-                for anchor in ("sdpa_flash", "sdpa_cudnn"):
+                for anchor in ("tapa", "sdpa_flash", "sdpa_cudnn"):
                     ref = measured.get(anchor)
                     row[f"x_{anchor}"] = ms / ref[0][pass_name] if ref else float("nan")
                     row[f"mem_x_{anchor}"] = (peak / ref[1] if ref and pass_name == "fwd+bwd"
@@ -286,8 +328,10 @@ def _write_csv(path, rows):
         writer.writerows(rows)
 
 
-def _markdown(rows, error_rows, long_range, header):
+def _markdown(rows, error_rows, long_range, header, variants_md=""):
     lines = [header, ""]
+    if variants_md:
+        lines += [variants_md, ""]
     if error_rows:
         lines += ["## Accuracy: relative RMSE vs float64 (same bf16 inputs)", "",
                   "| check | tensor | kernel | same-dtype reference | ratio |",
@@ -303,6 +347,10 @@ def _markdown(rows, error_rows, long_range, header):
             lines.append(f"| {distance} | {e['near_kernel']:.3e} | {e['near_reference']:.3e} | "
                          f"{e['far_kernel']:.3e} | {e['far_reference']:.3e} |")
         lines.append("")
+    # a second round of a case (time_combination re-times the default) shows only in the
+    # variants table
+    first = {(r["head_dim"], r["causal"], r["n"]) for r in rows if r.get("round", 1) == 1}
+    rows = [r for r in rows if r.get("round", 1) == 1 or (r["head_dim"], r["causal"], r["n"]) not in first]
     tapa_rows = [r for r in rows if r["impl"] == "tapa"]
     for head_dim, causal in sorted({(r["head_dim"], r["causal"]) for r in tapa_rows},
                                    key=lambda x: (-x[0], not x[1])):
@@ -317,7 +365,7 @@ def _markdown(rows, error_rows, long_range, header):
             lines.append(f"| {r['n']} | {r['pass_']} | {r['ms']:.3f} | {r['tflops']:.0f} | "
                          f"{r['x_sdpa_flash']:.3f} | {r['x_sdpa_cudnn']:.3f} | {mem} |")
         lines.append("")
-    others = [r for r in rows if r["impl"] != "tapa"]
+    others = [r for r in rows if r["impl"] != "tapa" and not r["impl"].startswith("tapa:")]
     if others:
         lines += ["## Anchors and reference", "", "| impl | D | causal | N | pass | ms | TFLOP/s "
                   "| peak MiB |", "|---|---|---|---|---|---|---|---|"]
@@ -358,10 +406,13 @@ def run(args) -> int:
         raise SystemExit("tapa bench attention needs a CUDA GPU")
     import triton
 
+    from tapa.bench import attention_variants
+
     if args.trig is not None:
         from tapa.ops import triton_launch
 
         triton_launch.TRIG_POLY = args.trig == "poly"
+    variants = attention_variants.parse(args.variants)  # a bad spec stops here, before any work
     gpu = torch.cuda.get_device_name()
     argv = sys.argv[:]
     if argv and argv[0].endswith("attention.py"):  # launched with python -m
@@ -373,6 +424,10 @@ def run(args) -> int:
               f"- heads {args.heads}, batch*N = {args.tokens}, theta {args.theta}, bf16; "
               f"times are do_bench medians")
     print(header, flush=True)
+    modes = {"both": (True, False), "causal": (True,), "noncausal": (False,)}[args.causal]
+    if args.compile_jobs:
+        attention_variants.precompile(variants, args.head_dims, modes, args.heads, args.theta,
+                                      args.compile_jobs, check_head_dim=max(args.head_dims))
     error_rows, long_range = [], {}
     if not args.skip_checks:
         for causal in (True, False):
@@ -382,8 +437,9 @@ def run(args) -> int:
                                       distance="linear", phase="linear", theta=args.theta)
         error_rows += accuracy_errors(args.check_len // 2 + 37, 128, causal=True,
                                       dtype=torch.float16, theta=0.75)
-        for variant in (dict(trig_poly=False), dict(dq_atomic=True)):  # the non-default paths
-            error_rows += accuracy_errors(args.check_len, 128, causal=True, variant=variant)
+        if not variants:  # the non-default paths (with --variants, those are checked instead)
+            for variant in (dict(trig_poly=False), dict(dq_atomic=True)):
+                error_rows += accuracy_errors(args.check_len, 128, causal=True, variant=variant)
         for r in error_rows:
             print(f"  {r['check']} {r['tensor']}: kernel {r['kernel']:.3e} reference "
                   f"{r['reference']:.3e} ratio {r['ratio']:.2f}", flush=True)
@@ -391,20 +447,38 @@ def run(args) -> int:
             for distance in ("power", "linear"):
                 long_range[distance] = long_range_errors(args.long_range_len, distance=distance)
                 print(f"  long range {distance}: {long_range[distance]}", flush=True)
+    variant_errors = []
+    if variants and not args.skip_checks:
+        variant_errors = attention_variants.accuracy_rows(variants, args.check_len,
+                                                          max(args.head_dims), args.theta)
     args.out.mkdir(parents=True, exist_ok=True)
-    _write_csv(args.out / "attention_errors.csv", error_rows)
+    _write_csv(args.out / "attention_errors.csv", error_rows + variant_errors)
+    state = dict(variants=variants, combined=None)
 
     def write(rows):
         _write_csv(args.out / "attention.csv", rows)
-        (args.out / "attention.md").write_text(_markdown(rows, error_rows, long_range, header))
+        variants_md = attention_variants.markdown(rows, state["variants"], variant_errors,
+                                                  state["combined"])
+        (args.out / "attention.md").write_text(_markdown(rows, error_rows, long_range, header,
+                                                         variants_md))
 
     write([])
-    modes = {"both": (True, False), "causal": (True,), "noncausal": (False,)}[args.causal]
     rows = timing_rows(args.seq_lens, args.head_dims, modes, args.tokens, args.heads, args.theta,
-                       args.reference_len, on_case=write)
+                       args.reference_len, on_case=write, variants=variants)
+    if args.combine_best and variants:
+        rows = attention_variants.time_combination(
+            rows, variants, variant_errors, state, args, modes,
+            on_case=lambda more: write(rows + more))
+        write(rows)
+        _write_csv(args.out / "attention_errors.csv", error_rows + variant_errors)
     if rows:
-        _plot(rows, args.out / "attention_tflops.png")
+        _plot([r for r in rows if not r["impl"].startswith("tapa:")],
+              args.out / "attention_tflops.png")
+    if args.kernel_report:
+        attention_variants.write_kernel_report(args.out)
     print(_markdown(rows, error_rows, long_range, header))
+    if variants:
+        print(attention_variants.markdown(rows, state["variants"], variant_errors, state["combined"]))
     if args.sweep:
         sweep(tokens=args.tokens, heads=args.heads)
     return 0

@@ -1,0 +1,267 @@
+"""Kernel variants in `tapa bench attention --variants`: checked against float64 first, then timed
+next to the default kernel and the SDPA anchors in the same cases.
+
+A variant is `LABEL:SPEC` (or a bare SPEC, its own label) with SPEC as
+`tapa.ops.triton_launch.parse_variant` reads it, e.g. `atomic:dq_atomic=1` or
+`big-dkdv:dkdv=64x128/8/2,dq_atomic=1`. Nothing here changes a default.
+
+- `precompile`: Triton compiles each variant's kernels once per process, serially, which dominates a
+  short GPU call; compiling them first in several processes fills Triton's on-disk cache, and the
+  timing process then only loads them. The warm-up shapes specialize like the timed ones (every
+  length and stride a multiple of 16).
+- `combine_best`: per group of fields (forward blocks by the forward time; backward blocks and the
+  atomic dQ by the backward time; trig polynomial and far-tile series by fwd+bwd), take the
+  accurate variant that beats the default by more than MIN_GAIN at the largest N, and merge them.
+  `time_combination` checks and times that combination ("best") next to a second measurement of
+  the default (the spread between the two default rounds is the noise).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import torch
+
+BAR = 1.5  # kernel error <= BAR x the same-dtype reference's (issue 13), on out and gradients
+GATED = ("out", "dq", "dk", "dv")
+MIN_GAIN = 0.01
+GROUPS = ((("fwd",), "fwd"), (("dkdv", "dq", "dq_atomic"), "bwd"),
+          (("trig_poly", "trig_terms"), "fwd+bwd"), (("taylor_order", "taylor_tolerance"), "fwd+bwd"))
+COMBINED = "best"
+CELLS = (("fwd", "ms"), ("fwd", "x_tapa"), ("bwd", "ms"), ("bwd", "x_tapa"), ("fwd+bwd", "ms"),
+         ("fwd+bwd", "x_tapa"), ("fwd+bwd", "x_sdpa_flash"), ("fwd+bwd", "x_sdpa_cudnn"))
+
+
+def parse(items: list[str]) -> dict[str, dict]:
+    """{label: LaunchConfigs changes} from ['LABEL:SPEC' or 'SPEC', ...]; ValueError on a bad one."""
+    from tapa.ops import triton_launch
+
+    variants: dict[str, dict] = {}
+    for item in items:
+        label, sep, spec = item.partition(":")
+        if not sep:
+            label, spec = item, item
+        if not label or label in variants or label == COMBINED:
+            raise ValueError(f"--variants {item!r}: labels must be unique, non-empty and not "
+                             f"{COMBINED!r}")
+        variants[label] = triton_launch.parse_variant(spec)
+    return variants
+
+
+def spec_text(changes: dict) -> str:
+    """The spec of a changes dict, in parse_variant's form."""
+    def text(value):
+        return str(int(value)) if isinstance(value, bool) else str(value)
+
+    return ",".join(f"{key}={text(value)}" for key, value in changes.items())
+
+
+def _configs(changes: dict, head_dim: int):
+    from tapa.ops import triton_launch
+
+    return triton_launch.with_variant(
+        triton_launch.default_configs(head_dim, head_dim, torch.bfloat16), changes)
+
+
+# ---------------------------------------------------------------------------------------------
+# Compiling ahead, in parallel
+
+
+def _compile_task(task) -> str | None:
+    """Run fwd+bwd of one variant on small inputs (compiling its kernels); the error, or None."""
+    changes, head_dim, modes, heads, theta, with_check = task
+    try:
+        from tapa.ops import tapa_attention, triton_launch
+
+        shapes = [(heads, causal) for causal in modes] + ([(4, True)] if with_check else [])
+        with triton_launch.override_configs(_configs(changes, head_dim)):
+            for head_count, causal in shapes:
+                q, k, v = (torch.randn(1, 256, head_count, head_dim, device="cuda",
+                                       dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+                out = tapa_attention(q, k, v, theta=theta, causal=causal, impl="triton")
+                out.backward(torch.randn_like(out))
+        torch.cuda.synchronize()
+        return None
+    except Exception as err:  # noqa: BLE001  (reported; the timing reports it again)
+        return f"{type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}"
+
+
+def precompile(variants: dict, head_dims, modes, heads: int, theta: float, jobs: int,
+               check_head_dim: int | None = None) -> None:
+    """Compile the default and every variant at each head dim in `jobs` spawned processes."""
+    import multiprocessing
+    import time
+
+    tasks = [(changes, head_dim, tuple(modes), heads, theta, head_dim == check_head_dim)
+             for changes in [{}, *variants.values()] for head_dim in head_dims]
+    labels = [label for label in ["default", *variants] for _ in head_dims]
+    start = time.perf_counter()
+    with multiprocessing.get_context("spawn").Pool(min(jobs, len(tasks))) as pool:
+        for label, task, error in zip(labels, tasks, pool.imap(_compile_task, tasks)):
+            if error:
+                print(f"  precompile {label} D={task[1]}: {error}", file=sys.stderr, flush=True)
+    print(f"precompiled {len(tasks)} variant x head-dim cases in {time.perf_counter() - start:.0f} s "
+          f"({jobs} processes)", flush=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Accuracy
+
+
+def accuracy_rows(variants: dict, n: int, head_dim: int, theta: float) -> list[dict]:
+    """bf16, causal, N=n: relative errors vs float64 of each variant and of the reference."""
+    from tapa.bench.attention import accuracy_errors
+
+    rows = []
+    for label, changes in variants.items():
+        try:
+            found = accuracy_errors(n, head_dim, causal=True, theta=theta, variant=changes)
+        except Exception as err:  # noqa: BLE001  (a variant that does not compile: no timing trust)
+            print(f"  variant {label}: accuracy check failed: {str(err).splitlines()[0][:200]}",
+                  file=sys.stderr)
+            found = [dict(tensor=name, kernel=math.nan, reference=math.nan, ratio=math.nan,
+                          check=f"N={n} D={head_dim} causal=True bfloat16") for name in GATED]
+        for row in found:
+            row["check"] = row["check"].split(" {")[0]
+            row["variant"] = label
+            print(f"  variant {label} {row['tensor']}: kernel {row['kernel']:.3e} reference "
+                  f"{row['reference']:.3e} ratio {row['ratio']:.2f}", flush=True)
+        rows += found
+    return rows
+
+
+def meets_bar(error_rows: list[dict]) -> dict[str, bool]:
+    """{variant label: every gated tensor within BAR} (a NaN ratio fails)."""
+    verdict: dict[str, bool] = {}
+    for row in error_rows:
+        if "variant" in row and row["tensor"] in GATED:
+            verdict[row["variant"]] = verdict.get(row["variant"], True) and row["ratio"] <= BAR
+    return verdict
+
+
+# ---------------------------------------------------------------------------------------------
+# Combining the winners
+
+
+def _ms(rows, impl, head_dim, n, pass_name, causal=True):
+    for row in rows:
+        if (row["impl"], row["head_dim"], row["n"], row["pass_"], row["causal"]) == (
+                impl, head_dim, n, pass_name, causal) and row.get("round", 1) == 1:
+            return row["ms"]
+    return math.nan
+
+
+def combine_best(rows: list[dict], variants: dict, accurate: dict, head_dim: int,
+                 n: int) -> tuple[dict, dict]:
+    """(changes, {group pass: chosen label}): see the module docstring. Variants without an
+    accuracy verdict count as accurate (--skip-checks)."""
+    combined, chosen = {}, {}
+    for group, pass_name in GROUPS:
+        best_label, best_ms = None, _ms(rows, "tapa", head_dim, n, pass_name) * (1 - MIN_GAIN)
+        for label, changes in variants.items():
+            if not accurate.get(label, True) or not any(field in changes for field in group):
+                continue
+            ms = _ms(rows, f"tapa:{label}", head_dim, n, pass_name)
+            if ms < best_ms:
+                best_label, best_ms = label, ms
+        if best_label is not None:
+            combined.update({k: v for k, v in variants[best_label].items() if k in group})
+            chosen["+".join(group)] = best_label
+    return combined, chosen
+
+
+def time_combination(rows, variants, variant_errors, state, args, modes, on_case=None):
+    """Combine, check and time COMBINED next to the default (second round), at
+    --combine-head-dims; returns rows with the new ones (marked round 2) appended."""
+    from tapa.bench.attention import timing_rows
+
+    combined, chosen = combine_best(rows, variants, meets_bar(variant_errors),
+                                    max(args.head_dims), max(args.seq_lens))
+    state["combined"] = (combined, chosen)
+    if not combined:
+        print(f"combination: no accurate variant beats the default by {MIN_GAIN:.0%}", flush=True)
+        return rows
+    print(f"combination {COMBINED}: {spec_text(combined)} (from {chosen})", flush=True)
+    best = {COMBINED: combined}
+    state["variants"] = {**variants, **best}
+    head_dims = args.combine_head_dims or args.head_dims
+    if args.compile_jobs:
+        precompile(best, head_dims, modes, args.heads, args.theta, args.compile_jobs,
+                   check_head_dim=max(args.head_dims))
+    if not args.skip_checks:
+        variant_errors += accuracy_rows(best, args.check_len, max(args.head_dims), args.theta)
+    more: list[dict] = []
+
+    def mark(new_rows):
+        more[:] = [dict(row, round=2) for row in new_rows]
+        if on_case is not None:
+            on_case(more)
+
+    timing_rows(args.seq_lens, head_dims, modes, args.tokens, args.heads, args.theta, 0,
+                on_case=mark, variants=best)
+    return rows + more
+
+
+# ---------------------------------------------------------------------------------------------
+# Reports
+
+
+def markdown(rows: list[dict], variants: dict, error_rows: list[dict], combined=None) -> str:
+    """The variants' accuracy and timing tables (empty without variants)."""
+    if not variants:
+        return ""
+    lines = ["## Kernel variants (bf16; `x default` = variant time / default kernel time in the "
+             "same case and round)", ""]
+    lines += [f"- `{label}`: `{spec_text(changes)}`" for label, changes in variants.items()]
+    if combined is not None:
+        changes, chosen = combined
+        lines.append(f"- combination `{COMBINED}` from {chosen or 'nothing'} (each group's best "
+                     f"accurate variant beating the default by > {MIN_GAIN:.0%})")
+    errors = [r for r in error_rows if "variant" in r]
+    if errors:
+        verdict = meets_bar(errors)
+        lines += ["", f"Accuracy, {errors[0]['check']}: kernel error / same-dtype reference error "
+                  f"vs float64 (bar {BAR} on out and gradients; lse is float32 for every dtype, "
+                  "so its ratio only shows how far the variant moves it)", "",
+                  "| variant | out | dq | dk | dv | lse | meets bar |", "|---|---|---|---|---|---|---|"]
+        for label in dict.fromkeys(r["variant"] for r in errors):
+            ratios = {r["tensor"]: r["ratio"] for r in errors if r["variant"] == label}
+            cells = " | ".join(f"{ratios.get(name, math.nan):.2f}" for name in (*GATED, "lse"))
+            lines.append(f"| {label} | {cells} | {'yes' if verdict.get(label) else 'NO'} |")
+    timed = [r for r in rows if r["impl"] == "tapa" or r["impl"].startswith("tapa:")]
+    if timed:
+        lines += ["", "| variant | D | causal | N | round | fwd ms | fwd x default | bwd ms | "
+                  "bwd x default | fwd+bwd ms | fwd+bwd x default | fwd+bwd x flash | "
+                  "fwd+bwd x cuDNN |", "|" + "---|" * 13]
+        cases = dict.fromkeys((r["head_dim"], r["causal"], r["n"], r.get("round", 1)) for r in timed)
+        for head_dim, causal, n, round_ in cases:
+            by_impl: dict[str, dict] = {}
+            for r in timed:
+                if (r["head_dim"], r["causal"], r["n"], r.get("round", 1)) == (head_dim, causal, n, round_):
+                    by_impl.setdefault(r["impl"], {})[r["pass_"]] = r
+            order = sorted(by_impl, key=lambda impl: (impl != "tapa",
+                                                      by_impl[impl].get("fwd+bwd", {}).get("ms", math.inf)))
+            for impl in order:
+                cells = [f"{by_impl[impl].get(pass_name, {}).get(key, math.nan):.3f}"
+                         for pass_name, key in CELLS]
+                name = "default" if impl == "tapa" else impl.removeprefix("tapa:")
+                lines.append(f"| {name} | {head_dim} | {causal} | {n} | {round_} | "
+                             + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_kernel_report(out: Path) -> list[dict]:
+    """attention_kernels.csv/.md for every kernel compiled in this process, and sass/ with the
+    SASS (or PTX) of the first kernel of each kind (the default's)."""
+    from tapa.bench import kernel_report
+
+    rows = kernel_report.kernel_rows(out / "sass",
+                                     frozenset({"fwd", "dkdv", "dq", "dkdv_atomic_dq"}))
+    kernel_report.write_csv(out / "attention_kernels.csv", rows)
+    (out / "attention_kernels.md").write_text(
+        "# Compiled TAPA kernels: registers, spills (local bytes / 4), shared bytes, SASS census\n\n"
+        + kernel_report.markdown(rows))
+    print(kernel_report.markdown(rows), flush=True)
+    return rows

@@ -1,0 +1,106 @@
+"""The CPU-side logic of `tapa bench attention --variants` and of the kernel report: parsing,
+combining the winners, the tables, and the SASS/PTX census (on text; no GPU, no compiler)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+pytest.importorskip("triton")
+
+from tapa.bench import attention, attention_variants, kernel_report  # noqa: E402
+from tapa.ops.triton_launch import KernelConfig  # noqa: E402
+
+
+def _rows(times: dict, head_dim=128, n=16384, round_=None):
+    """Benchmark rows from {impl: (fwd, bwd, fwd+bwd)}, ratios to 'tapa' and a flash anchor."""
+    rows = []
+    for impl, values in times.items():
+        for pass_name, ms in zip(attention.PASSES, values):
+            row = dict(head_dim=head_dim, causal=True, n=n, impl=impl, pass_=pass_name, ms=ms,
+                       tflops=1.0, peak_mib=math.nan, x_tapa=ms / times["tapa"][attention.PASSES.index(pass_name)],
+                       x_sdpa_flash=ms / 10.0, x_sdpa_cudnn=ms / 5.0)
+            if round_ is not None:
+                row["round"] = round_
+            rows.append(row)
+    return rows
+
+
+def test_parse_labels_and_errors():
+    variants = attention_variants.parse(["atomic:dq_atomic=1", "trig_terms=4"])
+    assert variants == {"atomic": {"dq_atomic": True}, "trig_terms=4": {"trig_terms": 4}}
+    assert attention_variants.spec_text({"fwd": KernelConfig(128, 64, 8, 3), "dq_atomic": True}) == \
+        "fwd=128x64/8/3,dq_atomic=1"
+    for bad in (["a:dq_atomic=1", "a:trig_terms=4"], ["best:dq_atomic=1"], ["x:fwd=12x64"]):
+        with pytest.raises(ValueError):
+            attention_variants.parse(bad)
+
+
+def test_combine_best_takes_each_groups_accurate_winner():
+    variants = attention_variants.parse([
+        "fast-fwd:fwd=128x128/8/2", "slow-fwd:fwd=64x64/4/2", "atomic:dq_atomic=1,dkdv=64x128/8/2",
+        "terms:trig_terms=4", "wrong:trig_terms=3", "taylor:taylor_order=3,taylor_tolerance=1e-7",
+        "noise:dq=128x32/8/2"])
+    rows = _rows({"tapa": (16.0, 70.0, 86.0), "tapa:fast-fwd": (15.0, 70.0, 85.0),
+                  "tapa:slow-fwd": (17.0, 70.0, 87.0), "tapa:atomic": (16.0, 50.0, 66.0),
+                  "tapa:terms": (15.5, 68.0, 83.5), "tapa:wrong": (14.0, 60.0, 74.0),
+                  "tapa:taylor": (16.0, 70.0, 85.9), "tapa:noise": (16.0, 69.8, 85.8)})
+    # a second round of the default must not be read as the first
+    rows += _rows({"tapa": (1.0, 1.0, 1.0)}, round_=2)
+    errors = [dict(variant=label, tensor=name, ratio=3.0 if label == "wrong" else 1.3)
+              for label in variants for name in attention_variants.GATED]
+    combined, chosen = attention_variants.combine_best(
+        rows, variants, attention_variants.meets_bar(errors), 128, 16384)
+    assert combined == {"fwd": KernelConfig(128, 128, 8, 2), "dq_atomic": True,
+                        "dkdv": KernelConfig(64, 128, 8, 2), "trig_terms": 4}
+    assert chosen == {"fwd": "fast-fwd", "dkdv+dq+dq_atomic": "atomic",
+                      "trig_poly+trig_terms": "terms"}
+    assert attention_variants.combine_best(rows, {}, {}, 128, 16384) == ({}, {})
+
+
+def test_variants_markdown_and_main_table():
+    variants = attention_variants.parse(["atomic:dq_atomic=1"])
+    rows = _rows({"tapa": (16.0, 70.0, 86.0), "tapa:atomic": (16.0, 50.0, 66.0)})
+    rows += _rows({"tapa": (16.1, 70.5, 86.6), "tapa:best": (16.0, 49.0, 65.0)}, round_=2)
+    errors = [dict(variant="atomic", tensor=name, ratio=1.6 if name == "dq" else 1.2,
+                   check="N=2048 D=128 causal=True bfloat16") for name in (*attention_variants.GATED, "lse")]
+    text = attention_variants.markdown(rows, variants, errors, ({"dq_atomic": True}, {"bwd": "atomic"}))
+    assert "`atomic`: `dq_atomic=1`" in text and "| atomic | 1.20 | 1.60 | 1.20 | 1.20 | 1.20 | NO |" in text
+    assert "| atomic | 128 | True | 16384 | 1 | 16.000 | 1.000 | 50.000 | 0.714 | 66.000 | 0.767 |" in text
+    assert "| best | 128 | True | 16384 | 2 |" in text
+    main = attention._markdown(rows, [], {}, "# header")
+    assert main.count("| 16384 | fwd+bwd |") == 1  # the default's second round stays out of it
+    assert attention_variants.markdown(rows, {}, []) == ""
+
+
+SASS = """
+        /*0a70*/                   MUFU.EX2 R5, R4 ;                          /* 0x0000000400057308 */
+        /*0a80*/              @!P0 FFMA.FTZ R3, R2, R5, R3 ;                  /* 0x0000000502038223 */
+        /*0a90*/                   HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], R24 ;
+        /*0aa0*/                   STL.64 [R1+0x10], R4 ;
+        /*0ab0*/               @P1 REDG.E.ADD.F32.FTZ.RN.STRONG.GPU desc[UR6][R176.64], R168 ;
+        /*0ac0*/                   FFMA R7, R2, R5, R3 ;
+"""
+
+PTX = """
+\t// begin inline asm
+\tfma.rn.f32 \t%f3, %f1, %f2, %f3;
+\t@%p1 ex2.approx.f32 \t%f4, %f3;
+\twgmma.mma_async.sync.aligned.m64n64k16.f32.bf16 {%f5}, %rd1, %rd2, p, 1, 1, 0, 1;
+\tmul.f32 \t%f6, %f4, %f5;
+"""
+
+
+def test_census_reads_sass_and_ptx():
+    counts = kernel_report.sass_opcodes(SASS)
+    assert counts == {"MUFU": 1, "FFMA": 2, "HGMMA": 1, "STL": 1, "REDG": 1}
+    ptx = kernel_report.ptx_opcodes(PTX)
+    assert (ptx["fma"], ptx["ex2"], ptx["wgmma"], ptx["mul"]) == (1, 1, 1, 1)
+    table = kernel_report.markdown([
+        dict(kernel="fwd", config="128x64/8/3", TRIG_TERMS=6, n_regs=255, n_spills=8, instructions=9,
+             FFMA=2, MUFU=1),
+        dict(kernel="fwd", config="128x64/8/3", TRIG_TERMS=4, n_regs=240, n_spills=0, instructions=7,
+             FFMA=1, MUFU=1)])
+    assert "| kernel | config | TRIG_TERMS | n_regs | n_spills |" in table
+    assert "| fwd | 128x64/8/3 | 4 | 240 | 0 |" in table
