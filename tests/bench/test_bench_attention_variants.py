@@ -104,3 +104,49 @@ def test_census_reads_sass_and_ptx():
              FFMA=1, MUFU=1)])
     assert "| kernel | config | TRIG_TERMS | n_regs | n_spills |" in table
     assert "| fwd | 128x64/8/3 | 4 | 240 | 0 |" in table
+
+
+def test_run_wires_variants_combination_and_reports(tmp_path, monkeypatch):
+    """`run` end to end on CPU with the GPU parts stubbed: each variant is timed inside its own
+    configs (the stub reads them), the combination is built, checked and timed, files written."""
+    import argparse
+
+    import torch
+
+    from tapa.ops import triton_launch
+
+    def fake_time_one(fn, q, k, v, dout, causal):
+        configs = triton_launch._override
+        fwd = 15.0 if configs is not None and configs.fwd.block_n == 128 else 16.0
+        bwd = 50.0 if configs is not None and configs.dq_atomic else 70.0
+        return {"fwd": fwd, "bwd": bwd, "fwd+bwd": fwd + bwd}, 100.0
+
+    def fake_errors(n, head_dim, *, causal, variant=None, **kwargs):
+        ratio = 2.0 if variant and variant.get("trig_terms") == 3 else 1.3
+        return [dict(check=f"N={n} D={head_dim} causal={causal} bfloat16" + (f" {variant}" if variant else ""),
+                     tensor=name, kernel=ratio * 1e-3, reference=1e-3, ratio=ratio)
+                for name in (*attention_variants.GATED, "lse")]
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "fake GPU")
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(attention, "_random", lambda shape, dtype, seed: torch.zeros(1))
+    monkeypatch.setattr(attention, "_time_one", fake_time_one)
+    monkeypatch.setattr(attention, "accuracy_errors", fake_errors)
+    monkeypatch.setattr(attention, "_plot", lambda rows, path: None)
+    monkeypatch.setattr(attention_variants, "write_kernel_report", lambda out: [])
+    parser = argparse.ArgumentParser()
+    attention.add_arguments(parser)
+    args = parser.parse_args(["--seq-lens", "4096", "16384", "--head-dims", "128", "--causal", "causal",
+                              "--long-range-len", "0", "--reference-len", "0", "--combine-best",
+                              "--combine-head-dims", "64", "128", "--kernel-report", "--out", str(tmp_path),
+                              "--variants", "wide:fwd=128x128/8/2", "atomic:dq_atomic=1",
+                              "low:trig_terms=3"])
+    assert attention.run(args) == 0
+    report = (tmp_path / "attention.md").read_text()
+    assert "combination `best` from {'fwd': 'wide', 'dkdv+dq+dq_atomic': 'atomic'}" in report
+    assert "| low | 2.00 | 2.00 | 2.00 | 2.00 | 2.00 | NO |" in report
+    assert "| best | 64 | True | 16384 | 2 | 15.000 | 0.938 | 50.000 | 0.714 |" in report
+    assert "| wide | 128 | True | 4096 | 1 | 15.000 | 0.938 | 70.000 | 1.000 |" in report
+    errors = (tmp_path / "attention_errors.csv").read_text()
+    assert ",best" in errors or "best\n" in errors
