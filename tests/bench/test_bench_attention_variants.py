@@ -32,7 +32,8 @@ def test_parse_labels_and_errors():
     assert variants == {"atomic": {"dq_atomic": True}, "trig_terms=4": {"trig_terms": 4}}
     assert attention_variants.spec_text({"fwd": KernelConfig(128, 64, 8, 3), "dq_atomic": True}) == \
         "fwd=128x64/8/3,dq_atomic=1"
-    for bad in (["a:dq_atomic=1", "a:trig_terms=4"], ["best:dq_atomic=1"], ["x:fwd=12x64"]):
+    for bad in (["a:dq_atomic=1", "a:trig_terms=4"], ["best:dq_atomic=1"], ["default:trig_terms=4"],
+                ["x:fwd=12x64"]):
         with pytest.raises(ValueError):
             attention_variants.parse(bad)
 
@@ -146,6 +147,7 @@ def test_run_wires_variants_combination_and_reports(tmp_path, monkeypatch):
     report = (tmp_path / "attention.md").read_text()
     assert "combination `best` from {'fwd': 'wide', 'dkdv+dq+dq_atomic': 'atomic'}" in report
     assert "| low | 2.00 | 2.00 | 2.00 | 2.00 | 2.00 | NO |" in report
+    assert "| default | 1.30 | 1.30 | 1.30 | 1.30 | 1.30 | yes |" in report
     assert "| best | 64 | True | 16384 | 2 | 15.000 | 0.938 | 50.000 | 0.714 |" in report
     assert "| wide | 128 | True | 4096 | 1 | 15.000 | 0.938 | 70.000 | 1.000 |" in report
     errors = (tmp_path / "attention_errors.csv").read_text()

@@ -45,3 +45,22 @@ def test_decode_bench_needs_cuda_without_smoke(tmp_path):
 
     with pytest.raises(SystemExit, match="needs a CUDA GPU"):
         tapa_main(["bench", "decode", "--out", str(tmp_path)])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU path of the profile")
+def test_profile_step_writes_the_floor_report(tmp_path):
+    """The decode-step profile on tiny shapes through the interpreter: every section is written."""
+    from tapa.bench import decode as bench
+    from tapa.ops import decode_kernel
+
+    result = bench.profile_step(decode_kernel, bench._timer(True), batch=1, cache=40, heads=2, kv_heads=1,
+                                head_dim=16, theta=0.5, dtype=torch.float16, device=torch.device("cpu"),
+                                smoke=True)
+    assert result["graph_ms"] is None and set(result["splits_ms"]) == {1, 2}
+    assert result["host_ms"] > 0 and all(v > 0 for v in result["pieces_ms"].values())
+    bench.write_profile(tmp_path, result, sdpa={"sdpa_math": 0.5}, command="test", device_name="CPU")
+    report = (tmp_path / "decode_profile.md").read_text()
+    for part in ("host time per call", "CUDA-graph replay of the step | n/a", "best SDPA (math) | 0.5000",
+                 "GPU kernels", "| 1 |", "Profiler, top CPU ops"):
+        assert part in report, part
+    assert "tapa_decode_attention" in (tmp_path / "decode_profile_cprofile.txt").read_text()

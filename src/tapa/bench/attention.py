@@ -427,9 +427,9 @@ def run(args) -> int:
     modes = {"both": (True, False), "causal": (True,), "noncausal": (False,)}[args.causal]
     if args.compile_jobs:
         attention_variants.precompile(variants, args.head_dims, modes, args.heads, args.theta,
-                                      args.compile_jobs, check_head_dim=max(args.head_dims))
+                                      args.compile_jobs)
     error_rows, long_range = [], {}
-    if not args.skip_checks:
+    if not args.skip_checks and not variants:  # with variants the default is checked among them
         for causal in (True, False):
             error_rows += accuracy_errors(args.check_len, max(args.head_dims), causal=causal,
                                           theta=args.theta)
@@ -437,20 +437,20 @@ def run(args) -> int:
                                       distance="linear", phase="linear", theta=args.theta)
         error_rows += accuracy_errors(args.check_len // 2 + 37, 128, causal=True,
                                       dtype=torch.float16, theta=0.75)
-        if not variants:  # the non-default paths (with --variants, those are checked instead)
-            for variant in (dict(trig_poly=False), dict(dq_atomic=True)):
-                error_rows += accuracy_errors(args.check_len, 128, causal=True, variant=variant)
+        for variant in (dict(trig_poly=False), dict(dq_atomic=True)):  # the non-default paths
+            error_rows += accuracy_errors(args.check_len, 128, causal=True, variant=variant)
         for r in error_rows:
             print(f"  {r['check']} {r['tensor']}: kernel {r['kernel']:.3e} reference "
                   f"{r['reference']:.3e} ratio {r['ratio']:.2f}", flush=True)
+    if not args.skip_checks:
         if args.long_range_len:
             for distance in ("power", "linear"):
                 long_range[distance] = long_range_errors(args.long_range_len, distance=distance)
                 print(f"  long range {distance}: {long_range[distance]}", flush=True)
     variant_errors = []
     if variants and not args.skip_checks:
-        variant_errors = attention_variants.accuracy_rows(variants, args.check_len,
-                                                          max(args.head_dims), args.theta)
+        variant_errors = attention_variants.accuracy_rows({"default": {}, **variants}, args.check_len,
+                                                          max(args.head_dims), args.theta, args.heads)
     args.out.mkdir(parents=True, exist_ok=True)
     _write_csv(args.out / "attention_errors.csv", error_rows + variant_errors)
     state = dict(variants=variants, combined=None)

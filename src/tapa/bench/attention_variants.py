@@ -43,9 +43,9 @@ def parse(items: list[str]) -> dict[str, dict]:
         label, sep, spec = item.partition(":")
         if not sep:
             label, spec = item, item
-        if not label or label in variants or label == COMBINED:
-            raise ValueError(f"--variants {item!r}: labels must be unique, non-empty and not "
-                             f"{COMBINED!r}")
+        if not label or label in variants or label in (COMBINED, "default"):
+            raise ValueError(f"--variants {item!r}: labels must be unique, non-empty, and neither "
+                             f"{COMBINED!r} nor 'default'")
         variants[label] = triton_launch.parse_variant(spec)
     return variants
 
@@ -71,14 +71,13 @@ def _configs(changes: dict, head_dim: int):
 
 def _compile_task(task) -> str | None:
     """Run fwd+bwd of one variant on small inputs (compiling its kernels); the error, or None."""
-    changes, head_dim, modes, heads, theta, with_check = task
+    changes, head_dim, modes, heads, theta = task
     try:
         from tapa.ops import tapa_attention, triton_launch
 
-        shapes = [(heads, causal) for causal in modes] + ([(4, True)] if with_check else [])
         with triton_launch.override_configs(_configs(changes, head_dim)):
-            for head_count, causal in shapes:
-                q, k, v = (torch.randn(1, 256, head_count, head_dim, device="cuda",
+            for causal in modes:
+                q, k, v = (torch.randn(1, 256, heads, head_dim, device="cuda",
                                        dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
                 out = tapa_attention(q, k, v, theta=theta, causal=causal, impl="triton")
                 out.backward(torch.randn_like(out))
@@ -88,20 +87,28 @@ def _compile_task(task) -> str | None:
         return f"{type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}"
 
 
-def precompile(variants: dict, head_dims, modes, heads: int, theta: float, jobs: int,
-               check_head_dim: int | None = None) -> None:
-    """Compile the default and every variant at each head dim in `jobs` spawned processes."""
+def precompile(variants: dict, head_dims, modes, heads: int, theta: float, jobs: int) -> None:
+    """Compile the default and every variant at each head dim in `jobs` spawned processes.
+
+    A process pool that survives a crashing worker (a compiler fault): the crash fails the
+    pending tasks, reported, instead of hanging the run.
+    """
     import multiprocessing
     import time
+    from concurrent.futures import ProcessPoolExecutor
 
-    tasks = [(changes, head_dim, tuple(modes), heads, theta, head_dim == check_head_dim)
-             for changes in [{}, *variants.values()] for head_dim in head_dims]
-    labels = [label for label in ["default", *variants] for _ in head_dims]
+    tasks = {(label, head_dim): (changes, head_dim, tuple(modes), heads, theta)
+             for label, changes in [("default", {}), *variants.items()] for head_dim in head_dims}
     start = time.perf_counter()
-    with multiprocessing.get_context("spawn").Pool(min(jobs, len(tasks))) as pool:
-        for label, task, error in zip(labels, tasks, pool.imap(_compile_task, tasks)):
+    with ProcessPoolExecutor(min(jobs, len(tasks)), mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {key: pool.submit(_compile_task, task) for key, task in tasks.items()}
+        for (label, head_dim), future in futures.items():
+            try:
+                error = future.result()
+            except Exception as err:  # noqa: BLE001  (BrokenProcessPool after a crash)
+                error = f"{type(err).__name__}: {err}"
             if error:
-                print(f"  precompile {label} D={task[1]}: {error}", file=sys.stderr, flush=True)
+                print(f"  precompile {label} D={head_dim}: {error}", file=sys.stderr, flush=True)
     print(f"precompiled {len(tasks)} variant x head-dim cases in {time.perf_counter() - start:.0f} s "
           f"({jobs} processes)", flush=True)
 
@@ -110,14 +117,18 @@ def precompile(variants: dict, head_dims, modes, heads: int, theta: float, jobs:
 # Accuracy
 
 
-def accuracy_rows(variants: dict, n: int, head_dim: int, theta: float) -> list[dict]:
-    """bf16, causal, N=n: relative errors vs float64 of each variant and of the reference."""
+def accuracy_rows(variants: dict, n: int, head_dim: int, theta: float, heads: int = 16) -> list[dict]:
+    """bf16, causal, N=n: relative errors vs float64 of each variant and of the reference.
+
+    heads as in the timing (16, a multiple of 16), so that the kernels checked are the ones timed:
+    Triton specializes integer arguments by divisibility by 16."""
     from tapa.bench.attention import accuracy_errors
 
     rows = []
     for label, changes in variants.items():
         try:
-            found = accuracy_errors(n, head_dim, causal=True, theta=theta, variant=changes)
+            found = accuracy_errors(n, head_dim, causal=True, theta=theta, variant=changes,
+                                    heads=heads, kv_heads=heads)
         except Exception as err:  # noqa: BLE001  (a variant that does not compile: no timing trust)
             print(f"  variant {label}: accuracy check failed: {str(err).splitlines()[0][:200]}",
                   file=sys.stderr)
@@ -188,10 +199,10 @@ def time_combination(rows, variants, variant_errors, state, args, modes, on_case
     state["variants"] = {**variants, **best}
     head_dims = args.combine_head_dims or args.head_dims
     if args.compile_jobs:
-        precompile(best, head_dims, modes, args.heads, args.theta, args.compile_jobs,
-                   check_head_dim=max(args.head_dims))
+        precompile(best, head_dims, modes, args.heads, args.theta, args.compile_jobs)
     if not args.skip_checks:
-        variant_errors += accuracy_rows(best, args.check_len, max(args.head_dims), args.theta)
+        variant_errors += accuracy_rows(best, args.check_len, max(args.head_dims), args.theta,
+                                        args.heads)
     more: list[dict] = []
 
     def mark(new_rows):

@@ -12,6 +12,12 @@ rotation of the new q and k is left out on both sides (TAPA needs none; it is ti
 Writes to --out: decode.csv (every timing), decode.md (table of ratios + command, date, GPU),
 decode.png (ratio vs cache length). --smoke runs tiny shapes on CPU through the Triton
 interpreter (wall-clock timing; numbers meaningless) to test this script's logic.
+
+--profile looks for the per-step floor at one shape (--profile-batch, --profile-cache): launches
+and allocations per step (torch.profiler), host time per call against device time (eager, and a
+CUDA-graph replay of the same step), the host pieces (argument checks, kernel constants), a
+cProfile of the Python wrapper, and the step time by number of splits (1 = one launch).
+Writes decode_profile.md and decode_profile_cprofile.txt.
 """
 
 from __future__ import annotations
@@ -45,6 +51,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=Path("results/decode-h200"))
     parser.add_argument("--smoke", action="store_true",
                         help="tiny shapes on CPU via the Triton interpreter: tests the script, not speed")
+    parser.add_argument("--profile", action="store_true",
+                        help="also profile one decode step at --profile-batch x --profile-cache")
+    parser.add_argument("--profile-batch", type=int, default=1)
+    parser.add_argument("--profile-cache", type=int, default=4096)
 
 
 def _kernel_module():
@@ -137,6 +147,145 @@ def bench_shape(kernel, timer, *, batch, cache, heads, kv_heads, head_dim, theta
                                                                           enable_gqa=True))
     del q, k_cache, v_cache
     return times
+
+
+# ---------------------------------------------------------------------------------------------
+# The per-step floor
+
+
+def _host_ms(fn, calls: int) -> float:
+    """Host milliseconds per call, calls enqueued back to back (no sync inside the loop)."""
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    host = (time.perf_counter() - start) * 1e3 / calls
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return host
+
+
+def _graph_ms(step, timer):
+    """Device time of the step replayed from a CUDA graph (no launch or Python cost), or None."""
+    if not torch.cuda.is_available():
+        return None
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return timer(graph.replay)
+
+
+def _profile_counts(step, steps: int) -> dict:
+    """Per step: GPU kernels launched (and their names), device time of those kernels, CPU-side
+    allocations (aten::empty*) and the launch calls the profiler saw."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    step()
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            step()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+    kernels, names, device_us, allocations, launches = 0, {}, 0.0, 0, 0
+    for event in prof.events():
+        if getattr(event, "device_type", None) == DeviceType.CUDA:
+            kernels += 1
+            names[event.name] = names.get(event.name, 0) + 1
+            device_us += event.time_range.elapsed_us()
+        elif event.name.startswith("aten::empty"):
+            allocations += 1
+        elif "LaunchKernel" in event.name:
+            launches += 1
+    return dict(kernels=kernels / steps, device_us=device_us / steps, allocations=allocations / steps,
+                launch_calls=launches / steps,
+                kernel_names={name: count / steps for name, count in names.items()},
+                table=prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
+
+
+def profile_step(kernel, timer, *, batch, cache, heads, kv_heads, head_dim, theta, dtype, device,
+                 smoke=False) -> dict:
+    """The floor of one decode step at (batch, cache): see the module docstring."""
+    import cProfile
+    import io
+    import pstats
+
+    from tapa.ops.checks import check_kvcache_args
+    from tapa.ops.reference import split_dims
+    from tapa.ops.triton_launch import logits_args
+
+    q = torch.randn(batch, 1, heads, head_dim, device=device, dtype=dtype)
+    k_cache = torch.randn(batch, kv_heads, cache, head_dim, device=device, dtype=dtype)
+    v_cache = torch.randn(batch, kv_heads, cache, head_dim, device=device, dtype=dtype)
+    lengths = torch.full((batch,), cache, dtype=torch.int32, device=device)
+    k_view, v_view = k_cache.transpose(1, 2), v_cache.transpose(1, 2)
+
+    def step(num_splits=None):
+        return kernel.tapa_decode_attention(q, k_view, v_view, lengths, theta=theta, check_lengths=False,
+                                            num_splits=num_splits)
+
+    step()  # compile and autotune
+    calls = 3 if smoke else 300
+    result = dict(batch=batch, cache=cache, host_ms=_host_ms(step, calls), eager_ms=timer(step))
+    result["graph_ms"] = _graph_ms(step, timer)
+    amp_dim, phase_dim = split_dims(head_dim, theta)
+    pieces = {
+        "check_kvcache_args": lambda: check_kvcache_args(q, k_view, v_view, lengths, None, theta=theta,
+                                                         alpha=0.1, distance="power", phase="quadratic"),
+        "logits_args": lambda: logits_args(alpha=0.1, distance="power", phase="quadratic",
+                                           phase_dim=phase_dim, dtype=dtype, max_distance=cache - 1),
+        "torch.empty x4 (out, lse, partials)": lambda: [torch.empty(batch, 1, heads, head_dim, device=device)
+                                                        for _ in range(4)],
+    }
+    result["pieces_ms"] = {name: _host_ms(fn, calls) for name, fn in pieces.items()}
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(calls):
+        step()
+    profiler.disable()
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(30)
+    result["cprofile"] = f"{calls} calls of tapa_decode_attention, batch {batch}, cache {cache}\n" + text.getvalue()
+    result["profile"] = _profile_counts(step, 3 if smoke else 20)
+    splits = [1, 2, 4, 8, 16, 32, 64] if not smoke else [1, 2]
+    result["splits_ms"] = {n: timer(lambda n=n: step(n)) for n in splits}
+    return result
+
+
+def write_profile(out: Path, result: dict, *, sdpa: dict, command: str, device_name: str) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    prof = result["profile"]
+
+    def ms(value):
+        return "n/a" if value is None else f"{value:.4f}"
+
+    best = min(sdpa, key=sdpa.get) if sdpa else None
+    lines = [f"# Decode step floor: batch {result['batch']}, cache {result['cache']}", "",
+             f"- command: `{command}`", f"- device: {device_name}",
+             f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}", "",
+             "| measure | ms |", "|---|---|",
+             f"| host time per call (enqueue, no sync) | {ms(result['host_ms'])} |",
+             f"| eager step (do_bench median; wall clock in --smoke) | {ms(result['eager_ms'])} |",
+             f"| CUDA-graph replay of the step | {ms(result['graph_ms'])} |",
+             f"| GPU kernel time per step (profiler) | {ms(prof['device_us'] / 1e3)} |"]
+    if best:
+        lines.append(f"| best SDPA ({best[5:]}) | {ms(sdpa[best])} |")
+    lines += [f"| host: {name} | {ms(value)} |" for name, value in result["pieces_ms"].items()]
+    lines += ["", f"Per step: {prof['kernels']:.1f} GPU kernels, {prof['launch_calls']:.1f} launch calls seen, "
+              f"{prof['allocations']:.1f} aten::empty calls. Kernels: "
+              + ", ".join(f"{name} x{count:.1f}" for name, count in prof["kernel_names"].items()), "",
+              "Step time by number of splits (1 = a single launch, no merge kernel):", "",
+              "| splits | ms |", "|---|---|"]
+    lines += [f"| {n} | {ms(value)} |" for n, value in result["splits_ms"].items()]
+    lines += ["", "Profiler, top CPU ops:", "", "```", prof["table"], "```"]
+    (out / "decode_profile.md").write_text("\n".join(lines) + "\n")
+    (out / "decode_profile_cprofile.txt").write_text(result["cprofile"])
 
 
 def _gpu_name(device) -> str:
@@ -260,6 +409,15 @@ def run(args) -> int:
             write_results(args.out, rows, errors=errors, command=command, device_name=_gpu_name(device),
                           smoke=args.smoke, shapes=shapes, dtype=dtype)
     print(f"wrote {args.out}/decode.csv, decode.md, decode.png")
+    if args.profile:
+        batch, cache = (1, caches[0]) if args.smoke else (args.profile_batch, args.profile_cache)
+        sdpa = bench_shape(kernel, timer, batch=batch, cache=cache, theta=args.theta, dtype=dtype,
+                           device=device, **shapes)
+        sdpa = {name: ms for name, ms in sdpa.items() if name.startswith("sdpa_")}
+        result = profile_step(kernel, timer, batch=batch, cache=cache, theta=args.theta, dtype=dtype,
+                              device=device, smoke=args.smoke, **shapes)
+        write_profile(args.out, result, sdpa=sdpa, command=command, device_name=_gpu_name(device))
+        print((args.out / "decode_profile.md").read_text().split("Profiler, top CPU ops")[0])
     return 0
 
 
