@@ -135,7 +135,7 @@ def test_run_wires_variants_combination_and_reports(tmp_path, monkeypatch):
     monkeypatch.setattr(attention, "_time_one", fake_time_one)
     monkeypatch.setattr(attention, "accuracy_errors", fake_errors)
     monkeypatch.setattr(attention, "_plot", lambda rows, path: None)
-    monkeypatch.setattr(attention_variants, "write_kernel_report", lambda out: [])
+    monkeypatch.setattr(attention_variants, "write_kernel_report", lambda out, quiet=False: [])
     parser = argparse.ArgumentParser()
     attention.add_arguments(parser)
     args = parser.parse_args(["--seq-lens", "4096", "16384", "--head-dims", "128", "--causal", "causal",

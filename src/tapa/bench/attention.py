@@ -465,6 +465,8 @@ def run(args) -> int:
     write([])
     rows = timing_rows(args.seq_lens, args.head_dims, modes, args.tokens, args.heads, args.theta,
                        args.reference_len, on_case=write, variants=variants)
+    if args.kernel_report:  # now, and again at the end: a run cut short keeps the first
+        attention_variants.write_kernel_report(args.out, quiet=True)
     if args.combine_best and variants:
         rows = attention_variants.time_combination(
             rows, variants, variant_errors, state, args, modes,

@@ -263,7 +263,7 @@ def markdown(rows: list[dict], variants: dict, error_rows: list[dict], combined=
     return "\n".join(lines) + "\n"
 
 
-def write_kernel_report(out: Path) -> list[dict]:
+def write_kernel_report(out: Path, quiet: bool = False) -> list[dict]:
     """attention_kernels.csv/.md for every kernel compiled in this process, and sass/ with the
     SASS (or PTX) of the first kernel of each kind (the default's)."""
     from tapa.bench import kernel_report
@@ -274,5 +274,6 @@ def write_kernel_report(out: Path) -> list[dict]:
     (out / "attention_kernels.md").write_text(
         "# Compiled TAPA kernels: registers, spills (local bytes / 4), shared bytes, SASS census\n\n"
         + kernel_report.markdown(rows))
-    print(kernel_report.markdown(rows), flush=True)
+    if not quiet:
+        print(kernel_report.markdown(rows), flush=True)
     return rows

@@ -66,6 +66,27 @@ def ptx_opcodes(ptx: str) -> collections.Counter:
     return counts
 
 
+_census_cache: dict[int, tuple] = {}  # id(compiled kernel) -> (kind, counts, text)
+
+
+def _census(compiled, cuobjdump) -> tuple[str, collections.Counter, str | None, str | None]:
+    """(kind, counts, text, error) of one compiled kernel, disassembled once per process."""
+    if id(compiled) in _census_cache:
+        return _census_cache[id(compiled)]
+    asm = getattr(compiled, "asm", {}) or {}
+    result = ("none", collections.Counter(), None, None)
+    if cuobjdump and "cubin" in asm:
+        try:
+            text = sass_of(asm["cubin"], cuobjdump)
+            result = ("sass", sass_opcodes(text), text, None)
+        except (OSError, subprocess.SubprocessError) as err:
+            result = ("none", collections.Counter(), None, str(err).splitlines()[0][:200])
+    if result[2] is None and "ptx" in asm:
+        result = ("ptx", ptx_opcodes(asm["ptx"]), asm["ptx"], result[3])
+    _census_cache[id(compiled)] = result
+    return result
+
+
 def kernel_rows(dump_dir: Path | None = None, dump_kernels: frozenset = frozenset()) -> list[dict]:
     """One row per compiled kernel: its description, n_regs/n_spills/shared and the census.
 
@@ -76,22 +97,14 @@ def kernel_rows(dump_dir: Path | None = None, dump_kernels: frozenset = frozense
     cuobjdump = find_cuobjdump()
     rows, dumped = [], set()
     for description, compiled in triton_launch.compiled_kernels():
-        asm = getattr(compiled, "asm", {}) or {}
         row = dict(description)
-        text, census, kind = None, (), "none"
-        if cuobjdump and "cubin" in asm:
-            try:
-                text = sass_of(asm["cubin"], cuobjdump)
-                counts, census, kind = sass_opcodes(text), CENSUS, "sass"
-            except (OSError, subprocess.SubprocessError) as err:
-                row["census_error"] = str(err).splitlines()[0][:200]
-        if text is None and "ptx" in asm:
-            text = asm["ptx"]
-            counts, census, kind = ptx_opcodes(text), PTX_CENSUS, "ptx"
+        kind, counts, text, error = _census(compiled, cuobjdump)
+        if error:
+            row["census_error"] = error
         row["census"] = kind
         if text is not None:
             row["instructions"] = sum(counts.values())
-            row.update({name: counts.get(name, 0) for name in census})
+            row.update({name: counts.get(name, 0) for name in (CENSUS if kind == "sass" else PTX_CENSUS)})
             name = description["kernel"]
             if dump_dir is not None and name in dump_kernels and name not in dumped:
                 dump_dir.mkdir(parents=True, exist_ok=True)
