@@ -5,16 +5,18 @@
 #
 #   device tool: run(command="bash scripts/gpu_h200_kernel_probe.sh", kind="nvidia-h200", timeout_s=600)
 #
-# Steps (each under `timeout`, so a slow step cannot eat the call; limits sum to < 540 s):
+# Steps, most valuable first (each under `timeout`, so a slow step cannot eat the call; the
+# limits sum to 535 s):
 #   env        GPU, clocks, versions, tools
-#   tests      tests/ops compiled on the GPU (float32/float16 variants, bf16 and 64k long range)
 #   attention  every variant at D=128, N=4k/16k next to the default and SDPA flash/cuDNN (accuracy
 #              vs float64 first), the combination of the winners at D=64 and 128 (second round of
 #              the default = noise), registers/spills/SASS census of every compiled kernel
-#   ws         warp-specialized loops (may not compile on Hopper with triton 3.6; kept apart)
+#   attention64 a few variants and their own combination at D=64
 #   ncu        Nsight Compute (--clock-control none) of the default fwd/dkdv/dq and atomic dkdv
 #   decode     the decode-step floor at batch 1 / 4k (profiler, CUDA graph, splits) and the
 #              batch 32 x 128k case never run since the int64 fix
+#   tests      tests/ops compiled on the GPU (float32/float16 variants, bf16 and 64k long range)
+#   ws         warp-specialized loops (may not compile on Hopper with triton 3.6; kept apart)
 # Everything lands in $OUT/kernel_probe.tar.gz (logs, CSVs, SASS, ncu reports); $OUT/summary.md
 # holds the tables. The console shows each step's end and the summary's tail.
 # PROBE_STEPS="ncu_default decode ..." runs only the named steps (e.g. a second, shorter call).
@@ -52,17 +54,11 @@ env_report() {
     nproc
 }
 export -f env_report
-step env 20 env_report
-
-XDIST=""
-python3 -c "import xdist" 2>/dev/null && XDIST="-n 8"
-# shellcheck disable=SC2086
-step tests 110 python3 -m pytest tests/ops -q -p no:cacheprovider $XDIST -rfE
+step env 15 env_report
 
 VARIANTS=(
     # forward blocks (judged by the forward time)
-    "fwd-128x128:fwd=128x128/8/2" "fwd-64x128:fwd=64x128/4/2"
-    "fwd-s2:fwd=128x64/8/2" "fwd-s4:fwd=128x64/8/4"
+    "fwd-128x128:fwd=128x128/8/2" "fwd-s2:fwd=128x64/8/2"
     # backward: dQ by float32 atomics from the dK/dV kernel, and block sizes (by the backward time)
     "atomic:dq_atomic=1" "atomic-64x128:dq_atomic=1,dkdv=64x128/8/2"
     "atomic-16x128:dq_atomic=1,dkdv=16x128/8/2" "atomic-s3:dq_atomic=1,dkdv=32x128/8/3"
@@ -72,13 +68,17 @@ VARIANTS=(
     "mufu:trig_poly=0" "terms5:trig_terms=5" "terms4:trig_terms=4" "terms3:trig_terms=3"
     "taylor4:taylor_order=4,taylor_tolerance=1e-7" "taylor3:taylor_order=3,taylor_tolerance=1e-6"
 )
-step attention 215 python3 -m tapa.bench.attention --head-dims 128 --causal causal \
+step attention 200 python3 -m tapa.bench.attention --head-dims 128 --causal causal \
     --seq-lens 4096 16384 --long-range-len 0 --reference-len 0 --compile-jobs 8 --kernel-report \
     --combine-best --combine-head-dims 64 128 --out "$WORK/attention" --variants "${VARIANTS[@]}"
 
-step ws 45 python3 -m tapa.bench.attention --head-dims 128 --causal causal --seq-lens 16384 \
-    --long-range-len 0 --reference-len 0 --compile-jobs 2 --kernel-report --out "$WORK/attention_ws" \
-    --variants "fwd-ws:fwd=128x64/8/3/ws" "bwd-ws:dkdv=32x128/8/2/ws,dq=128x16/8/2/ws"
+# D=64 has register room that D=128 lacks (offline compile: fwd 202 registers, no spills), so its
+# best blocks may differ: a few variants and their own combination
+step attention64 60 python3 -m tapa.bench.attention --head-dims 64 --causal causal \
+    --seq-lens 4096 16384 --long-range-len 0 --reference-len 0 --compile-jobs 8 --kernel-report \
+    --combine-best --out "$WORK/attention64" --variants "fwd-128x128:fwd=128x128/8/2" \
+    "dq-128x32:dq=128x32/8/2" "atomic:dq_atomic=1" "atomic-64x64:dq_atomic=1,dkdv=64x64/8/2" \
+    "dkdv-64x128:dkdv=64x128/8/2" "terms3:trig_terms=3" "taylor3:taylor_order=3,taylor_tolerance=1e-6"
 
 cat > "$WORK/ncu_driver.py" <<'EOF'
 # one fwd+bwd of the benchmark's N=4k case (B=16, H=16, D=128, bf16, causal)
@@ -101,11 +101,20 @@ ncu_report() {  # ncu_report NAME KERNEL_REGEX COUNT: profile the driver, then p
         ncu --import "$WORK/ncu/$1.ncu-rep" --page raw --csv > "$WORK/ncu/$1_raw.csv"
 }
 export -f ncu_report
-step ncu_default 45 ncu_report default "_fwd_kernel|_bwd_dkdv_kernel|_bwd_dq_kernel" 3
-TAPA_KERNEL_VARIANT=dq_atomic=1 step ncu_atomic 30 ncu_report atomic "_bwd_dkdv_kernel" 1
+step ncu_default 40 ncu_report default "_fwd_kernel|_bwd_dkdv_kernel|_bwd_dq_kernel" 3
+TAPA_KERNEL_VARIANT=dq_atomic=1 step ncu_atomic 25 ncu_report atomic "_bwd_dkdv_kernel" 1
 
-step decode 60 python3 -m tapa.cli bench decode --batch 1 32 --cache 4096 131072 --profile \
+step decode 55 python3 -m tapa.cli bench decode --batch 1 32 --cache 4096 131072 --profile \
     --profile-batch 1 --profile-cache 4096 --out "$WORK/decode"
+
+PYTEST_ARGS=(-q -p no:cacheprovider -rfE)
+python3 -c "import xdist" 2>/dev/null && PYTEST_ARGS+=(-n 8)
+python3 -c "import pytest_timeout" 2>/dev/null && PYTEST_ARGS+=(--timeout 60)
+step tests 100 python3 -m pytest tests/ops "${PYTEST_ARGS[@]}"
+
+step ws 30 python3 -m tapa.bench.attention --head-dims 128 --causal causal --seq-lens 16384 \
+    --long-range-len 0 --reference-len 0 --compile-jobs 2 --kernel-report --out "$WORK/attention_ws" \
+    --variants "fwd-ws:fwd=128x64/8/3/ws" "bwd-ws:dkdv=32x128/8/2/ws,dq=128x16/8/2/ws"
 
 summary() {
     python3 - "$WORK" <<'EOF'
@@ -119,7 +128,8 @@ parts = ["# Kernel probe (issue 13): summary", "", "Steps (rc 124 = cut by its t
          read(work / "steps.txt").strip(), "```", "", "## env", "", "```", read(work / "env.log").strip(), "```"]
 tests = read(work / "tests.log").strip().splitlines()
 parts += ["", "## tests/ops on CUDA", "", "```", *[l for l in tests if re.search(r"passed|failed|error|FAILED|ERROR", l)][-15:], "```"]
-for name, title in (("attention", "Variants"), ("attention_ws", "Warp specialization")):
+for name, title in (("attention", "Variants, D=128 (+ combination at D=64)"), ("attention64", "Variants, D=64"),
+                    ("attention_ws", "Warp specialization")):
     text = read(work / name / "attention.md")
     section = text.split("## Kernel variants", 1)[1].split("\n## ", 1)[0] if "## Kernel variants" in text else "(no result)"
     parts += ["", f"## {title}", section.strip()]
@@ -139,7 +149,7 @@ parts += ["", "## decode", "", profile.strip(), "", read(work / "decode" / "deco
 EOF
 }
 export -f summary
-step summary 15 summary
+step summary 10 summary
 nvidia-smi --query-gpu=clocks.sm,temperature.gpu,power.draw --format=csv >> "$WORK/env.log" 2>&1
 tar czf "$OUT/kernel_probe.tar.gz" -C /tmp kernel_probe
 cp "$WORK/summary.md" "$OUT/summary.md" 2>/dev/null
