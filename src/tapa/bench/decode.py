@@ -168,16 +168,20 @@ def _graph_ms(step, timer):
     """Device time of the step replayed from a CUDA graph (no launch or Python cost), or None."""
     if not torch.cuda.is_available():
         return None
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
+    try:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(3):
+                step()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
             step()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    return timer(graph.replay)
+        return timer(graph.replay)
+    except RuntimeError as err:  # a step that cannot be captured is itself a finding
+        print(f"CUDA graph capture of the decode step failed: {str(err).splitlines()[0]}", file=sys.stderr)
+        return None
 
 
 def _profile_counts(step, steps: int) -> dict:
