@@ -137,3 +137,106 @@ def markdown(rows: list[dict]) -> str:
     for row in sorted(rows, key=lambda r: (r["kernel"], r["config"])):
         lines.append("| " + " | ".join(str(row.get(c, "")) for c in columns) + " |")
     return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# Offline: compile for sm_90 on a machine without a GPU (triton's bundled ptxas)
+
+_FLOAT_ARGS = {"logit_scale", "phase_scale", "alpha", "taylor_rho", "b1", "b2", "b3", "b4", "b5", "b6",
+               "amp_grad_scale", "phase_grad_scale"}
+_FLOAT32_POINTERS = {"Lse", "Delta", "DLse"}
+
+
+def _resource_usage(cubin: bytes, cuobjdump: str) -> dict:
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as handle:
+        handle.write(cubin)
+        handle.flush()
+        text = subprocess.run([cuobjdump, "-res-usage", handle.name], capture_output=True, text=True,
+                              check=True, timeout=60).stdout
+    found = {key: re.search(rf"{key}:(\d+)", text) for key in ("REG", "STACK")}
+    return {key.lower(): int(match.group(1)) if match else None for key, match in found.items()}
+
+
+def offline_rows(variants: dict, head_dim: int = 128, max_distance: int = 16383) -> list[dict]:
+    """Compile the fwd, dK/dV and dQ kernels of each variant ({label: changes}) for sm_90 without
+    a GPU (bf16, causal, theta 0.5, power/quadratic) and census them: registers and stack from
+    cuobjdump -res-usage. The real launch adds divisibility hints (multiples of 16), so the GPU's
+    kernels can differ a little: `attention_kernels.csv` of a GPU run has the real ones."""
+    import torch
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from tapa.ops import triton_kernels, triton_launch
+
+    cuobjdump = find_cuobjdump()
+    rows = []
+    for label, changes in variants.items():
+        configs = triton_launch.with_variant(
+            triton_launch.default_configs(head_dim, head_dim, torch.bfloat16), changes)
+        dq_atomic = triton_launch.DQ_ATOMIC if configs.dq_atomic is None else configs.dq_atomic
+        _, flags = triton_launch.logits_args(alpha=0.1, distance="power", phase="quadratic",
+                                             phase_dim=head_dim // 2, dtype=torch.bfloat16,
+                                             max_distance=max_distance, configs=configs)
+        common = dict(AMP_DIM=head_dim // 2, HEAD_DIM=head_dim, V_DIM=head_dim, BLOCK_DA=head_dim // 2,
+                      BLOCK_DP=head_dim // 2, BLOCK_DV=head_dim, CAUSAL=True, **flags)
+        kernels = [("fwd", triton_kernels._fwd_kernel, configs.fwd, {}),
+                   ("dkdv_atomic_dq" if dq_atomic else "dkdv", triton_kernels._bwd_dkdv_kernel,
+                    configs.dkdv, dict(DQ_ATOMIC=dq_atomic))]
+        if not dq_atomic:
+            kernels.append(("dq", triton_kernels._bwd_dq_kernel, configs.dq, {}))
+        for name, kernel, config, extra in kernels:
+            constexprs = dict(common, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
+                              WARP_SPECIALIZE=config.warp_specialize, **extra)
+            signature = {}
+            for arg in kernel.arg_names:
+                if arg in constexprs:
+                    signature[arg] = "constexpr"
+                elif arg in _FLOAT32_POINTERS or (arg == "DQ" and dq_atomic):
+                    signature[arg] = "*fp32"
+                elif arg[0].isupper():
+                    signature[arg] = "*bf16"
+                else:
+                    signature[arg] = "fp32" if arg in _FLOAT_ARGS else "i32"
+            row = dict(variant=label, kernel=name, config=str(config))
+            try:
+                compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs),
+                                          target=GPUTarget("cuda", 90, 32),
+                                          options=dict(num_warps=config.num_warps,
+                                                       num_stages=config.num_stages))
+            except Exception as err:  # noqa: BLE001  (e.g. out of shared memory: a finding)
+                rows.append(dict(row, error=str(err).splitlines()[0][:120]))
+                continue
+            row.update(_resource_usage(compiled.asm["cubin"], cuobjdump), shared=compiled.metadata.shared)
+            counts = sass_opcodes(sass_of(compiled.asm["cubin"], cuobjdump))
+            row.update(instructions=sum(counts.values()), **{op: counts.get(op, 0) for op in CENSUS})
+            rows.append(row)
+    return rows
+
+
+def main(argv=None) -> int:
+    """python -m tapa.bench.kernel_report [--head-dim D] [LABEL:]SPEC ... (offline, no GPU)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m tapa.bench.kernel_report", description=offline_rows.__doc__)
+    parser.add_argument("variants", nargs="*", metavar="[LABEL:]SPEC")
+    parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--csv", type=Path, default=None)
+    args = parser.parse_args(argv)
+    if find_cuobjdump() is None:
+        raise SystemExit("kernel_report: no cuobjdump (triton's bundled one or on PATH)")
+    from tapa.bench.attention_variants import parse
+
+    rows = offline_rows({"default": {}, **parse(args.variants)}, args.head_dim)
+    columns = ["variant", "kernel", "config", "reg", "stack", "shared", "instructions", "HGMMA", "HMMA",
+               "MUFU", "FFMA", "FMUL", "FADD", "LDL", "STL", "REDG", "error"]
+    print("| " + " | ".join(columns) + " |\n|" + "---|" * len(columns))
+    for row in rows:
+        print("| " + " | ".join(str(row.get(c, "")) for c in columns) + " |")
+    if args.csv:
+        write_csv(args.csv, rows)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
