@@ -160,8 +160,13 @@ def _resource_usage(cubin: bytes, cuobjdump: str) -> dict:
 def offline_rows(variants: dict, head_dim: int = 128, max_distance: int = 16383) -> list[dict]:
     """Compile the fwd, dK/dV and dQ kernels of each variant ({label: changes}) for sm_90 without
     a GPU (bf16, causal, theta 0.5, power/quadratic) and census them: registers and stack from
-    cuobjdump -res-usage. The real launch adds divisibility hints (multiples of 16), so the GPU's
-    kernels can differ a little: `attention_kernels.csv` of a GPU run has the real ones."""
+    cuobjdump -res-usage.
+
+    The compile is specialized as Triton's launcher specializes the benchmark's calls: every
+    pointer 16-byte aligned, every integer argument a multiple of 16 (strides, lengths, heads,
+    offsets 0) except `group` = 1, a constant. Without these hints the loads are not vectorized
+    and the loops not pipelined (no cp.async), which would misstate the kernels. A GPU run's
+    `attention_kernels.csv` has the kernels actually launched."""
     import torch
     import triton
     from triton.backends.compiler import GPUTarget
@@ -187,20 +192,24 @@ def offline_rows(variants: dict, head_dim: int = 128, max_distance: int = 16383)
             kernels.append(("dq", triton_kernels._bwd_dq_kernel, configs.dq, {}))
         for name, kernel, config, extra in kernels:
             constexprs = dict(common, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
-                              WARP_SPECIALIZE=config.warp_specialize, **extra)
-            signature = {}
-            for arg in kernel.arg_names:
+                              WARP_SPECIALIZE=config.warp_specialize, group=1, **extra)
+            signature, hints = {}, {}
+            for index, arg in enumerate(kernel.arg_names):
                 if arg in constexprs:
                     signature[arg] = "constexpr"
-                elif arg in _FLOAT32_POINTERS or (arg == "DQ" and dq_atomic):
+                    continue
+                if arg in _FLOAT32_POINTERS or (arg == "DQ" and dq_atomic):
                     signature[arg] = "*fp32"
                 elif arg[0].isupper():
                     signature[arg] = "*bf16"
                 else:
                     signature[arg] = "fp32" if arg in _FLOAT_ARGS else "i32"
+                if signature[arg] != "fp32":
+                    hints[(index,)] = [["tt.divisibility", 16]]
             row = dict(variant=label, kernel=name, config=str(config))
             try:
-                compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs),
+                source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=hints)
+                compiled = triton.compile(source,
                                           target=GPUTarget("cuda", 90, 32),
                                           options=dict(num_warps=config.num_warps,
                                                        num_stages=config.num_stages))
