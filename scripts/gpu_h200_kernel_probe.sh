@@ -16,8 +16,9 @@
 #   decode     the decode-step floor at batch 1 / 4k (profiler, CUDA graph, splits) and the
 #              batch 32 x 128k case never run since the int64 fix
 #   tests      tests/ops compiled on the GPU (float32/float16 variants, bf16 and 64k long range)
-# Not timed: warp-specialized loops (`/ws`). Triton 3.6 compiles them for sm_90 to the same SASS as
-# the plain loops (checked offline, PLAN.md), so they would time the default again.
+# Not timed: warp-specialized loops (`/ws`). Triton 3.6 compiles them for sm_90 to the same code as
+# the plain loops (offline census, results/kernel-h200/offline-census.md), so they would time the
+# default again.
 # Everything lands in $OUT/kernel_probe.tar.gz (logs, CSVs, SASS, ncu reports); $OUT/summary.md
 # holds the tables. The console shows each step's end and the summary's tail.
 # PROBE_STEPS="ncu_default decode ..." runs only the named steps (e.g. a second, shorter call).
@@ -58,13 +59,12 @@ export -f env_report
 step env 15 env_report
 
 VARIANTS=(
-    # forward blocks (judged by the forward time). Not timed: other num_stages, which give the
-    # same SASS and shared memory as the defaults offline (triton 3.6, sm_90)
-    "fwd-128x128:fwd=128x128/8/2"
+    # forward blocks (judged by the forward time)
+    "fwd-128x128:fwd=128x128/8/2" "fwd-s2:fwd=128x64/8/2"
     # backward: dQ by float32 atomics from the dK/dV kernel, and block sizes (by the backward time)
     "atomic:dq_atomic=1" "atomic-64x128:dq_atomic=1,dkdv=64x128/8/2"
-    "atomic-16x128:dq_atomic=1,dkdv=16x128/8/2" "atomic-64x64:dq_atomic=1,dkdv=64x64/8/2"
-    "dkdv-64x128:dkdv=64x128/8/2"
+    "atomic-16x128:dq_atomic=1,dkdv=16x128/8/2" "atomic-s3:dq_atomic=1,dkdv=32x128/8/3"
+    "atomic-64x64:dq_atomic=1,dkdv=64x64/8/2" "dkdv-64x128:dkdv=64x128/8/2"
     "dq-128x32:dq=128x32/8/2" "dq-128x64:dq=128x64/8/2"
     # per-score work (by fwd+bwd): MUFU trig, shorter polynomials, lower-degree d**alpha series
     "mufu:trig_poly=0" "terms5:trig_terms=5" "terms4:trig_terms=4" "terms3:trig_terms=3"
@@ -74,9 +74,8 @@ step attention 215 python3 -m tapa.bench.attention --head-dims 128 --causal caus
     --seq-lens 4096 16384 --long-range-len 0 --reference-len 0 --compile-jobs 12 --kernel-report \
     --combine-best --combine-head-dims 64 128 --out "$WORK/attention" --variants "${VARIANTS[@]}"
 
-# D=64 has register room that D=128 lacks (offline sm_90 compile with triton 3.6: fwd 200 and dQ 179
-# registers, dK/dV 8 bytes of stack), so its best blocks may differ: a few variants, their own
-# combination
+# D=64 has register room that D=128 lacks (offline sm_90 compile, triton 3.6: fwd 223, dK/dV 237 and
+# dQ 115 registers), so its best blocks may differ: a few variants, their own combination
 step attention64 60 python3 -m tapa.bench.attention --head-dims 64 --causal causal \
     --seq-lens 4096 16384 --long-range-len 0 --reference-len 0 --compile-jobs 9 --kernel-report \
     --combine-best --out "$WORK/attention64" --variants "fwd-128x128:fwd=128x128/8/2" \
