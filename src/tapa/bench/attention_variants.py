@@ -52,10 +52,9 @@ def parse(items: list[str]) -> dict[str, dict]:
 
 def spec_text(changes: dict) -> str:
     """The spec of a changes dict, in parse_variant's form."""
-    def text(value):
-        return str(int(value)) if isinstance(value, bool) else str(value)
+    from tapa.ops.triton_launch import variant_text
 
-    return ",".join(f"{key}={text(value)}" for key, value in changes.items())
+    return variant_text(changes)
 
 
 def _configs(changes: dict, head_dim: int):

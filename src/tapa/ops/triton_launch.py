@@ -170,16 +170,16 @@ def with_variant(configs: LaunchConfigs, changes: dict | str) -> LaunchConfigs:
     return replace(configs, **(parse_variant(changes) if isinstance(changes, str) else changes))
 
 
+def variant_text(changes: dict) -> str:
+    """The spec `parse_variant` reads back into these changes."""
+    return ",".join(f"{key}={int(value) if isinstance(value, bool) else value}"
+                    for key, value in changes.items())
+
+
 def describe(configs: LaunchConfigs) -> str:
     """The variant string that rebuilds configs with `with_variant` from any base."""
-    parts = [f"fwd={configs.fwd}", f"dkdv={configs.dkdv}", f"dq={configs.dq}"]
-    for name in ("dq_atomic", "trig_poly"):
-        if getattr(configs, name) is not None:
-            parts.append(f"{name}={int(getattr(configs, name))}")
-    for name in ("trig_terms", "taylor_order", "taylor_tolerance"):
-        if getattr(configs, name) is not None:
-            parts.append(f"{name}={getattr(configs, name)}")
-    return ",".join(parts)
+    return variant_text({f.name: getattr(configs, f.name) for f in fields(configs)
+                         if getattr(configs, f.name) is not None})
 
 
 @functools.lru_cache(maxsize=8)
