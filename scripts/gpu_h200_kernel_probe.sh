@@ -76,8 +76,8 @@ step attention 215 python3 -m tapa.bench.attention --head-dims 128 --causal caus
 
 # D=64 has register room that D=128 lacks (offline sm_90 compile, triton 3.6: fwd 223, dK/dV 237 and
 # dQ 115 registers), so its best blocks may differ: a few variants, their own combination
-step attention64 60 python3 -m tapa.bench.attention --head-dims 64 --causal causal \
-    --seq-lens 4096 16384 --long-range-len 0 --reference-len 0 --compile-jobs 9 --kernel-report \
+step attention64 70 python3 -m tapa.bench.attention --head-dims 64 --causal causal \
+    --seq-lens 4096 16384 --long-range-len 0 --reference-len 0 --compile-jobs 9 \
     --combine-best --out "$WORK/attention64" --variants "fwd-128x128:fwd=128x128/8/2" \
     "dq-128x32:dq=128x32/8/2" "dq-128x64:dq=128x64/8/2" "atomic:dq_atomic=1" "atomic-64x64:dq_atomic=1,dkdv=64x64/8/2" \
     "dkdv-64x128:dkdv=64x128/8/2" "terms3:trig_terms=3" "taylor3:taylor_order=3,taylor_tolerance=1e-6"
@@ -112,7 +112,7 @@ step decode 55 python3 -m tapa.cli bench decode --batch 1 32 --cache 4096 131072
 PYTEST_ARGS=(-q -p no:cacheprovider -rfE)
 python3 -c "import xdist" 2>/dev/null && PYTEST_ARGS+=(-n 8)
 python3 -c "import pytest_timeout" 2>/dev/null && PYTEST_ARGS+=(--timeout 60)
-step tests 115 python3 -m pytest tests/ops "${PYTEST_ARGS[@]}"
+step tests 105 python3 -m pytest tests/ops "${PYTEST_ARGS[@]}"
 
 summary() {
     python3 - "$WORK" <<'EOF'

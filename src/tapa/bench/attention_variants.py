@@ -98,6 +98,8 @@ def precompile(variants: dict, head_dims, modes, heads: int, theta: float, jobs:
 
     tasks = {(label, head_dim): (changes, head_dim, tuple(modes), heads, theta)
              for label, changes in [("default", {}), *variants.items()] for head_dim in head_dims}
+    if len(tasks) < 3:  # the default is compiled already or compiles anyway: nothing to overlap
+        return
     start = time.perf_counter()
     with ProcessPoolExecutor(min(jobs, len(tasks)), mp_context=multiprocessing.get_context("spawn")) as pool:
         futures = {key: pool.submit(_compile_task, task) for key, task in tasks.items()}
