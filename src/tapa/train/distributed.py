@@ -3,7 +3,6 @@ all from torch.distributed: nccl on CUDA, gloo on CPU."""
 
 from __future__ import annotations
 
-import gc
 import os
 from dataclasses import dataclass
 
@@ -83,11 +82,6 @@ def setup_distributed(device: str = "auto", *, need_group: bool = False) -> Dist
 
 def teardown(info: DistInfo) -> None:
     if info.initialized_here and dist.is_initialized():
-        # Free the finished model now: FSDP2's reference cycles keep its device mesh (and the
-        # process group's C++ worker threads) alive otherwise until interpreter shutdown, where
-        # destroying them can abort the process (seen rarely with gloo: "terminate called
-        # without an active exception").
-        gc.collect()
         dist.destroy_process_group()
 
 
