@@ -102,12 +102,13 @@ def test_help_lists_each_command_in_one_line_and_every_out_shows_its_default(cap
     listing = capsys.readouterr().out.split("commands:\n")[1]
     for name in COMMANDS:
         assert any(line.split()[:1] == [name] and len(line.split()) > 3 for line in listing.splitlines()), name
-    for name in ("eval", "report", "theory", "demo"):
+    for command in (["eval"], ["report"], ["theory"], ["demo"], ["bench", "attention"], ["bench", "decode"],
+                    ["bench", "model"]):
         with pytest.raises(SystemExit):
-            main([name, "--help"])
+            main([*command, "--help"])
         text = " ".join(capsys.readouterr().out.split())
-        out_help = text.split("--out OUT ")[1]  # the option, not the usage line
-        assert "(default: " in out_help.split("--")[0], (name, out_help[:200])
+        out_help = text.split("--out OUT ")[1].split(" --")[0]  # the option, not the usage line
+        assert "(default: " in out_help and "results/" not in out_help, (command, out_help)
 
 
 def test_results_json_of_another_kind_is_a_clear_error(tmp_path):
