@@ -31,6 +31,8 @@ def test_missing_and_non_run_directories(tmp_path):
     fail(["eval", str(tmp_path)], "is not a training run directory .* and holds none")
     (tmp_path / "config.json").write_text("{}")  # a run that never saved a checkpoint
     fail(["eval", str(tmp_path)], "checkpoints/latest")
+    (tmp_path / "config.json").write_text('{"model": {"di')  # a truncated config
+    fail(["eval", str(tmp_path)], "config.json' is damaged")
     fail(["export", str(tmp_path / "missing"), str(tmp_path / "out")], "does not exist")
     fail(["report", str(tmp_path / "missing")], "no evaluation results")
 

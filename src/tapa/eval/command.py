@@ -86,6 +86,11 @@ def expand_runs(paths: list[str]) -> list[Path]:
     runs = []
     for path in map(Path, paths):
         if (path / RUN_CONFIG).is_file():
+            try:
+                json.loads((path / RUN_CONFIG).read_text())
+            except ValueError as err:
+                raise ValueError(f"{str(path / RUN_CONFIG)!r} is damaged ({err}); the run cannot be "
+                                 "evaluated without it") from err
             runs.append(path)  # a run without checkpoints gets the checkpoint loader's message
             continue
         inside = run_dirs_inside(path)
