@@ -46,7 +46,8 @@ def test_output_path_that_is_a_file(tmp_path):
 
 def test_theory_refuses_a_folder_of_other_files_and_writes_under_runs_by_default(tmp_path):
     (tmp_path / "notes.txt").write_text("mine")
-    fail(["theory", "--out", str(tmp_path), "--samples", "100"], r"holds files tapa theory did not write \(notes.txt\).*--overwrite")
+    fail(["theory", "--out", str(tmp_path), "--samples", "100"],
+         r"holds files tapa theory did not write \(notes.txt\).*--overwrite")
     from tapa.theory.command import add_arguments
 
     parser = argparse.ArgumentParser()
@@ -91,7 +92,8 @@ def test_from_a_shell(tmp_path):
     result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
     assert result.returncode == 1 and result.stdout == ""
     assert result.stderr.startswith("tapa eval: error: RUN_DIR") and result.stderr.count("\n") == 1
-    result = subprocess.run(command, capture_output=True, text=True, env={**env, "TAPA_DEBUG": "1"}, timeout=120)
+    result = subprocess.run(command, capture_output=True, text=True, env={**env, "TAPA_DEBUG": "1"},
+                            timeout=120)
     assert result.returncode == 1 and "Traceback" in result.stderr
 
 
@@ -103,7 +105,8 @@ def test_help_lists_each_command_in_one_line_and_every_out_shows_its_default(cap
         main(["--help"])
     listing = capsys.readouterr().out.split("commands:\n")[1]
     for name in COMMANDS:
-        assert any(line.split()[:1] == [name] and len(line.split()) > 3 for line in listing.splitlines()), name
+        described = [line for line in listing.splitlines() if line.split()[:1] == [name]]
+        assert len(described) == 1 and len(described[0].split()) > 3, name
     for command in (["eval"], ["report"], ["theory"], ["demo"], ["bench", "attention"], ["bench", "decode"],
                     ["bench", "model"]):
         with pytest.raises(SystemExit):

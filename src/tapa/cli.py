@@ -47,7 +47,8 @@ def _top_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"tapa {tapa.__version__}")
     parser.add_argument(DEBUG_FLAG, action="store_true", help=DEBUG_HELP)
-    parser.add_argument("command", choices=list(COMMANDS), metavar="COMMAND", help="one of the commands below")
+    parser.add_argument("command", choices=list(COMMANDS), metavar="COMMAND",
+                        help="one of the commands below")
     return parser
 
 

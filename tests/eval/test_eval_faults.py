@@ -27,8 +27,9 @@ def demo_dir(tmp_path_factory):
                           val_fraction=0.1, test_fraction=0.1)
     demo = root / "demo-cpu"
     for pe in ("rope", "tapa"):
-        train(TrainConfig(name=pe, run_dir=str(demo / pe), seq_len=32, batch_size=2, steps=2, warmup_steps=1,
-                          eval_every=0, save_every=0, eval_batches=1, log_every=1, progress=False, plot=False),
+        train(TrainConfig(name=pe, run_dir=str(demo / pe), seq_len=32, batch_size=2, steps=2,
+                          warmup_steps=1, eval_every=0, save_every=0, eval_batches=1, log_every=1,
+                          progress=False, plot=False),
               ModelConfig(vocab_size=300, dim=32, n_layers=1, n_heads=2, pe=pe), data_cfg)
     (demo / "results.json").write_text(json.dumps({"kind": "tapa-eval"}))
     return demo
@@ -83,7 +84,8 @@ def test_a_corrupted_token_cache_stops_the_evaluation(demo_dir):
     ids[:64] = np.roll(ids[:64], 1)  # same size, same ids, other order: perplexity would change
     try:
         path.write_bytes(ids.tobytes())
-        with pytest.raises(SystemExit, match=f"test.bin does not match the sha256.*delete {corpus.directory}"):
+        expected = f"test.bin does not match the sha256.*delete {corpus.directory}"
+        with pytest.raises(SystemExit, match=expected):
             main(["eval", str(demo_dir / "rope"), "--out", str(demo_dir.parent / "corrupt"), *FAST])
     finally:
         path.write_bytes(original)

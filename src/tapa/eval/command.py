@@ -121,10 +121,9 @@ def checkpoint_of(run_dir: Path, checkpoint: str | None) -> Path:
 
 def training_tokens(checkpoint: Path) -> int | None:
     """Tokens the checkpoint was trained on in its run (its state.json), for plot titles."""
-    try:
-        return json.loads((checkpoint / "state.json").read_text()).get("tokens")
-    except (OSError, ValueError):
-        return None
+    from tapa.train.checkpoint import read_state
+
+    return read_state(checkpoint, verify=False).get("tokens")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -3,7 +3,10 @@
 Lossless: the weights are copied as they are (float32 unless --dtype), and the exported model is
 reloaded and checked to give logits identical to the training checkpoint's TapaLM. The run's
 tokenizer (found through the run's data config, checked by sha256) is saved next to it as a
-PreTrainedTokenizerFast, so AutoTokenizer, generate() and lm-eval work on the directory alone.
+PreTrainedTokenizerFast, so AutoTokenizer, generate() and lm-eval work on the directory alone; a
+tokenizer that cannot be found is an error, unless --no-tokenizer says to export the model alone.
+OUT_DIR follows the rule of `tapa._paths`: never a run directory, never over files of other
+programs without --overwrite, and a re-export replaces every file of the earlier one.
 
 This command bridges training and transformers, so it reads checkpoints through `tapa.train`
 (`load_model`) and tokenizers through `tapa.data`.
@@ -39,8 +42,8 @@ def run_tokenizer(run_config: dict) -> Path:
     except (ValueError, OSError) as err:
         raise ValueError(f"the run's token cache cannot be found ({err}); {_NO_TOKENIZER_HINT}") from err
     if corpus is None:
-        raise ValueError("the run's token cache is gone (rebuild it with 'tapa train --data-only' and "
-                         f"the run's settings); {_NO_TOKENIZER_HINT}")
+        raise ValueError("the run's token cache is gone (rebuild it with 'tapa data build' and the "
+                         f"\"data\" settings in the run's config.json); {_NO_TOKENIZER_HINT}")
     path = corpus.tokenizer_dir / "tokenizer.json"
     expected = run_config.get("corpus", {}).get("tokenizer", {}).get("sha256")
     if not path.is_file() or (expected and file_sha256(path) != expected):
