@@ -284,14 +284,18 @@ class Attention(nn.Module):
         """Global TAPA layers; their keys are always the slots 0 .. start + N - 1."""
         cfg = self.cfg
         op_args = dict(theta=cfg.theta, alpha=cfg.alpha, distance=cfg.distance, phase=cfg.phase)
-        # "auto": the split-KV decode kernel on CUDA; "triton" forces it (on CPU, Triton's interpreter)
+        # "auto": the split-KV decode kernel on CUDA; "triton" forces it (on CPU, Triton's
+        # interpreter). It has no backward: training takes the fused op below.
         wanted = cfg.attn_impl == "triton" or (q.is_cuda and cfg.attn_impl == "auto")
+        wanted = wanted and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad))
         kernel = _decode_kernel() if wanted else None
         if kernel is not None and kernel.supports(q, k, v) and (ctx.key_mask is None or ctx.left_pad is not None):
             from tapa.ops import tapa_attention_with_kvcache
 
             lengths = torch.full((q.shape[0],), k.shape[1], dtype=torch.int32, device=q.device)
-            return tapa_attention_with_kvcache(q, k, v, lengths, cache_starts=ctx.left_pad, **op_args)
+            # a left-padded row's queries at padded slots see no key: their outputs are never used
+            return tapa_attention_with_kvcache(q, k, v, lengths, cache_starts=ctx.left_pad, impl="triton",
+                                               check_lengths=ctx.left_pad is None, **op_args)
         if ctx.key_mask is None:
             return tapa_attention(q, k, v, causal=True, q_offset=ctx.start, k_offset=key_slots,
                                   impl=cfg.attn_impl, **op_args)
