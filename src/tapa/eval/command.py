@@ -108,7 +108,7 @@ def expand_runs(paths: list[str]) -> list[Path]:
 def checkpoint_of(run_dir: Path, checkpoint: str | None) -> Path:
     """The checkpoint to evaluate: RUN's latest, or --checkpoint, which must belong to RUN (else its
     results would be filed under another model's name)."""
-    from tapa.train.checkpoint import resolve_checkpoint
+    from tapa.model.checkpoint import resolve_checkpoint
 
     resolved = resolve_checkpoint(checkpoint or run_dir)
     if checkpoint and run_dir.resolve() not in resolved.resolve().parents:
@@ -121,7 +121,7 @@ def checkpoint_of(run_dir: Path, checkpoint: str | None) -> Path:
 
 def training_tokens(checkpoint: Path) -> int | None:
     """Tokens the checkpoint was trained on in its run (its state.json), for plot titles."""
-    from tapa.train.checkpoint import read_state
+    from tapa.model.checkpoint import read_state
 
     return read_state(checkpoint, verify=False).get("tokens")
 

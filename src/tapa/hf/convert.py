@@ -33,7 +33,8 @@ from tapa._optional import require
 from tapa._paths import check_output_dir, replacing_outputs
 from tapa.hf.checkpoint import MODEL_FILES, TOKENIZER_FILES, read_json, write_pretrained
 from tapa.model import ModelConfig
-from tapa.ops import split_dims
+from tapa.ops import PHASES, split_dims
+from tapa.positional.kinds import KINDS
 
 CONVERT_MARKER = "tapa_convert.json"
 CONVERT_FILES = (*MODEL_FILES, *TOKENIZER_FILES, CONVERT_MARKER)  # all that a conversion writes
@@ -153,9 +154,9 @@ def convert_llama(llama_dir: str | Path, out_dir: str | Path, *, theta: float = 
         raise ValueError(f"{str(llama_dir)!r} is not a model directory (no config.json)")
     if phase_init_scale < 0:
         raise ValueError(f"phase_init_scale must be >= 0, got {phase_init_scale}")
-    pe = {"quadratic": "tapa", "linear": "tapa-linear-phase"}.get(phase)
+    pe = next((kind.name for kind in KINDS.values() if kind.family == "tapa" and kind.phase == phase), None)
     if pe is None:
-        raise ValueError(f"phase must be 'quadratic' or 'linear', got {phase!r}")
+        raise ValueError(f"phase must be one of the TAPA phase variants {PHASES}, got {phase!r}")
     llama = read_json(llama_dir / "config.json", "Llama config")
     cfg = tapa_config_from_llama(llama, pe=pe, theta=theta, alpha=alpha, distance=distance,
                                  phase_init_scale=phase_init_scale)

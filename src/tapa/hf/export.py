@@ -81,7 +81,7 @@ def export_checkpoint(path: str | Path, out_dir: str | Path, *, tokenizer: str |
     directory; files of other programs only with overwrite=True); an earlier export there is
     replaced as a whole, so no file of it (a stale tokenizer) survives. Returns out_dir.
     """
-    from tapa.train.checkpoint import load_model, resolve_checkpoint
+    from tapa.model.checkpoint import load_model, resolve_checkpoint
 
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {list(DTYPES)}, got {dtype!r}")
