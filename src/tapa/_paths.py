@@ -18,6 +18,7 @@ This module imports nothing from the rest of tapa, so every layer may use it.
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 import os
 import shutil
 import uuid
@@ -106,3 +107,12 @@ def replacing_outputs(path: str | os.PathLike, outputs: Sequence[str]) -> Iterat
         raise
     finally:
         shutil.rmtree(aside, ignore_errors=True)
+
+
+def file_sha256(path: Path) -> str:
+    """The sha256 hex digest of a file, read in 4 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()

@@ -32,7 +32,7 @@ def run_tokenizer(run_config: dict) -> Path:
     """The tokenizer.json of the run's token cache, checked against the run's sha256; ValueError
     saying why when it cannot be found."""
     from tapa.data import DataConfig, find_corpus
-    from tapa.data.tokenizer import file_sha256
+    from tapa._paths import file_sha256
 
     if "data" not in run_config:
         raise ValueError(f"the checkpoint is not inside a run directory, so its tokenizer is unknown; "
