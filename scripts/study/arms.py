@@ -59,7 +59,9 @@ ARMS = {arm.name: arm for arm in (
 )}
 FAMILIES = ("rope", "nope", "tapa", "hybrid")
 SWEEP_ARM = {"rope": "rope", "nope": "nope", "tapa": "tapa", "hybrid": "hybrid-tapa"}
-STAGES = ("pretrain", "eval0", "continual", "eval1", "passkey")
+# theory: logit moments vs distance of the pretrained model's middle global layer on held-out text
+# (python3 -m tapa.theory.trained), for the arm that owns the pretraining run
+STAGES = ("pretrain", "eval0", "continual", "eval1", "passkey", "theory")
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,8 @@ class Protocol:
     passkey_lengths: tuple = (2048, 4096, 8192, 16384)  # 1x, 2x, 4x, 8x the continual length
     passkey_depths: tuple = (0.0, 0.25, 0.5, 0.75, 1.0)
     passkey_trials: int = 50
+    theory_len: int = 4096  # 8x the pretraining length: distances past training
+    theory_sequences: int = 8
     sweep_lrs: tuple = (5e-4, 1e-3, 2e-3)
     seeds: tuple = (0, 1, 2)
 
@@ -104,36 +108,42 @@ class Protocol:
         return values
 
     def fingerprint(self) -> str:
-        """Short hash of everything that makes two jobs comparable (not the name)."""
-        values = {k: v for k, v in self.to_dict().items() if k != "name"}
+        """Short hash of what the training and evaluation numbers depend on: jobs with equal
+        fingerprints are comparable (the name, the plan's lrs and seeds and the theory settings
+        are left out)."""
+        plan_only = ("name", "sweep_lrs", "seeds", "theory_len", "theory_sequences")
+        values = {k: v for k, v in self.to_dict().items() if k not in plan_only}
         return hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()[:12]
 
 
 TOY_GPU = Protocol(
     name="toy-gpu", recipe="toy-gpu", device="cuda",
-    # builtin stdlib + site-packages Python (the recipe's), capped at 400 MB: >= 100M tokens if the
+    # builtin stdlib + site-packages Python (the recipe's), capped at 450 MB: >= 100M tokens if the
     # machine has that much text; the runner reports the count from the corpus manifest
-    data=("--max-train-bytes", "400000000", "--tokenizer-train-bytes", "50000000"))
+    data=("--max-train-bytes", "450000000", "--tokenizer-train-bytes", "50000000"))
 
-# The issue's scale step: dim 768, 12 layers, head_dim 128, one seed; steps to be set from the
-# throughput a first call measures (the largest budget one 10-minute command allows).
+# The issue's scale step: dim 768, 12 layers, head_dim 128, one seed. The same 100M tokens: the
+# 124M model ran ~246k tokens/s at L=2048 alone (results/model-throughput-h200), so one run should
+# fit one call at --concurrent 1; lower --pretrain-steps if the first call says otherwise.
 SCALE_768 = dataclasses.replace(TOY_GPU, name="scale-768",
                                 model=("--dim", "768", "--n-layers", "12", "--n-heads", "6"))
 
 # Seconds-long CPU version of every stage, for tests and a dry run of the machinery.
 TINY_CPU = Protocol(
     name="tiny-cpu", recipe="tiny", device="cpu",
-    data=("--vocab-size", "300", "--max-train-bytes", "200000"),
-    model=("--dim", "32", "--n-layers", "2", "--n-heads", "2"),
+    data=("--vocab-size", "300", "--max-train-bytes", "200000", "--val-fraction", "0.004",
+          "--test-fraction", "0.004"),
+    model=("--dim", "32", "--n-layers", "4", "--n-heads", "2"),  # 4 layers: LLLG has a global one
     pretrain_len=32, pretrain_batch=4, pretrain_steps=4,
     pretrain_flags=("--warmup-steps", "1", "--eval-every", "0", "--eval-batches", "1",
-                    "--save-every", "2", "--log-every", "1", "--no-plot"),
+                    "--save-every", "0", "--log-every", "1", "--no-plot"),
     continual_len=256, continual_batch=2, continual_steps=2,
     continual_flags=("--warmup-steps", "1", "--eval-every", "0", "--eval-batches", "1",
                      "--save-every", "0", "--log-every", "1", "--passkey-fraction", "0.5",
                      "--no-plot"),
-    eval_lengths=(32, 64, 128), eval_stride=32, eval_tokens=128,
+    eval_lengths=(32, 128), eval_stride=32, eval_tokens=128,
     passkey_lengths=(256, 512), passkey_depths=(0.0, 1.0), passkey_trials=2,
+    theory_len=128, theory_sequences=2,
     sweep_lrs=(1e-3, 3e-3), seeds=(0, 1))
 
 PROTOCOLS = {p.name: p for p in (TOY_GPU, SCALE_768, TINY_CPU)}
@@ -155,6 +165,7 @@ class Estimates:
     startup_s: float = 25.0  # per training stage: imports, CUDA context, Triton compiles, corpus
     eval_s_per_method: float = 30.0  # 6 lengths x 64k scored tokens, up to 16k windows
     passkey_s_per_method: float = 45.0  # 4 lengths x 5 depths x 50 trials, up to 16k prompts
+    theory_s: float = 30.0  # load, 8 x 4096 tokens through one layer, binning, iid samples
     data_build_s: float = 90.0  # fresh machine: BPE on 50 MB + tokenizing ~400 MB (a guess)
 
     def process_rate(self, concurrent: int) -> float:
@@ -163,4 +174,5 @@ class Estimates:
 
 
 TINY_ESTIMATES = Estimates(tokens_per_s=5_000.0, speedup={1: 1.0, 2: 1.0}, startup_s=3.0,
-                           eval_s_per_method=1.0, passkey_s_per_method=1.0, data_build_s=2.0)
+                           eval_s_per_method=1.0, passkey_s_per_method=1.0, theory_s=1.0,
+                           data_build_s=2.0)

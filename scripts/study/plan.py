@@ -35,14 +35,14 @@ class Job:
 class Stage:
     name: str  # unique in its group: pretrain, eval0, continual-<arm>, eval1-<arm>, passkey-<arm>
     kind: str  # one of STAGES
-    argv: list  # tapa argv (without the leading "tapa")
+    argv: list  # tapa argv (without the leading "tapa"), or ["-m", module, ...] for python3 -m
     out: str  # the run directory or the evaluation folder it writes
     needs: list = field(default_factory=list)
     tokens: int = 0  # training tokens (train stages)
     methods: int = 0  # models evaluated (evaluation stages)
 
     def command(self) -> str:
-        return "tapa " + shlex.join(self.argv)
+        return ("python3 " if self.argv[0] == "-m" else "tapa ") + shlex.join(self.argv)
 
 
 @dataclass
@@ -134,12 +134,16 @@ def stage_closure(stages) -> list[str]:
 
 
 def job_stages(job: Job, stages) -> list[str]:
-    """The group stages (names) a job reads, in order."""
+    """The group stages (names) a job reads, in order. Only the arm that owns the pretraining
+    run reads its theory stage (the others share the same weights)."""
     arm = ARMS[job.arm]
     owner = continual_owner(arm)
     names = {"pretrain": "pretrain", "eval0": "eval0", "continual": f"continual-{owner}",
-             "eval1": f"eval1-{owner}", "passkey": f"passkey-{owner}"}
-    return [names[s] for s in stages if s != "eval0" or arm.zero_shot]
+             "eval1": f"eval1-{owner}", "passkey": f"passkey-{owner}", "theory": "theory"}
+    skip = {"eval0"} if not arm.zero_shot else set()
+    if pretrain_owner(arm) != arm.name:
+        skip.add("theory")
+    return [names[s] for s in stages if s not in skip]
 
 
 def _csv(values) -> str:
@@ -148,7 +152,8 @@ def _csv(values) -> str:
 
 def build_groups(jobs: list[Job], protocol: Protocol, stages, root: Path,
                  train_extra=(), cache_dir: str | None = None) -> list[Group]:
-    """Groups of jobs that share a pretraining run, each with its stages and commands."""
+    """Groups of jobs that share a pretraining run, each with its stages and commands.
+    train_extra: flags added last to every `tapa train` (so they win over the protocol's)."""
     stages = stage_closure(stages)
     cache_dir = cache_dir or str(root / "cache" / "data")
     by_key: dict[tuple, Group] = {}
@@ -163,8 +168,7 @@ def build_groups(jobs: list[Job], protocol: Protocol, stages, root: Path,
         base = root / "runs" / group.id
         train_common = ["train", "--recipe", protocol.recipe, *protocol.data, "--cache-dir", cache_dir,
                         *protocol.model, *arm0.pretrain, "--lr", f"{lr:g}", "--seed", str(seed),
-                        "--device", protocol.device, "--no-progress", "--name", group.id,
-                        *train_extra]
+                        "--device", protocol.device, "--no-progress", "--name", group.id]
         evaluation = ["--lengths", _csv(protocol.eval_lengths), "--stride", str(protocol.eval_stride),
                       "--max-tokens", str(protocol.eval_tokens), "--split", "test",
                       "--device", protocol.device, "--no-progress"]
@@ -182,12 +186,18 @@ def build_groups(jobs: list[Job], protocol: Protocol, stages, root: Path,
                 train_common + ["--seq-len", str(protocol.pretrain_len),
                                 "--batch-size", str(protocol.pretrain_batch),
                                 "--steps", str(protocol.pretrain_steps), *protocol.pretrain_flags,
-                                "--run-dir", pre_dir],
+                                *train_extra, "--run-dir", pre_dir],
                 pre_dir, tokens=protocol.pretrain_tokens))
         zero_shot = [ARMS[j.arm] for j in group.jobs if ARMS[j.arm].zero_shot]
         if "eval0" in needed:
             group.stages.append(_eval_stage("eval0", "eval0", pre_dir, base, evaluation,
                                             zero_shot, ["pretrain"]))
+        if "theory" in needed:
+            group.stages.append(Stage(
+                "theory", "theory",
+                ["-m", "tapa.theory.trained", pre_dir, "--seq-len", str(protocol.theory_len),
+                 "--sequences", str(protocol.theory_sequences), "--device", protocol.device,
+                 "--out", str(base / "theory")], str(base / "theory"), needs=["pretrain"], methods=1))
         for owner in dict.fromkeys(continual_owner(ARMS[j.arm]) for j in group.jobs):
             users = [ARMS[j.arm] for j in group.jobs if continual_owner(ARMS[j.arm]) == owner]
             cont_dir = str(base / f"continual-{owner}")
@@ -198,7 +208,7 @@ def build_groups(jobs: list[Job], protocol: Protocol, stages, root: Path,
                                     "--seq-len", str(protocol.continual_len),
                                     "--batch-size", str(protocol.continual_batch),
                                     "--steps", str(protocol.continual_steps),
-                                    *protocol.continual_flags, "--run-dir", cont_dir],
+                                    *protocol.continual_flags, *train_extra, "--run-dir", cont_dir],
                     cont_dir, needs=["pretrain"], tokens=protocol.continual_tokens))
             for kind, flags in (("eval1", evaluation), ("passkey", passkey)):
                 if f"{kind}-{owner}" in needed:
@@ -229,15 +239,18 @@ def check_flags(groups: list[Group]) -> list[str]:
     from tapa.eval import command as eval_command
     from tapa.train import command as train_command
 
-    parsers = {}
+    from tapa.theory import trained
+
+    parsers = {"-m": trained.build_parser()}
     for name, module in (("train", train_command), ("eval", eval_command)):
         parsers[name] = argparse.ArgumentParser(prog=f"tapa {name}", add_help=False)
         module.add_arguments(parsers[name])
     problems = []
     for group in groups:
         for stage in group.stages:
+            rest = stage.argv[2:] if stage.argv[0] == "-m" else stage.argv[1:]
             try:
-                _, unknown = parsers[stage.argv[0]].parse_known_args(stage.argv[1:])
+                _, unknown = parsers[stage.argv[0]].parse_known_args(rest)
             except SystemExit:
                 unknown = ["(argparse error above)"]
             if unknown:
@@ -254,9 +267,9 @@ def estimate_stage(stage: Stage, est: Estimates, concurrent: int, observed: dict
         if stage.kind in observed:
             return observed[stage.kind] * stage.tokens
         return est.startup_s + stage.tokens / est.process_rate(concurrent)
-    per_method = observed.get(stage.kind) or (est.passkey_s_per_method if stage.kind == "passkey"
-                                              else est.eval_s_per_method)
-    return per_method * stage.methods
+    default = {"passkey": est.passkey_s_per_method, "theory": est.theory_s}.get(stage.kind,
+                                                                             est.eval_s_per_method)
+    return (observed.get(stage.kind) or default) * stage.methods
 
 
 def split_batches(groups: list[Group], est: Estimates, concurrent: int, budget_s: float,

@@ -24,14 +24,15 @@ What a call does:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import gc
+import importlib
 import json
 import os
 import platform
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -85,6 +86,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     how.add_argument("--progress-every", type=float, default=30.0)
     how.add_argument("--est-tokens-per-s", type=float, default=None,
                      help="one training process alone (default: arms.Estimates)")
+    how.add_argument("--est-speedup", type=float, default=None,
+                     help="total throughput of --concurrent processes over one alone (default: "
+                          "arms.Estimates, a guess until measured)")
     how.add_argument("--dry-run", action="store_true", help="print groups, commands and estimates")
     how.add_argument("--split-batches", type=float, default=None, metavar="SECONDS",
                      help="with --dry-run: pack the groups into device calls of this budget")
@@ -101,8 +105,6 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def configure(args):
     """(protocol, estimates, jobs, stages) the arguments ask for."""
-    import dataclasses
-
     protocol = PROTOCOLS[args.protocol]
     if args.pretrain_steps:
         protocol = dataclasses.replace(protocol, name=f"{protocol.name}-steps{args.pretrain_steps}",
@@ -110,6 +112,8 @@ def configure(args):
     estimates = dataclasses.replace(TINY_ESTIMATES if protocol.device == "cpu" else Estimates())
     if args.est_tokens_per_s:
         estimates.tokens_per_s = args.est_tokens_per_s
+    if args.est_speedup:
+        estimates.speedup = {**estimates.speedup, args.concurrent: args.est_speedup}
     if args.jobs:
         jobs = parse_jobs(args.jobs)
     else:
@@ -153,10 +157,11 @@ def run_worker(spec_path: Path) -> int:
             shutil.rmtree(out)  # a partial evaluation
         (root / "runs" / gid / "status.json").write_text(json.dumps({"stage": name, "started": time.time()}))
         started, clock = _now(), time.perf_counter()
-        print(f"== {name} ({started}): tapa {shlex.join(argv)}", flush=True)
-        sys.argv = ["tapa", *argv]  # tapa eval records its command from sys.argv
+        module = argv[1] if argv[0] == "-m" else None
+        print(f"== {name} ({started}): {'python3' if module else 'tapa'} {shlex.join(argv)}", flush=True)
+        sys.argv = [module or "tapa", *(argv[2:] if module else argv)]  # tapa eval records sys.argv
         try:
-            rc = tapa_main(argv)
+            rc = importlib.import_module(module).main(argv[2:]) if module else tapa_main(argv)
         except SystemExit as stop:
             rc = stop.code if isinstance(stop.code, int) else 1
             if not isinstance(stop.code, int):
@@ -315,25 +320,27 @@ def schedule(args, protocol, estimates, groups, call, log, started: float) -> di
                 continue
             spec = root / "runs" / group.id / "worker.json"
             spec.parent.mkdir(parents=True, exist_ok=True)
+            (spec.parent / "status.json").unlink(missing_ok=True)  # an earlier call's
             spec.write_text(json.dumps({"root": str(root), "group": group.id, "call": call,
                                         "device": protocol.device,
                                         "stages": [vars(s) for s in group.stages]}, indent=1))
             with open(logs / f"{group.id}.log", "a") as handle:
                 handle.write(f"\n##### call {call}\n")
                 handle.flush()
+                # same process session as the runner: if the device call ends the runner, the
+                # machine's clean-up ends the workers too
                 process = subprocess.Popen([sys.executable, str(HERE / "run.py"), "--worker", str(spec)],
-                                           stdout=handle, stderr=subprocess.STDOUT, env=env,
-                                           start_new_session=True)
+                                           stdout=handle, stderr=subprocess.STDOUT, env=env)
             running[group.id] = Running(group, process, time.perf_counter(), cost)
             log(f"[{elapsed:6.0f}s] {group.id}: started ({len(group.jobs)} jobs, "
                 f"{len(group.stages)} stages, ~{cost:.0f} s)")
         if running and elapsed >= deadline:
-            for gid, item in running.items():
-                os.killpg(item.process.pid, signal.SIGTERM)
+            for item in running.values():
+                item.process.terminate()
             time.sleep(5)
             for gid, item in running.items():
                 if item.process.poll() is None:
-                    os.killpg(item.process.pid, signal.SIGKILL)
+                    item.process.kill()
                 item.process.wait()
                 outcome[gid] = {"state": f"stopped at the budget, {group_state(root, item.group)}",
                                 "seconds": time.perf_counter() - item.started, "estimate_s": item.estimate}
@@ -366,7 +373,8 @@ def main(argv=None) -> int:
     if problems:
         print("the commands do not fit this checkout's tapa (merge main?):\n  " + "\n  ".join(problems))
         return 2
-    call = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    # unique per runner: runners for other GPUs may share --root and start in the same second
+    call = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}"
     (root / "logs").mkdir(parents=True, exist_ok=True)
     os.environ["TAPA_CACHE"] = str(root / "cache")
     os.environ.setdefault("TRITON_CACHE_DIR", str(root / "cache" / "triton"))
@@ -446,6 +454,9 @@ def dry_run(args, protocol, estimates, groups, problems) -> int:
             passthrough.append(f"--pretrain-steps {args.pretrain_steps}")
         if args.train_flags:
             passthrough.append(f"--train-flags {shlex.quote(args.train_flags)}")
+        for flag in ("est_tokens_per_s", "est_speedup"):
+            if getattr(args, flag):
+                passthrough.append(f"--{flag.replace('_', '-')} {getattr(args, flag):g}")
         print(f"\n{len(batches)} batches of {calls} back-to-back device call(s) of "
               f"{args.split_batches:.0f} s, {args.concurrent} processes at once"
               + (" (calls after the first find the warm machine's runs and resume them)" if calls > 1 else ""))

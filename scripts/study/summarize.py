@@ -86,6 +86,17 @@ def _evaluation_summary(out_dir: Path, pe: str | None, passkey: bool) -> dict:
     return summary
 
 
+def _theory_summary(out_dir: Path) -> dict:
+    """The pooled-over-heads rows of tapa.theory.trained's CSV, as columns."""
+    import csv
+
+    with open(out_dir / "theory_trained.csv", newline="") as handle:
+        rows = [r for r in csv.DictReader(handle) if r["head"] == "all"]
+    fields = ["estimate", "distance", "count", "mean", "var", "mean_se"]
+    return {"layer": int(rows[0]["layer"]), "kind": rows[0]["kind"], "fields": fields,
+            "rows": [[r["estimate"]] + [float(r[f]) if r[f] else None for f in fields[1:]] for r in rows]}
+
+
 def job_summary(job: Job, group: Group, stages: list[str], protocol: Protocol, root: Path,
                 context: dict) -> dict:
     """The job's JSON from whatever of its stages have finished (see the module docstring)."""
@@ -106,12 +117,16 @@ def job_summary(job: Job, group: Group, stages: list[str], protocol: Protocol, r
             continue
         kind = stage.kind
         summary["stages_done"].append(name)
-        summary["commands"][kind] = "tapa " + shlex.join(marker["argv"])
-        summary["wall_seconds"][kind] = marker["wall_s"]
+        summary["commands"][kind] = stage.command()
+        if marker["argv"] != stage.argv:  # finished by a later call: `--resume` from a checkpoint
+            summary.setdefault("resumed", {})[kind] = "tapa " + shlex.join(marker["argv"])
+        summary["wall_seconds"][kind] = marker["wall_s"]  # of the last call only, if resumed
         summary["stage_dates"][kind] = [marker["started"], marker["finished"]]
         hardware.add(marker["hardware"])
         if kind in ("pretrain", "continual"):
             summary["results"][kind] = _training_summary(Path(stage.out))
+        elif kind == "theory":
+            summary["results"][kind] = _theory_summary(Path(stage.out))
         else:
             summary["results"][kind] = _evaluation_summary(Path(stage.out), arm.eval_pe,
                                                            passkey=kind == "passkey")

@@ -2,6 +2,7 @@
 its plans, and the aggregation of job JSONs (tapa.eval.study) on a known case."""
 
 import copy
+import csv
 import json
 import math
 import sys
@@ -37,6 +38,7 @@ def archive_jobs(out: Path) -> dict[str, dict]:
         return {m.name: json.load(tar.extractfile(m)) for m in tar.getmembers() if m.name.endswith(".job.json")}
 
 
+@pytest.mark.slow  # two worker processes, each a few seconds of imports
 def test_runner_end_to_end_two_jobs_at_once(study_root, capsys):
     out = study_root / "out1"
     rc = run.main(["--protocol", "tiny-cpu", "--jobs", "rope-eval-yarn:0.001:0,nope:0.001:0",
@@ -58,15 +60,20 @@ def test_runner_end_to_end_two_jobs_at_once(study_root, capsys):
             assert all(r["tokens"] == protocol.eval_tokens for r in job["results"][stage]["perplexity"])
         grid = job["results"]["passkey"]["passkey"]
         assert grid["lengths"] == list(protocol.passkey_lengths) and grid["trials"] == 2
-        assert set(job["commands"]) == set(arms.STAGES)
+        owner = job["arm"] == "nope"  # rope-eval-yarn reads the RoPE arm's run: no theory of its own
+        assert set(job["commands"]) == set(arms.STAGES) - ({"theory"} if not owner else set())
         assert job["commands"]["pretrain"].startswith("tapa train --recipe tiny")
         assert job["corpus"]["train_tokens"] > 0 and job["hardware"]
+    theory = jobs["jobs/nope-lr0.001-s0.job.json"]["results"]["theory"]
+    estimates = {row[0] for row in theory["rows"]}
+    assert theory["kind"] == "nope" and {"trained", "trained-centered", "iid-empirical"} <= estimates
     yarn = jobs["jobs/rope-eval-yarn-lr0.001-s0.job.json"]
     assert yarn["results"]["eval0"]["pe"] == "rope-yarn" and yarn["results"]["eval0"]["trained_pe"] == "rope"
     assert "--eval-pe rope-yarn" in yarn["commands"]["eval1"]
     # the archive aggregates: tables and a README come out of it
     written = study.aggregate([out], study_root / "agg")
-    assert {p.name for p in written} >= {"README.md", "perplexity_zero_shot.png", "passkey.md"}
+    assert {p.name for p in written} >= {"README.md", "perplexity_zero_shot.png", "passkey.md",
+                                         "theory_trained.png"}
 
 
 def test_runner_skips_finished_stages_and_respects_the_budget(study_root, capsys):
@@ -87,9 +94,10 @@ def test_plan_shares_runs_and_fills_the_protocol():
     groups = plan.build_groups(jobs, arms.TOY_GPU, arms.STAGES, Path("/r"))
     rope, tapa = groups
     assert [len(g.jobs) for g in groups] == [3, 1] and rope.id == "rope-lr0.001-s0"
-    assert [s.name for s in rope.stages] == ["pretrain", "eval0", "continual-rope", "eval1-rope",
+    assert [s.name for s in rope.stages] == ["pretrain", "eval0", "theory", "continual-rope", "eval1-rope",
                                              "passkey-rope", "continual-rope-yarn", "eval1-rope-yarn",
                                              "passkey-rope-yarn"]
+    assert rope.stage("theory").command().startswith("python3 -m tapa.theory.trained /r/runs/rope-")
     assert rope.stage("eval0").argv[-2:] == ["--eval-pe", "rope-yarn"]
     yarn = rope.stage("continual-rope-yarn").argv
     assert yarn[yarn.index("--rope-scale") + 1] == "4" and yarn[yarn.index("--original-seq-len") + 1] == "512"
@@ -165,7 +173,7 @@ def test_aggregate_known_mean_and_std(tmp_path):
 
     study.aggregate([tmp_path / "in"], tmp_path / "out")
     rows = {(r["stage"], r["arm"], int(r["length"])): r
-            for r in __import__("csv").DictReader(open(tmp_path / "out" / "perplexity.csv"))}
+            for r in csv.DictReader(open(tmp_path / "out" / "perplexity.csv"))}
     first = rows[("zero-shot", "tapa", 512)]
     assert float(first["lr"]) == 1e-3 and int(first["n"]) == 3  # main lr: the one with 3 seeds
     assert math.isclose(float(first["mean"]), 8.0) and math.isclose(float(first["std"]), 1.0)
@@ -178,7 +186,7 @@ def test_aggregate_known_mean_and_std(tmp_path):
     sweep = (tmp_path / "out" / "lr_sweep.md").read_text()  # compared on seed 0, common to both lrs
     assert "| tapa | tapa | 0.001 **(best)** | 1 | 2.0000 | 7.00 |" in sweep
     assert "| tapa | tapa | 0.0005 | 1 | 2.5000 | 12.00 |" in sweep
-    passkey = list(__import__("csv").DictReader(open(tmp_path / "out" / "passkey.csv")))
+    passkey = list(csv.DictReader(open(tmp_path / "out" / "passkey.csv")))
     cell = next(r for r in passkey if r["length"] == "2048" and r["depth"] == "0.0")
     assert math.isclose(float(cell["mean"]), 0.5) and math.isclose(float(cell["std"]), 0.5)
     assert "| tapa | 3 | 50% | 25% |" in (tmp_path / "out" / "passkey.md").read_text()

@@ -61,12 +61,14 @@ def test_reference_at_the_alpha_bound_is_finite_and_matches_float64(distance):
 
 _TRITON_ON_CPU = """
 import torch
-from tapa.ops import tapa_attention
+from tapa.ops import tapa_attention, tapa_attention_with_kvcache
 q = torch.randn(1, 4, 2, 16)
-try:
-    tapa_attention(q, q, q, impl="triton")
-except ValueError as err:
-    print("ValueError:", err)
+for call in (lambda: tapa_attention(q, q, q, impl="triton"),
+             lambda: tapa_attention_with_kvcache(q, q, q, 4, impl="triton")):
+    try:
+        call()
+    except ValueError as err:
+        print("ValueError:", err)
 """
 
 
@@ -79,4 +81,4 @@ def test_triton_on_cpu_without_interpreter_is_a_clear_error():
     result = subprocess.run([sys.executable, "-c", _TRITON_ON_CPU], capture_output=True, text=True,
                             env=env, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
-    assert "ValueError: impl='triton' needs CUDA tensors" in result.stdout, result.stdout
+    assert result.stdout.count("ValueError: impl='triton' needs CUDA tensors") == 2, result.stdout

@@ -19,7 +19,7 @@ HAS_CUDA = torch.cuda.is_available()
 pytest.importorskip("triton")  # without CUDA, tests/conftest.py has selected Triton's interpreter
 DEVICE = "cuda" if HAS_CUDA else "cpu"
 
-from tapa.ops import tapa_attention, triton_attention, triton_launch  # noqa: E402
+from tapa.ops import MAX_ALPHA, MAX_POSITION, tapa_attention, triton_attention, triton_launch  # noqa: E402
 from tapa.ops.reference import chunked_tapa_attention, naive_tapa_attention  # noqa: E402
 
 GRADS = ("out", "lse", "dq", "dk", "dv")
@@ -107,6 +107,48 @@ def test_atomic_dq(phase):
     with triton_launch.override_configs(triton_launch.LaunchConfigs(
             base.fwd, base.dkdv, base.dq, dq_atomic=True)):
         _check(q, k, v, causal=True, phase=phase, q_offset=5)
+
+
+@pytest.mark.parametrize("distance", ["power", "linear"])
+def test_alpha_at_its_bound(distance):
+    """alpha = MAX_ALPHA: at short range, where float32 still resolves the phase (up to 20**4 turns),
+    the kernel is within 2x of the float32 reference's error; at the longest range (distance
+    ~2**24, phase ~2**96 turns) every output is finite and every logit stays within its amplitude
+    (|cos| <= 1), so lse <= max |q_A . k_A| / sqrt(d_A) + log(Nk)."""
+    alpha = MAX_ALPHA[distance]
+    q, k, v = _inputs(1, 21, 21, 2, 1, 32, 32, torch.float32, seed=12)
+    kwargs = dict(alpha=alpha, distance=distance, causal=True)
+    fused = _run(lambda *a, **kw: tapa_attention(*a, impl="triton", **kw), q, k, v, 0, **kwargs)
+    exact = _run(naive_tapa_attention, q.double(), k.double(), v.double(), 0, **kwargs)
+    same_dtype = _run(naive_tapa_attention, q, k, v, 0, **kwargs)
+    for name in GRADS:
+        floor = rel_rmse(same_dtype[name], exact[name])
+        assert rel_rmse(fused[name], exact[name]) <= 2 * floor + 1e-6, (name, floor)
+
+    q, k, v = _inputs(1, 40, 37, 2, 2, 32, 32, torch.float32, seed=13)
+    far = dict(alpha=alpha, distance=distance, causal=False, q_offset=MAX_POSITION - 40)
+    fused = _run(lambda *a, **kw: tapa_attention(*a, impl="triton", **kw), q, k, v, 0, **far)
+    for name in GRADS:
+        assert torch.isfinite(fused[name]).all(), name
+    amplitude = torch.einsum("bqhd,bkhd->bhqk", q[..., :16], k[..., :16]).abs() / 4.0
+    bound = amplitude.amax(-1) + torch.log(torch.tensor(37.0))
+    assert (fused["lse"] <= bound + 1e-4).all()
+
+
+def test_broadcast_output_gradients():
+    """loss = out.sum() + lse.sum(): autograd hands the backward expanded (stride-0) gradients."""
+    q, k, v = _inputs(1, 37, 37, 2, 2, 32, 32, torch.float32, seed=14)
+
+    def grads(fn, *inputs):
+        inputs = [t.detach().clone().requires_grad_(True) for t in inputs]
+        out, lse = fn(*inputs, return_lse=True)
+        (out.sum() + lse.sum()).backward()
+        return [t.grad for t in inputs]
+
+    fused = grads(lambda *a, **kw: tapa_attention(*a, impl="triton", **kw), q, k, v)
+    exact = grads(naive_tapa_attention, q.double(), k.double(), v.double())
+    for got, want in zip(fused, exact):
+        assert rel_rmse(got, want) < FLOAT32_TOLERANCE
 
 
 def test_every_output_element_written(monkeypatch):

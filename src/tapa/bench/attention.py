@@ -47,7 +47,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sweep", action="store_true",
                         help="afterwards, time kernel variants at D=128 causal N=16k")
     parser.add_argument("--skip-checks", action="store_true")
-    parser.add_argument("--out", type=Path, default=Path("results/kernel-h200"))
+    parser.add_argument("--out", type=Path, default=Path("runs/bench/attention"),
+                        help="output directory (default: %(default)s)")
 
 
 # ---------------------------------------------------------------------------------------------

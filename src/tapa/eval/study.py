@@ -2,13 +2,14 @@
 
     python3 -m tapa.eval.study aggregate --in /tmp/archives --out results/toy-study
 
---in takes folders (searched for *.job.json), job JSON files and the runner's .tar.gz archives.
+--in takes folders (searched for *.job.json and *.tar.gz), job JSON files and the runner's archives.
 Every number written comes from the job JSONs. Written to --out:
     jobs.csv                          one row per job
     lr_sweep.csv, lr_sweep.md         per family and arm, each lr: final validation loss, zero-shot ppl
     perplexity.csv                    per stage, arm, length: mean, std (over seeds), n, the values
     perplexity_{zero_shot,continual}.md  and .png (log-log, error bars: one std over seeds)
     passkey.csv, passkey.md, passkey_<arm>.png   accuracy per length and depth, mean over seeds
+    theory_trained.csv, .png          logit moments vs distance on trained weights (tapa.theory.trained)
     commands.md                       every job's exact commands
     README.md                         a skeleton (protocol, hardware, dates, tables); an existing
                                       README.md is kept and the skeleton goes to README.skeleton.md
@@ -355,6 +356,35 @@ def plot_passkey(grid: dict, path: Path) -> Path:
                                                   f"seeds x {grid['trials']} trials)")
 
 
+def theory_rows(jobs: list[dict]) -> list[dict]:
+    """The theory-on-trained-weights rows of every job (tapa.theory.trained, pooled over heads)."""
+    rows = []
+    for job in jobs:
+        theory = job["results"].get("theory")
+        if not theory:
+            continue
+        for values in theory["rows"]:
+            row = dict(zip(theory["fields"], values))
+            rows.append({"arm": job["arm"], "label": job["label"], "lr": job["lr"], "seed": job["seed"],
+                         "layer": theory["layer"], "kind": theory["kind"], **row})
+    return rows
+
+
+def plot_theory(rows: list[dict], jobs: list[dict], path: Path) -> Path:
+    """tapa.theory.trained's panels for each arm at its main lr, first seed."""
+    from tapa.theory.trained import plot
+
+    lrs, chosen = main_lrs(jobs), {}
+    for row in rows:
+        if row["lr"] == lrs[row["arm"]]:
+            chosen.setdefault(row["arm"], row["seed"])
+            chosen[row["arm"]] = min(chosen[row["arm"]], row["seed"])
+    picked = [{**r, "run": f"lr {r['lr']:g}, seed {r['seed']}", "head": "all"} for r in rows
+              if r["lr"] == lrs[r["arm"]] and r["seed"] == chosen[r["arm"]]]
+    return plot(picked, path, title="logit mean and variance vs distance: trained q/k (pretrained "
+                                    "models) against the iid theory")
+
+
 # ---------------------------------------------------------------------------------------------
 # README skeleton
 
@@ -414,6 +444,11 @@ def readme_skeleton(jobs: list[dict], tables: dict[str, str], command: str) -> s
         "![continual](perplexity_continual.png)", "",
         "## Learning-rate sweep", "", tables["lr"], "",
         "## Passkey retrieval (after the continual stage)", "", tables["passkey"], "",
+        "## Theory on trained weights", "",
+        "The logit's mean and variance vs distance in the middle global layer of each pretrained "
+        "model, on held-out text longer than training (`python3 -m tapa.theory.trained`), next to "
+        "the iid theory: `theory_trained.csv`, `theory_trained.png`.", "",
+        "![theory](theory_trained.png)", "",
     ]
     return "\n".join(parts)
 
@@ -474,6 +509,10 @@ def aggregate(paths, out_dir: str | Path, *, protocol_id: str | None = None,
                    for di, d in enumerate(g["depths"])], out / "passkey.csv")
         written.append(out / "passkey.csv")
         written += [plot_passkey(g, out / f"passkey_{arm}.png") for arm, g in grids.items()]
+    theory = theory_rows(jobs)
+    if theory:
+        write_csv(theory, out / "theory_trained.csv")
+        written += [out / "theory_trained.csv", plot_theory(theory, jobs, out / "theory_trained.png")]
     save("commands.md", commands_markdown(jobs))
     readme = "README.md" if not (out / "README.md").exists() else "README.skeleton.md"
     save(readme, readme_skeleton(jobs, tables, command))

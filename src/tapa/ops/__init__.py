@@ -1,6 +1,8 @@
-"""The TAPA operator: argument checks and dispatch between the reference and the fused kernel.
+"""The TAPA operator: dispatch between the reference and the fused kernel.
 
-The function itself is defined once, in `tapa.ops.reference`; see its docstring.
+The function itself is defined once, in `tapa.ops.reference`; see its docstring. Argument checks
+live in `tapa.ops.checks`; decoding against a KV cache, `tapa_attention_with_kvcache`, in
+`tapa.ops.decode`.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from tapa.ops.checks import (
     check_triton_device,
     check_variant,
 )
+from tapa.ops.decode import tapa_attention_with_kvcache
 from tapa.ops.reference import (
     DISTANCES,
     PHASES,
@@ -83,5 +86,6 @@ def tapa_attention(
     return chunked_tapa_attention(q, k, v, **kwargs)
 
 
-__all__ = ["tapa_attention", "naive_tapa_attention", "chunked_tapa_attention", "check_args", "check_variant",
-           "split_dims", "DISTANCES", "PHASES", "IMPLS", "MAX_ALPHA", "MAX_POSITION"]
+__all__ = ["tapa_attention", "tapa_attention_with_kvcache", "naive_tapa_attention",
+           "chunked_tapa_attention", "check_args", "check_variant", "split_dims", "DISTANCES", "PHASES",
+           "IMPLS", "MAX_ALPHA", "MAX_POSITION"]

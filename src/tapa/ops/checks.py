@@ -66,7 +66,8 @@ def _check_qkv(q, k, v, k_name="k", v_name="v") -> None:
         raise ValueError(f"q, {k_name} and {v_name} must share a dtype, got q {q.dtype}, "
                          f"{k_name} {k.dtype}, {v_name} {v.dtype}")
     if not (q.device == k.device == v.device):
-        raise ValueError(f"q, {k_name} and {v_name} must be on one device, got {q.device}, {k.device}, {v.device}")
+        raise ValueError(f"q, {k_name} and {v_name} must be on one device, "
+                         f"got {q.device}, {k.device}, {v.device}")
     if q.shape[0] == 0:
         raise ValueError(f"batch size must be positive, got q of shape {tuple(q.shape)}")
     if k.shape[0] != q.shape[0] or v.shape[0] != q.shape[0]:

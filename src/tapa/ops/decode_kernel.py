@@ -13,9 +13,10 @@ keeps an online softmax and writes its normalized partial output and log-sum-exp
 kernel merges the splits, out = sum_s exp(lse_s - lse) * out_s with lse = logsumexp_s(lse_s).
 With a single split the first kernel writes the final output directly.
 
-Half-precision inputs: the logits and the softmax are float32, q.k and p.v run on the input
-dtype's tensor cores with float32 accumulation (p is cast to the value dtype, as in
-FlashAttention); float32 inputs use IEEE float32 dots.
+Each tile's logits come from `tapa.ops.triton_logits.tile_logits`, the helper (and flags) the
+fused kernels use. Half-precision inputs: the logits and the softmax are float32, q.k and p.v
+run on the input dtype's tensor cores with float32 accumulation (p is cast to the value dtype,
+as in FlashAttention); float32 inputs use IEEE float32 dots.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ import triton.language as tl
 
 from tapa.ops.checks import check_cache_lengths, check_kvcache_args, check_triton_device
 from tapa.ops.reference import split_dims
-from tapa.ops.triton_launch import interpreting
+from tapa.ops.triton_launch import interpreting, logits_args
+from tapa.ops.triton_logits import tile_logits
 
 MAX_QUERY_ROWS = 64  # G * Nq rows per program; more queries are prefill work for the fused kernel
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -44,9 +46,9 @@ def _split_kernel(
     stride_ob, stride_o1, stride_o2, stride_o3, stride_od,
     stride_lb, stride_l1, stride_l2, stride_l3,
     kv_heads, q_len, group, head_dim, v_dim, amp_dim, keys_per_split, split_bucket,
-    amp_scale, phase_scale, alpha,
-    HAS_STARTS: tl.constexpr, POWER_DISTANCE: tl.constexpr, QUADRATIC_PHASE: tl.constexpr,
-    FINAL: tl.constexpr, IEEE: tl.constexpr,
+    amp_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6,
+    HAS_STARTS: tl.constexpr, FINAL: tl.constexpr, DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr,
+    TRIG_POLY: tl.constexpr, PTX_ASM: tl.constexpr, LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
 ):
     """One (batch, kv head, split). FINAL: OUT is (B, Nq, H, Dv), LSE (B, H, Nq); otherwise
@@ -79,8 +81,8 @@ def _split_kernel(
     is_amp = dims[None, :] < amp_dim
     q_amp = tl.where(is_amp, q, tl.zeros_like(q))
     q_phase = tl.where(is_amp, tl.zeros_like(q), q)
-    if not QUADRATIC_PHASE:
-        q_phase_sum = tl.sum(q_phase.to(tl.float32), axis=1)
+    q_phase_sum = tl.sum(q_phase.to(tl.float32), axis=1)
+    first_slot = seqlen - q_len  # of the query rows; the last is seqlen - 1
 
     row_max = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     row_sum = tl.zeros((BLOCK_M,), tl.float32)
@@ -92,26 +94,14 @@ def _split_kernel(
         key_valid = keys < hi
         k = tl.load(k_base + keys[:, None] * stride_kn + dims[None, :] * stride_kd,
                     mask=key_valid[:, None] & (dims[None, :] < head_dim), other=0.0)
-        if IEEE:
-            amplitude = tl.dot(q_amp, tl.trans(k), input_precision="ieee")
-        else:
-            amplitude = tl.dot(q_amp, tl.trans(k))
-        if QUADRATIC_PHASE:
-            if IEEE:
-                phi = tl.dot(q_phase, tl.trans(k), input_precision="ieee")
-            else:
-                phi = tl.dot(q_phase, tl.trans(k))
-        else:
-            k_phase_sum = tl.sum(tl.where(is_amp, 0.0, k.to(tl.float32)), axis=1)
-            phi = q_phase_sum[:, None] + k_phase_sum[None, :]
-        dist = (query_slot[:, None] - keys[None, :]).to(tl.float32)
-        if POWER_DISTANCE:
-            weight = tl.where(dist > 0, tl.exp2(alpha * tl.log2(tl.maximum(dist, 1.0))), 0.0)
-        else:
-            weight = alpha * dist
-        turns = weight * (phi * phase_scale)
-        turns = turns - tl.floor(turns + 0.5)  # range reduction in turns, before the cosine
-        logits = amplitude * amp_scale * tl.cos(6.283185307179586 * turns)  # 2 pi
+        k_phase_sum = tl.sum(tl.where(is_amp, 0.0, k.to(tl.float32)), axis=1)
+        # the full-width tiles serve as both parts: q_amp and q_phase have the other part zeroed
+        logits = tile_logits(
+            q_amp, k, q_phase, k, q_phase_sum, k_phase_sum,
+            (query_slot[:, None] - keys[None, :]).to(tl.float32),
+            (first_slot - (start + BLOCK_N - 1)).to(tl.float32), (seqlen - 1 - start).to(tl.float32),
+            alpha, phase_scale, taylor_rho, b1, b2, b3, b4, b5, b6, DIST_POWER, PHASE_QUAD, TRIG_POLY,
+            PTX_ASM, LONG_PHASE, DOT_PRECISION) * amp_scale
         visible = key_valid[None, :] & (keys[None, :] <= query_slot[:, None]) & row_valid[:, None]
         logits = tl.where(visible, logits, float("-inf"))
 
@@ -122,10 +112,7 @@ def _split_kernel(
         row_sum = row_sum * rescale + tl.sum(probs, axis=1)
         v = tl.load(v_base + keys[:, None] * stride_vn + vdims[None, :] * stride_vd,
                     mask=key_valid[:, None] & (vdims[None, :] < v_dim), other=0.0)
-        if IEEE:
-            acc = acc * rescale[:, None] + tl.dot(probs, v, input_precision="ieee")
-        else:
-            acc = acc * rescale[:, None] + tl.dot(probs.to(v.dtype), v)
+        acc = acc * rescale[:, None] + tl.dot(probs.to(v.dtype), v, input_precision=DOT_PRECISION)
         row_max = new_max
 
     # rows that saw no key in this split: out 0, lse -inf (they get weight 0 in the merge)
@@ -224,7 +211,8 @@ def _check(q, k_cache, v_cache, cache_seqlens, cache_starts, theta, alpha, dista
                        distance=distance, phase=phase)
     check_triton_device(q.device, interpreting())
     if q.dtype not in DTYPES:
-        raise ValueError(f"the decode kernel takes q, k_cache, v_cache of one dtype of {DTYPES}, got {q.dtype}")
+        raise ValueError(f"the decode kernel takes q, k_cache, v_cache of one dtype of {DTYPES}, "
+                         f"got {q.dtype}")
     if not supports(q, k_cache, v_cache):
         raise ValueError(f"q_len * heads / kv_heads must be <= {MAX_QUERY_ROWS} and head dims <= 256 "
                          f"for the decode kernel, got q {tuple(q.shape)}, kv heads {k_cache.shape[2]}")
@@ -282,12 +270,14 @@ def tapa_decode_attention(
         part_lse = torch.empty(batch, kv_heads, num_splits, rows, dtype=torch.float32, device=q.device)
         part_strides, lse_strides = part.stride(), part_lse.stride()
     starts = cache_starts if cache_starts is not None else cache_seqlens  # unused when HAS_STARTS=False
+    # every slot may hold a query, so the largest distance is the capacity's
+    logit_scalars, logit_flags = logits_args(alpha=alpha, distance=distance, phase=phase, phase_dim=phase_dim,
+                                             dtype=q.dtype, max_distance=capacity - 1)
     args = (q, k_cache, v_cache, cache_seqlens, starts, part, part_lse,
             *q.stride(), *k_cache.stride(), *v_cache.stride(), *part_strides, *lse_strides,
             kv_heads, q_len, group, head_dim, v_dim, amp_dim, keys_per_split,
-            keys_per_split.bit_length(), 1.0 / math.sqrt(amp_dim), 1.0 / math.sqrt(phase_dim), float(alpha))
-    flags = dict(HAS_STARTS=cache_starts is not None, POWER_DISTANCE=distance == "power",
-                 QUADRATIC_PHASE=phase == "quadratic", FINAL=final, IEEE=q.dtype == torch.float32,
+            keys_per_split.bit_length(), 1.0 / math.sqrt(amp_dim), *logit_scalars)
+    flags = dict(HAS_STARTS=cache_starts is not None, FINAL=final, **logit_flags,
                  BLOCK_M=_pow2(rows), BLOCK_D=block_d, BLOCK_DV=block_dv)
     grid = (batch * kv_heads, num_splits)
     if q.is_cuda:

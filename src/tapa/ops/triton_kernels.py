@@ -1,22 +1,9 @@
 """Triton kernels of the fused TAPA attention: forward, backward preprocess, dK/dV and dQ.
 
-The function computed is the one `tapa.ops.reference` defines; this file only says how. Per tile
-of queries m x keys n the kernels form, in float32,
-
-    qk_amp   = q_A . k_A                 (one dot over the amplitude columns)
-    t        = f(|m - n|) * phi / sqrt(d_P)    phi = q_P . k_P (quadratic) or sum q_P + sum k_P
-    logit    = qk_amp / sqrt(d_A) * cos(2 pi (t - round(t)))
-
-and run an online softmax in base 2 (FlashAttention style), never holding an N x N buffer.
-
-Where the time goes (DESIGN.md §4): the special-function unit (MUFU) does 16 ops/clock/SM, so
-per score each exp2 / log2 / cos costs about a quarter of the matmul work at D=128. So:
-- round(t) is two float adds with the 1.5 * 2**23 trick (a conversion would go to a slow pipe);
-- d ** alpha is a degree-6 Taylor series in the relative distance around the tile's centre when
-  the tile lies far from the diagonal (error < 2e-8 relative, checked on the host), and only
-  near the diagonal exp2(alpha * log2 d) per element;
-- cos/sin are odd/even polynomials after the turn reduction (FMA pipes, `TRIG_POLY`), or the
-  MUFU's cos.approx/sin.approx (GPU only); which is faster is measured, not assumed.
+The function computed is the one `tapa.ops.reference` defines; this file only says how. Every
+tile's logits come from `tapa.ops.triton_logits` (`tile_logits` in the forward,
+`tile_logits_and_derivatives` in the backward), shared with the decode kernel; here the kernels
+run an online softmax in base 2 (FlashAttention style) over them, never holding an N x N buffer.
 Causal tiles that are entirely visible skip the mask; tiles entirely in the future are never
 visited. GQA: a dK/dV program loops over the query heads of its group, so there are no atomics.
 """
@@ -24,118 +11,10 @@ visited. GQA: a dK/dV program loops over the query heads of its group, so there 
 import triton
 import triton.language as tl
 
+from tapa.ops.triton_logits import tile_logits, tile_logits_and_derivatives
+
 LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
-TWO_PI = tl.constexpr(6.283185307179586)
-# Adding and subtracting 1.5 * 2**23 rounds a float32 |t| < 2**22 to the nearest integer
-# (ties to even), on the FMA pipes.
-ROUND_MAGIC = tl.constexpr(12582912.0)
-
-# Least-squares fits on Chebyshev nodes over |u| <= 1/4 (float32 evaluation error < 2.2e-7):
-# sin(2 pi u) = u * S(u^2) and cos(2 pi u) = C(u^2).
-S0 = tl.constexpr(6.283185306485776)
-S1 = tl.constexpr(-41.34170192921982)
-S2 = tl.constexpr(81.605209381538)
-S3 = tl.constexpr(-76.7036660156435)
-S4 = tl.constexpr(41.999960832553896)
-S5 = tl.constexpr(-14.336855981223756)
-C0 = tl.constexpr(0.9999999999992498)
-C1 = tl.constexpr(-19.739208801001624)
-C2 = tl.constexpr(64.93939372101508)
-C3 = tl.constexpr(-85.4567882051106)
-C4 = tl.constexpr(60.243312641375056)
-C5 = tl.constexpr(-26.39496046109827)
-C6 = tl.constexpr(7.536663068315142)
-
-
-# ----------------------------------------------------------------------------------------------
-# Element-wise pieces shared by the forward and both backward kernels
-
-
-@triton.jit
-def _turns_fraction(t):
-    """t - round(t), in [-1/2, 1/2]: the phase in turns, reduced before any trigonometry."""
-    return t - ((t + ROUND_MAGIC) - ROUND_MAGIC)
-
-
-@triton.jit
-def _sin_poly(u):
-    w = u * u
-    return u * (S0 + w * (S1 + w * (S2 + w * (S3 + w * (S4 + w * S5)))))
-
-
-@triton.jit
-def _cos_poly(u):
-    w = u * u
-    return C0 + w * (C1 + w * (C2 + w * (C3 + w * (C4 + w * (C5 + w * C6)))))
-
-
-@triton.jit
-def _cos_turns(r, TRIG_POLY: tl.constexpr):
-    """cos(2 pi r) for r in [-1/2, 1/2]."""
-    if TRIG_POLY:
-        return _sin_poly(0.25 - tl.abs(r))  # cos(2 pi r) = sin(2 pi (1/4 - |r|))
-    else:
-        return tl.inline_asm_elementwise("cos.approx.ftz.f32 $0, $1;", "=r,r", [r * TWO_PI],
-                                         dtype=tl.float32, is_pure=True, pack=1)
-
-
-@triton.jit
-def _sincos_turns(r, TRIG_POLY: tl.constexpr):
-    """(cos(2 pi r), sin(2 pi r)) for r in [-1/2, 1/2]."""
-    if TRIG_POLY:
-        u = 0.25 - tl.abs(r)
-        sin_abs = _cos_poly(u)  # sin(2 pi |r|) = cos(2 pi (|r| - 1/4))
-        return _sin_poly(u), tl.where(r < 0, -sin_abs, sin_abs)
-    else:
-        x = r * TWO_PI
-        cos = tl.inline_asm_elementwise("cos.approx.ftz.f32 $0, $1;", "=r,r", [x],
-                                        dtype=tl.float32, is_pure=True, pack=1)
-        sin = tl.inline_asm_elementwise("sin.approx.ftz.f32 $0, $1;", "=r,r", [x],
-                                        dtype=tl.float32, is_pure=True, pack=1)
-        return cos, sin
-
-
-@triton.jit
-def _log2(x, PTX_ASM: tl.constexpr):
-    """log2; with PTX_ASM (GPU) the MUFU's lg2.approx instead of libdevice's accurate log2f."""
-    if not PTX_ASM:
-        return tl.log2(x)
-    else:
-        return tl.inline_asm_elementwise("lg2.approx.ftz.f32 $0, $1;", "=r,r", [x],
-                                         dtype=tl.float32, is_pure=True, pack=1)
-
-
-@triton.jit
-def _scaled_distance_weight(s, s_lo, s_hi, alpha, phase_scale, taylor_rho,
-                            b1, b2, b3, b4, b5, b6, DIST_POWER: tl.constexpr,
-                            PTX_ASM: tl.constexpr):
-    """f(|s|) * phase_scale for a tile of signed distances s = m - n, s_lo <= s <= s_hi.
-
-    Far from the diagonal (the tile on one side of it and its half-span <= taylor_rho * centre),
-    d ** alpha = d0 ** alpha * (1 + u) ** alpha with u = d / d0 - 1, as a Taylor series whose
-    binomial coefficients b_k come from the host.
-    """
-    if DIST_POWER:
-        centre = (s_lo + s_hi) * 0.5
-        d0 = tl.abs(centre)
-        far = ((s_lo > 0) | (s_hi < 0)) & ((s_hi - s_lo) * 0.5 <= taylor_rho * d0)
-        if far:
-            p0 = tl.exp2(alpha * tl.log2(d0)) * phase_scale
-            u = s * (tl.where(centre > 0, 1.0, -1.0) / d0) - 1.0
-            h = p0 * b6
-            h = h * u + p0 * b5
-            h = h * u + p0 * b4
-            h = h * u + p0 * b3
-            h = h * u + p0 * b2
-            h = h * u + p0 * b1
-            fs = h * u + p0
-        else:
-            # log2(0) = -inf, so f(0) = 0
-            fs = tl.exp2(alpha * _log2(tl.abs(s), PTX_ASM)) * phase_scale
-    else:
-        fs = tl.abs(s) * (alpha * phase_scale)
-    return fs
 
 
 @triton.jit
@@ -162,7 +41,8 @@ def _fwd_inner(acc, m_i, l_i, q_a, q_p, q_sum, pos_m, q_first,
                BLOCK_DA: tl.constexpr, BLOCK_DP: tl.constexpr, BLOCK_DV: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
                CAUSAL: tl.constexpr, DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr,
-               TRIG_POLY: tl.constexpr, PTX_ASM: tl.constexpr, DOT_PRECISION: tl.constexpr):
+               TRIG_POLY: tl.constexpr, PTX_ASM: tl.constexpr, LONG_PHASE: tl.constexpr,
+               DOT_PRECISION: tl.constexpr):
     offs_da = tl.arange(0, BLOCK_DA)
     offs_dp = AMP_DIM + tl.arange(0, BLOCK_DP)
     offs_dv = tl.arange(0, BLOCK_DV)
@@ -172,19 +52,14 @@ def _fwd_inner(acc, m_i, l_i, q_a, q_p, q_sum, pos_m, q_first,
         rows = offs_n.to(tl.int64)[:, None]
         s = pos_m[:, None] - (k_offset + offs_n).to(tl.float32)[None, :]
         key_first = (k_offset + start_n).to(tl.float32)
-        fs = _scaled_distance_weight(s, q_first - (key_first + (BLOCK_N - 1)),
-                                     q_first + (BLOCK_M - 1) - key_first, alpha, phase_scale,
-                                     taylor_rho, b1, b2, b3, b4, b5, b6, DIST_POWER, PTX_ASM)
         k_p = _load_tile(k_base + rows * stride_kn + offs_dp[None, :], key_ok,
                          offs_dp < HEAD_DIM, MASKED, BLOCK_DP != HEAD_DIM - AMP_DIM)
-        if PHASE_QUAD:
-            t = tl.dot(q_p, tl.trans(k_p), input_precision=DOT_PRECISION) * fs
-        else:
-            t = (q_sum[:, None] + tl.sum(k_p.to(tl.float32), axis=1)[None, :]) * fs
         k_a = _load_tile(k_base + rows * stride_kn + offs_da[None, :], key_ok, offs_da < AMP_DIM,
                          MASKED, BLOCK_DA != AMP_DIM)
-        qk_amp = tl.dot(q_a, tl.trans(k_a), input_precision=DOT_PRECISION)
-        logit = qk_amp * _cos_turns(_turns_fraction(t), TRIG_POLY)  # times sqrt(d_A)
+        logit = tile_logits(q_a, k_a, q_p, k_p, q_sum, tl.sum(k_p.to(tl.float32), axis=1), s,
+                            q_first - (key_first + (BLOCK_N - 1)), q_first + (BLOCK_M - 1) - key_first,
+                            alpha, phase_scale, taylor_rho, b1, b2, b3, b4, b5, b6, DIST_POWER,
+                            PHASE_QUAD, TRIG_POLY, PTX_ASM, LONG_PHASE, DOT_PRECISION)  # x sqrt(d_A)
         if MASKED:
             visible = key_ok[None, :]
             if CAUSAL:
@@ -213,7 +88,7 @@ def _fwd_kernel(Q, K, V, Out, Lse,
                 BLOCK_DA: tl.constexpr, BLOCK_DP: tl.constexpr, BLOCK_DV: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
                 DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr, TRIG_POLY: tl.constexpr,
-                PTX_ASM: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                PTX_ASM: tl.constexpr, LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr):
     block = tl.program_id(0)
     if CAUSAL:  # the longest rows first, so that the last wave is short
         block = tl.num_programs(0) - 1 - block
@@ -254,13 +129,13 @@ def _fwd_kernel(Q, K, V, Out, Lse,
                                logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6,
                                AMP_DIM, HEAD_DIM, V_DIM, BLOCK_DA, BLOCK_DP, BLOCK_DV, BLOCK_M,
                                BLOCK_N, False, CAUSAL, DIST_POWER, PHASE_QUAD, TRIG_POLY, PTX_ASM,
-                               DOT_PRECISION)
+                               LONG_PHASE, DOT_PRECISION)
     acc, m_i, l_i = _fwd_inner(acc, m_i, l_i, q_a, q_p, q_sum, pos_m, q_first, k_base, v_base,
                                stride_kn, stride_vn, n_k, k_offset, full, hi,
                                logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6,
                                AMP_DIM, HEAD_DIM, V_DIM, BLOCK_DA, BLOCK_DP, BLOCK_DV, BLOCK_M,
                                BLOCK_N, True, CAUSAL, DIST_POWER, PHASE_QUAD, TRIG_POLY, PTX_ASM,
-                               DOT_PRECISION)
+                               LONG_PHASE, DOT_PRECISION)
     l_safe = tl.where(l_i > 0, l_i, 1.0)  # only padding rows have no visible key
     out = acc / l_safe[:, None]
     o_base = Out + batch.to(tl.int64) * stride_ob + head.to(tl.int64) * stride_oh
@@ -307,7 +182,8 @@ def _dkdv_inner(dk_a, dk_p, dk_psum, dv, k_a, k_p, k_sum, v, pos_n, key_first,
                 BLOCK_DA: tl.constexpr, BLOCK_DP: tl.constexpr, BLOCK_DV: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
                 DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr, TRIG_POLY: tl.constexpr,
-                PTX_ASM: tl.constexpr, DOT_PRECISION: tl.constexpr, DQ_ATOMIC: tl.constexpr):
+                PTX_ASM: tl.constexpr, LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                DQ_ATOMIC: tl.constexpr):
     """dK/dV of one key block against query blocks [lo, hi); tiles are (keys, queries).
 
     With DQ_ATOMIC the tile's share of dQ is also added (float32 atomics) into dq_base, so that
@@ -322,25 +198,20 @@ def _dkdv_inner(dk_a, dk_p, dk_psum, dv, k_a, k_p, k_sum, v, pos_n, key_first,
         rows = offs_m.to(tl.int64)[:, None]
         s = (q_offset + offs_m).to(tl.float32)[None, :] - pos_n[:, None]
         q_first = (q_offset + start_m).to(tl.float32)
-        fs = _scaled_distance_weight(s, q_first - (key_first + (BLOCK_N - 1)),
-                                     q_first + (BLOCK_M - 1) - key_first, alpha, phase_scale,
-                                     taylor_rho, b1, b2, b3, b4, b5, b6, DIST_POWER, PTX_ASM)
         q_p = _load_tile(q_base + rows * stride_qn + offs_dp[None, :], row_ok, offs_dp < HEAD_DIM,
                          True, BLOCK_DP != HEAD_DIM - AMP_DIM)
-        if PHASE_QUAD:
-            t = tl.dot(k_p, tl.trans(q_p), input_precision=DOT_PRECISION) * fs
-        else:
-            t = (k_sum[:, None] + tl.sum(q_p.to(tl.float32), axis=1)[None, :]) * fs
         q_a = _load_tile(q_base + rows * stride_qn + offs_da[None, :], row_ok, offs_da < AMP_DIM,
                          True, BLOCK_DA != AMP_DIM)
-        qk_amp = tl.dot(k_a, tl.trans(q_a), input_precision=DOT_PRECISION)
-        cos, sin = _sincos_turns(_turns_fraction(t), TRIG_POLY)
+        qk_amp, cos, phase_factor = tile_logits_and_derivatives(
+            k_a, q_a, k_p, q_p, k_sum, tl.sum(q_p.to(tl.float32), axis=1), s,
+            q_first - (key_first + (BLOCK_N - 1)), q_first + (BLOCK_M - 1) - key_first, alpha,
+            phase_scale, taylor_rho, b1, b2, b3, b4, b5, b6, DIST_POWER, PHASE_QUAD, TRIG_POLY, PTX_ASM,
+            LONG_PHASE, DOT_PRECISION)
         # padding query rows load lse = +inf, so p = 0 there
         lse2 = tl.load(lse_ptr + offs_m, mask=row_ok, other=float("inf")) * LOG2E
         p = tl.exp2(qk_amp * cos * logit_scale - lse2[None, :])
         if MASKED:
             p = tl.where(s >= 0, p, 0.0)
-        phase_factor = qk_amp * sin * fs  # d logit / d (q_P . k_P), up to -2 pi / sqrt(d_A)
         do = _load_tile(do_base + rows * stride_dn + offs_dv[None, :], row_ok, offs_dv < V_DIM,
                         True, BLOCK_DV != V_DIM)
         dv += tl.dot(p.to(do.dtype), do, input_precision=DOT_PRECISION)
@@ -383,8 +254,8 @@ def _bwd_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV, DQ,
                      BLOCK_DA: tl.constexpr, BLOCK_DP: tl.constexpr, BLOCK_DV: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
                      DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr,
-                     TRIG_POLY: tl.constexpr, PTX_ASM: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                     DQ_ATOMIC: tl.constexpr):
+                     TRIG_POLY: tl.constexpr, PTX_ASM: tl.constexpr, LONG_PHASE: tl.constexpr,
+                     DOT_PRECISION: tl.constexpr, DQ_ATOMIC: tl.constexpr):
     start_n = tl.program_id(0) * BLOCK_N
     batch = tl.program_id(1) // kv_heads
     kv_head = tl.program_id(1) % kv_heads
@@ -433,14 +304,14 @@ def _bwd_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV, DQ,
             lo, mid, logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6,
             amp_grad_scale, phase_grad_scale,
             AMP_DIM, HEAD_DIM, V_DIM, BLOCK_DA, BLOCK_DP, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL,
-            DIST_POWER, PHASE_QUAD, TRIG_POLY, PTX_ASM, DOT_PRECISION, DQ_ATOMIC)
+            DIST_POWER, PHASE_QUAD, TRIG_POLY, PTX_ASM, LONG_PHASE, DOT_PRECISION, DQ_ATOMIC)
         dk_a, dk_p, dk_psum, dv = _dkdv_inner(
             dk_a, dk_p, dk_psum, dv, k_a, k_p, k_sum, v, pos_n, key_first, q_base, do_base, dq_base,
             Lse + bh * n_q, Delta + bh * n_q, stride_qn, stride_dn, stride_dqn, n_q, q_offset,
             mid, n_q, logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6,
             amp_grad_scale, phase_grad_scale,
             AMP_DIM, HEAD_DIM, V_DIM, BLOCK_DA, BLOCK_DP, BLOCK_DV, BLOCK_M, BLOCK_N, False,
-            DIST_POWER, PHASE_QUAD, TRIG_POLY, PTX_ASM, DOT_PRECISION, DQ_ATOMIC)
+            DIST_POWER, PHASE_QUAD, TRIG_POLY, PTX_ASM, LONG_PHASE, DOT_PRECISION, DQ_ATOMIC)
 
     dk_base = DK + batch.to(tl.int64) * stride_dkb + kv_head.to(tl.int64) * stride_dkh
     tl.store(dk_base + rows * stride_dkn + offs_da[None, :],
@@ -466,7 +337,8 @@ def _dq_inner(dq_a, dq_p, dq_psum, q_a, q_p, q_sum, do, lse2, delta, pos_m, q_fi
               BLOCK_DA: tl.constexpr, BLOCK_DP: tl.constexpr, BLOCK_DV: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
               CAUSAL: tl.constexpr, DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr,
-              TRIG_POLY: tl.constexpr, PTX_ASM: tl.constexpr, DOT_PRECISION: tl.constexpr):
+              TRIG_POLY: tl.constexpr, PTX_ASM: tl.constexpr, LONG_PHASE: tl.constexpr,
+              DOT_PRECISION: tl.constexpr):
     """dQ of one query block against key blocks [lo, hi); tiles are (queries, keys)."""
     offs_da = tl.arange(0, BLOCK_DA)
     offs_dp = AMP_DIM + tl.arange(0, BLOCK_DP)
@@ -477,26 +349,21 @@ def _dq_inner(dq_a, dq_p, dq_psum, q_a, q_p, q_sum, do, lse2, delta, pos_m, q_fi
         rows = offs_n.to(tl.int64)[:, None]
         s = pos_m[:, None] - (k_offset + offs_n).to(tl.float32)[None, :]
         key_first = (k_offset + start_n).to(tl.float32)
-        fs = _scaled_distance_weight(s, q_first - (key_first + (BLOCK_N - 1)),
-                                     q_first + (BLOCK_M - 1) - key_first, alpha, phase_scale,
-                                     taylor_rho, b1, b2, b3, b4, b5, b6, DIST_POWER, PTX_ASM)
         k_p = _load_tile(k_base + rows * stride_kn + offs_dp[None, :], key_ok,
                          offs_dp < HEAD_DIM, MASKED, BLOCK_DP != HEAD_DIM - AMP_DIM)
-        if PHASE_QUAD:
-            t = tl.dot(q_p, tl.trans(k_p), input_precision=DOT_PRECISION) * fs
-        else:
-            t = (q_sum[:, None] + tl.sum(k_p.to(tl.float32), axis=1)[None, :]) * fs
         k_a = _load_tile(k_base + rows * stride_kn + offs_da[None, :], key_ok, offs_da < AMP_DIM,
                          MASKED, BLOCK_DA != AMP_DIM)
-        qk_amp = tl.dot(q_a, tl.trans(k_a), input_precision=DOT_PRECISION)
-        cos, sin = _sincos_turns(_turns_fraction(t), TRIG_POLY)
+        qk_amp, cos, phase_factor = tile_logits_and_derivatives(
+            q_a, k_a, q_p, k_p, q_sum, tl.sum(k_p.to(tl.float32), axis=1), s,
+            q_first - (key_first + (BLOCK_N - 1)), q_first + (BLOCK_M - 1) - key_first, alpha,
+            phase_scale, taylor_rho, b1, b2, b3, b4, b5, b6, DIST_POWER, PHASE_QUAD, TRIG_POLY, PTX_ASM,
+            LONG_PHASE, DOT_PRECISION)
         p = tl.exp2(qk_amp * cos * logit_scale - lse2[:, None])
         if MASKED:
             visible = key_ok[None, :]
             if CAUSAL:
                 visible = visible & (s >= 0)
             p = tl.where(visible, p, 0.0)
-        phase_factor = qk_amp * sin * fs
         v = _load_tile(v_base + rows * stride_vn + offs_dv[None, :], key_ok, offs_dv < V_DIM,
                        MASKED, BLOCK_DV != V_DIM)
         dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
@@ -522,7 +389,7 @@ def _bwd_dq_kernel(Q, K, V, DOut, Lse, Delta, DQ,
                    BLOCK_DA: tl.constexpr, BLOCK_DP: tl.constexpr, BLOCK_DV: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
                    DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr, TRIG_POLY: tl.constexpr,
-                   PTX_ASM: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                   PTX_ASM: tl.constexpr, LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr):
     block = tl.program_id(0)
     if CAUSAL:
         block = tl.num_programs(0) - 1 - block
@@ -568,13 +435,13 @@ def _bwd_dq_kernel(Q, K, V, DOut, Lse, Delta, DQ,
         stride_kn, stride_vn, n_k, k_offset, 0, full,
         logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6,
         AMP_DIM, HEAD_DIM, V_DIM, BLOCK_DA, BLOCK_DP, BLOCK_DV, BLOCK_M, BLOCK_N, False, CAUSAL,
-        DIST_POWER, PHASE_QUAD, TRIG_POLY, PTX_ASM, DOT_PRECISION)
+        DIST_POWER, PHASE_QUAD, TRIG_POLY, PTX_ASM, LONG_PHASE, DOT_PRECISION)
     dq_a, dq_p, dq_psum = _dq_inner(
         dq_a, dq_p, dq_psum, q_a, q_p, q_sum, do, lse2, delta, pos_m, q_first, k_base, v_base,
         stride_kn, stride_vn, n_k, k_offset, full, hi,
         logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6,
         AMP_DIM, HEAD_DIM, V_DIM, BLOCK_DA, BLOCK_DP, BLOCK_DV, BLOCK_M, BLOCK_N, True, CAUSAL,
-        DIST_POWER, PHASE_QUAD, TRIG_POLY, PTX_ASM, DOT_PRECISION)
+        DIST_POWER, PHASE_QUAD, TRIG_POLY, PTX_ASM, LONG_PHASE, DOT_PRECISION)
 
     dq_base = DQ + batch.to(tl.int64) * stride_dqb + head.to(tl.int64) * stride_dqh
     tl.store(dq_base + rows * stride_dqn + offs_da[None, :],

@@ -19,6 +19,11 @@ TAYLOR_ORDER = 6
 # cos/sin as polynomials on the FMA pipes (True) or the MUFU's cos.approx/sin.approx (False).
 # (Measured on the H200: the MUFU is about 5% faster, but its GPU accuracy is not yet checked.)
 TRIG_POLY = True
+# From this f(d) on, the kernels take the LONG_PHASE path: d ** alpha to a few ulp however large,
+# and a second turn reduction, valid for any finite phase. Below it the one reduction (exact for
+# |t| < 2**22) needs only |q_P . k_P| / sqrt(d_P) < 2**19, and exp2(alpha * log2 d) loses at most
+# ln(8) ~ 2 ulp. The default alpha = 0.1 stays below it up to 2**24 tokens (f = 5.3).
+LONG_PHASE_FROM = 8.0
 # dQ by float32 atomics from the dK/dV kernel (True) or by a separate dQ kernel (False).
 # (The atomic path passes the interpreter tests; it has not yet run on a GPU.)
 DQ_ATOMIC = False
@@ -86,9 +91,9 @@ def default_configs(head_dim: int, v_dim: int, dtype: torch.dtype) -> LaunchConf
                          KernelConfig(32, 16, 4, 1))
 
 
-def _trig_poly(configs: LaunchConfigs) -> bool:
-    """The interpreter has no PTX, so it always takes the polynomials."""
-    chosen = TRIG_POLY if configs.trig_poly is None else configs.trig_poly
+def trig_poly(configs: LaunchConfigs | None = None) -> bool:
+    """Polynomial cos/sin or the MUFU's; the interpreter has no PTX, so it always takes the polynomials."""
+    chosen = TRIG_POLY if configs is None or configs.trig_poly is None else configs.trig_poly
     return chosen or interpreting()
 
 
@@ -124,17 +129,34 @@ def _pow2(n: int) -> int:
     return max(16, triton.next_power_of_2(n))
 
 
-def _common_args(q, k, v, amp_dim, alpha, distance, phase, causal):
+def long_phase(alpha: float, distance: str, max_distance: int) -> bool:
+    """Whether f at the call's largest distance reaches LONG_PHASE_FROM."""
+    weight = max_distance ** alpha if distance == "power" else alpha * max_distance
+    return weight >= LONG_PHASE_FROM
+
+
+def logits_args(*, alpha: float, distance: str, phase: str, phase_dim: int, dtype: torch.dtype,
+                max_distance: int, configs: LaunchConfigs | None = None) -> tuple[list, dict]:
+    """The scalars (phase_scale, alpha, taylor_rho, b1..b6) and flags of
+    `triton_logits.tile_logits`, the same for every kernel that calls it."""
+    rho, coefficients = taylor_constants(alpha)
+    scalars = [1 / math.sqrt(phase_dim), float(alpha), rho, *coefficients]
+    flags = dict(DIST_POWER=distance == "power", PHASE_QUAD=phase == "quadratic",
+                 TRIG_POLY=trig_poly(configs), PTX_ASM=not interpreting(),
+                 LONG_PHASE=long_phase(alpha, distance, max_distance),
+                 DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32")
+    return scalars, flags
+
+
+def _common_args(q, k, v, amp_dim, alpha, distance, phase, causal, q_offset, k_offset, configs):
     head_dim, v_dim = q.shape[-1], v.shape[-1]
     phase_dim = head_dim - amp_dim
-    rho, coefficients = taylor_constants(alpha)
-    scalars = [math.log2(math.e) / math.sqrt(amp_dim), 1 / math.sqrt(phase_dim), float(alpha),
-               rho, *coefficients]
+    max_distance = max(abs(q_offset + q.shape[1] - 1 - k_offset), abs(k_offset + k.shape[1] - 1 - q_offset))
+    scalars, flags = logits_args(alpha=alpha, distance=distance, phase=phase, phase_dim=phase_dim,
+                                 dtype=q.dtype, max_distance=max_distance, configs=configs)
     constexprs = dict(AMP_DIM=amp_dim, HEAD_DIM=head_dim, V_DIM=v_dim, BLOCK_DA=_pow2(amp_dim),
-                      BLOCK_DP=_pow2(phase_dim), BLOCK_DV=_pow2(v_dim), CAUSAL=causal,
-                      DIST_POWER=distance == "power", PHASE_QUAD=phase == "quadratic",
-                      DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
-    return scalars, constexprs
+                      BLOCK_DP=_pow2(phase_dim), BLOCK_DV=_pow2(v_dim), CAUSAL=causal, **flags)
+    return [math.log2(math.e) / math.sqrt(amp_dim), *scalars], constexprs
 
 
 def _row_strides(t: torch.Tensor):
@@ -156,14 +178,14 @@ def forward(q, k, v, *, amp_dim, alpha, distance, phase, causal, q_offset, k_off
     cfg = configs.fwd
     out = torch.empty((batch, n_q, heads, v.shape[-1]), dtype=q.dtype, device=q.device)
     lse = torch.empty((batch, heads, n_q), dtype=torch.float32, device=q.device)
-    scalars, constexprs = _common_args(q, k, v, amp_dim, alpha, distance, phase, causal)
+    scalars, constexprs = _common_args(q, k, v, amp_dim, alpha, distance, phase, causal, q_offset,
+                                       k_offset, configs)
     grid = (triton.cdiv(n_q, cfg.block_m), batch * heads)
     kernels._fwd_kernel[grid](
         q, k, v, out, lse, *_row_strides(q), *_row_strides(k), *_row_strides(v),
         *_row_strides(out), n_q, n_k, q_offset, k_offset, heads, heads // kv_heads, *scalars,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, TRIG_POLY=_trig_poly(configs),
-        PTX_ASM=not interpreting(),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **constexprs)
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages, **constexprs)
     return out, lse
 
 
@@ -171,18 +193,20 @@ def backward(dout, dlse, q, k, v, out, lse, *, amp_dim, alpha, distance, phase, 
              k_offset, configs: LaunchConfigs | None = None):
     """Fused backward: (dq, dk, dv) for the gradients dout of out and dlse (or None) of lse."""
     q, k, v, out, dout = (_contiguous_last(t) for t in (q, k, v, out, dout))
+    if dlse is not None:  # the kernel indexes it as a dense (B, H, Nq); autograd may hand an expand
+        dlse = dlse.contiguous()
     batch, n_q, heads, _ = q.shape
     n_k, kv_heads = k.shape[1], k.shape[2]
     v_dim = v.shape[-1]
     configs = configs or default_configs(q.shape[-1], v_dim, q.dtype)
-    trig_poly = _trig_poly(configs)
     delta = torch.empty((batch, heads, n_q), dtype=torch.float32, device=q.device)
     preprocess_rows = 64
     kernels._bwd_preprocess_kernel[(triton.cdiv(n_q, preprocess_rows), batch * heads)](
         out, dout, dlse if dlse is not None else delta, delta, *_row_strides(out),
         *_row_strides(dout), n_q, heads, V_DIM=v_dim, BLOCK_DV=_pow2(v_dim),
         BLOCK_M=preprocess_rows, HAS_DLSE=dlse is not None)
-    scalars, constexprs = _common_args(q, k, v, amp_dim, alpha, distance, phase, causal)
+    scalars, constexprs = _common_args(q, k, v, amp_dim, alpha, distance, phase, causal, q_offset,
+                                       k_offset, configs)
     grad_scales = [1 / math.sqrt(amp_dim), -2 * math.pi / math.sqrt(amp_dim)]
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     dq_atomic = DQ_ATOMIC if configs.dq_atomic is None else configs.dq_atomic
@@ -195,9 +219,8 @@ def backward(dout, dlse, q, k, v, out, lse, *, amp_dim, alpha, distance, phase, 
         q, k, v, dout, lse, delta, dk, dv, dq, *_row_strides(q), *_row_strides(k),
         *_row_strides(v), *_row_strides(dout), *_row_strides(dk), *_row_strides(dv),
         *_row_strides(dq), n_q, n_k, q_offset, k_offset, kv_heads, heads // kv_heads, *scalars,
-        *grad_scales, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, TRIG_POLY=trig_poly,
-        PTX_ASM=not interpreting(), DQ_ATOMIC=dq_atomic, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages, **constexprs)
+        *grad_scales, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, DQ_ATOMIC=dq_atomic,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **constexprs)
     if dq_atomic:
         return dq.to(q.dtype), dk, dv
     cfg = configs.dq
@@ -205,6 +228,5 @@ def backward(dout, dlse, q, k, v, out, lse, *, amp_dim, alpha, distance, phase, 
         q, k, v, dout, lse, delta, dq, *_row_strides(q), *_row_strides(k), *_row_strides(v),
         *_row_strides(dout), *_row_strides(dq), n_q, n_k, q_offset, k_offset, heads,
         heads // kv_heads, *scalars, *grad_scales, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        TRIG_POLY=trig_poly, PTX_ASM=not interpreting(), num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages, **constexprs)
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **constexprs)
     return dq, dk, dv

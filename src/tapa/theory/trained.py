@@ -309,27 +309,39 @@ def held_out_windows(run_dir: str, seq_len: int, sequences: int, split: str = "t
     return torch.from_numpy(np.stack([np.asarray(tokens[s:s + seq_len], dtype=np.int64) for s in starts]))
 
 
-def main(argv=None) -> int:
+def middle_global_layer(model) -> int:
+    """The middle one of the model's global layers (a hybrid's local layers never reach far)."""
+    layers = [i for i in range(len(model.layers)) if not model.layers[i].attn.local]
+    return (layers or list(range(len(model.layers))))[len(layers) // 2]
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python3 -m tapa.theory.trained", description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", metavar="RUN_DIR")
-    parser.add_argument("--layer", type=int, default=None, help="layer index (default: the middle layer)")
+    parser.add_argument("--layer", type=int, default=None,
+                        help="layer index (default: the middle of the global layers)")
     parser.add_argument("--seq-len", type=int, default=None, help="default: each run's training length")
     parser.add_argument("--sequences", type=int, default=8)
     parser.add_argument("--split", choices=("val", "test"), default="test")
     parser.add_argument("--iid-samples", type=int, default=20000)
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
     parser.add_argument("--out", type=Path, default=Path("results/toy-study/theory-trained"))
-    args = parser.parse_args(argv)
-    from tapa.train import load_model
+    return parser
 
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    from tapa.model.checkpoint import load_model
+
+    device = "cpu" if args.device == "cuda" and not torch.cuda.is_available() else args.device
     rows = []
     for run_dir in args.runs:
-        model, model_cfg, run_config = load_model(run_dir, device=args.device)
-        layer = model_cfg.n_layers // 2 if args.layer is None else args.layer
+        model, model_cfg, run_config = load_model(run_dir, device=device)
+        layer = middle_global_layer(model) if args.layer is None else args.layer
         seq_len = args.seq_len or int(run_config["train"]["seq_len"])
-        ids = held_out_windows(run_dir, seq_len, args.sequences, args.split).to(args.device)
-        rows += analyse(model, layer, ids, run=Path(run_dir).name, label=model_cfg.label,
-                        iid_samples=args.iid_samples)
+        ids = held_out_windows(run_dir, seq_len, args.sequences, args.split).to(device)
+        name = "/".join(Path(run_dir).resolve().parts[-2:])
+        rows += analyse(model, layer, ids, run=name, label=model_cfg.label, iid_samples=args.iid_samples)
         print(f"{run_dir}: layer {layer} ({layer_kind(model, layer)[0]}), {args.sequences} x {seq_len} tokens")
     args.out.mkdir(parents=True, exist_ok=True)
     write_csv(rows, args.out / "theory_trained.csv")

@@ -1,0 +1,223 @@
+"""The TAPA logits of one tile, in Triton: the one place every kernel (forward, dQ, dK/dV, decode)
+computes them, and the element-wise pieces they are made of.
+
+The function is the one `tapa.ops.reference` defines. For a tile of rows a against rows b (queries
+x keys, or keys x queries in dK/dV) at signed distances s = m - n:
+
+    qk_amp = a_A . b_A                          one dot over the amplitude columns
+    t      = f(|s|) / sqrt(d_P) * phi           phi = a_P . b_P (quadratic) or sum a_P + sum b_P
+    logit  = qk_amp * cos(2 pi (t - round(t)))  the caller applies 1 / sqrt(d_A) (and log2 e)
+
+Where the time goes (DESIGN.md §4): the special-function unit (MUFU) does 16 ops/clock/SM, so
+per score each exp2 / log2 / cos costs about a quarter of the matmul work at D=128. So:
+- round(t) is two float adds with the 1.5 * 2**23 trick (a conversion would go to a slow pipe);
+- d ** alpha is a degree-6 Taylor series in the relative distance around the tile's centre when
+  the tile lies far from the diagonal (error < 2e-8 relative, checked on the host), and only
+  near the diagonal exp2(alpha * log2 d) per element;
+- when f(d) grows large (alpha up to its bound, long range; the host's LONG_PHASE flag), d ** alpha
+  is evaluated to a few ulp by an exact exponent split and the phase is reduced twice, so that
+  the kernels stay as accurate as the float32 reference for any finite phase;
+- cos/sin are odd/even polynomials after the turn reduction (FMA pipes, `TRIG_POLY`), or the
+  MUFU's cos.approx/sin.approx (GPU only); which is faster is measured, not assumed.
+
+Flags (constexpr, the same names in every kernel): DIST_POWER (f = d ** alpha, else alpha * d),
+PHASE_QUAD (phi = a_P . b_P, else the sums), TRIG_POLY, PTX_ASM (MUFU's lg2.approx near the
+diagonal; GPU only), LONG_PHASE, DOT_PRECISION ("ieee" for float32 operands, else "tf32").
+"""
+
+import triton
+import triton.language as tl
+
+TWO_PI = tl.constexpr(6.283185307179586)
+# Adding and subtracting 1.5 * 2**23 rounds a float32 |t| < 2**22 to the nearest integer
+# (ties to even), on the FMA pipes.
+ROUND_MAGIC = tl.constexpr(12582912.0)
+
+# Least-squares fits on Chebyshev nodes over |u| <= 1/4 (float32 evaluation error < 2.2e-7):
+# sin(2 pi u) = u * S(u^2) and cos(2 pi u) = C(u^2).
+S0 = tl.constexpr(6.283185306485776)
+S1 = tl.constexpr(-41.34170192921982)
+S2 = tl.constexpr(81.605209381538)
+S3 = tl.constexpr(-76.7036660156435)
+S4 = tl.constexpr(41.999960832553896)
+S5 = tl.constexpr(-14.336855981223756)
+C0 = tl.constexpr(0.9999999999992498)
+C1 = tl.constexpr(-19.739208801001624)
+C2 = tl.constexpr(64.93939372101508)
+C3 = tl.constexpr(-85.4567882051106)
+C4 = tl.constexpr(60.243312641375056)
+C5 = tl.constexpr(-26.39496046109827)
+C6 = tl.constexpr(7.536663068315142)
+
+
+@triton.jit
+def _turns_fraction(t, LONG_PHASE: tl.constexpr):
+    """t - round(t), in [-1/2, 1/2]: the phase in turns, reduced before any trigonometry.
+
+    One reduction is exact for |t| < 2**22. LONG_PHASE (f(d) can grow large) reduces again: past
+    2**22 the first leaves a whole number of turns (every such float32 t is a multiple of 1/2),
+    and on [-1/2, 1/2] the second is the identity.
+    """
+    r = t - ((t + ROUND_MAGIC) - ROUND_MAGIC)
+    if LONG_PHASE:
+        r = r - ((r + ROUND_MAGIC) - ROUND_MAGIC)
+    return r
+
+
+@triton.jit
+def _exact_pow(d, alpha):
+    """d ** alpha for d >= 1 to a few ulp at any size of the result.
+
+    exp2(alpha * log2(d)) loses ln(d ** alpha) ulp to the rounding of its argument; here
+    log2(d) = e + log2(m) with the exponent e and mantissa m of d, alpha * e is split exactly into
+    a rounded and an error term (fma), and 2 ** round(alpha * e) is built from its bits.
+    """
+    bits = d.to(tl.int32, bitcast=True)
+    e = ((bits >> 23) - 127).to(tl.float32)
+    m = ((bits & 0x7FFFFF) | 0x3F800000).to(tl.float32, bitcast=True)
+    y = alpha * e
+    y_err = tl.fma(alpha, e, -y)
+    n = (y + ROUND_MAGIC) - ROUND_MAGIC
+    two_n = ((n.to(tl.int32) + 127) << 23).to(tl.float32, bitcast=True)
+    return tl.exp2((y - n) + (y_err + alpha * tl.log2(m))) * two_n
+
+
+@triton.jit
+def _sin_poly(u):
+    w = u * u
+    return u * (S0 + w * (S1 + w * (S2 + w * (S3 + w * (S4 + w * S5)))))
+
+
+@triton.jit
+def _cos_poly(u):
+    w = u * u
+    return C0 + w * (C1 + w * (C2 + w * (C3 + w * (C4 + w * (C5 + w * C6)))))
+
+
+@triton.jit
+def _cos_turns(r, TRIG_POLY: tl.constexpr):
+    """cos(2 pi r) for r in [-1/2, 1/2]."""
+    if TRIG_POLY:
+        return _sin_poly(0.25 - tl.abs(r))  # cos(2 pi r) = sin(2 pi (1/4 - |r|))
+    else:
+        return tl.inline_asm_elementwise("cos.approx.ftz.f32 $0, $1;", "=r,r", [r * TWO_PI],
+                                         dtype=tl.float32, is_pure=True, pack=1)
+
+
+@triton.jit
+def _sincos_turns(r, TRIG_POLY: tl.constexpr):
+    """(cos(2 pi r), sin(2 pi r)) for r in [-1/2, 1/2]."""
+    if TRIG_POLY:
+        u = 0.25 - tl.abs(r)
+        sin_abs = _cos_poly(u)  # sin(2 pi |r|) = cos(2 pi (|r| - 1/4))
+        return _sin_poly(u), tl.where(r < 0, -sin_abs, sin_abs)
+    else:
+        x = r * TWO_PI
+        cos = tl.inline_asm_elementwise("cos.approx.ftz.f32 $0, $1;", "=r,r", [x],
+                                        dtype=tl.float32, is_pure=True, pack=1)
+        sin = tl.inline_asm_elementwise("sin.approx.ftz.f32 $0, $1;", "=r,r", [x],
+                                        dtype=tl.float32, is_pure=True, pack=1)
+        return cos, sin
+
+
+@triton.jit
+def _log2(x, PTX_ASM: tl.constexpr):
+    """log2; with PTX_ASM (GPU) the MUFU's lg2.approx instead of libdevice's accurate log2f."""
+    if not PTX_ASM:
+        return tl.log2(x)
+    else:
+        return tl.inline_asm_elementwise("lg2.approx.ftz.f32 $0, $1;", "=r,r", [x],
+                                         dtype=tl.float32, is_pure=True, pack=1)
+
+
+@triton.jit
+def _scaled_distance_weight(s, s_lo, s_hi, alpha, phase_scale, taylor_rho,
+                            b1, b2, b3, b4, b5, b6, DIST_POWER: tl.constexpr,
+                            PTX_ASM: tl.constexpr, LONG_PHASE: tl.constexpr):
+    """f(|s|) * phase_scale for a tile of signed distances s = m - n, s_lo <= s <= s_hi.
+
+    Far from the diagonal (the tile on one side of it and its half-span <= taylor_rho * centre),
+    d ** alpha = d0 ** alpha * (1 + u) ** alpha with u = d / d0 - 1, as a Taylor series whose
+    binomial coefficients b_k come from the host. LONG_PHASE (f(d) reaches LONG_PHASE_FROM):
+    d ** alpha by `_exact_pow`, whose error does not grow with the result.
+    """
+    if DIST_POWER:
+        centre = (s_lo + s_hi) * 0.5
+        d0 = tl.abs(centre)
+        far = ((s_lo > 0) | (s_hi < 0)) & ((s_hi - s_lo) * 0.5 <= taylor_rho * d0)
+        if far:
+            if LONG_PHASE:
+                p0 = _exact_pow(d0, alpha) * phase_scale
+            else:
+                p0 = tl.exp2(alpha * tl.log2(d0)) * phase_scale
+            u = s * (tl.where(centre > 0, 1.0, -1.0) / d0) - 1.0
+            h = p0 * b6
+            h = h * u + p0 * b5
+            h = h * u + p0 * b4
+            h = h * u + p0 * b3
+            h = h * u + p0 * b2
+            h = h * u + p0 * b1
+            fs = h * u + p0
+        elif LONG_PHASE:
+            d = tl.abs(s)
+            fs = tl.where(d > 0, _exact_pow(tl.maximum(d, 1.0), alpha), 0.0) * phase_scale
+        else:
+            # log2(0) = -inf, so f(0) = 0
+            fs = tl.exp2(alpha * _log2(tl.abs(s), PTX_ASM)) * phase_scale
+    else:
+        fs = tl.abs(s) * (alpha * phase_scale)
+    return fs
+
+
+# ----------------------------------------------------------------------------------------------
+# The tile
+
+
+@triton.jit
+def _tile_amplitude_and_phase(a_amp, b_amp, a_phase, b_phase, a_phase_sum, b_phase_sum, s, s_lo, s_hi,
+                              alpha, phase_scale, taylor_rho, b1, b2, b3, b4, b5, b6,
+                              DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr, PTX_ASM: tl.constexpr,
+                              LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """(qk_amp, r, fs): the amplitude dot, the reduced phase r = t - round(t) and fs = f / sqrt(d_P)."""
+    fs = _scaled_distance_weight(s, s_lo, s_hi, alpha, phase_scale, taylor_rho, b1, b2, b3, b4, b5, b6,
+                                 DIST_POWER, PTX_ASM, LONG_PHASE)
+    if PHASE_QUAD:
+        t = tl.dot(a_phase, tl.trans(b_phase), input_precision=DOT_PRECISION) * fs
+    else:
+        t = (a_phase_sum[:, None] + b_phase_sum[None, :]) * fs
+    qk_amp = tl.dot(a_amp, tl.trans(b_amp), input_precision=DOT_PRECISION)
+    return qk_amp, _turns_fraction(t, LONG_PHASE), fs
+
+
+@triton.jit
+def tile_logits(a_amp, b_amp, a_phase, b_phase, a_phase_sum, b_phase_sum, s, s_lo, s_hi,
+                alpha, phase_scale, taylor_rho, b1, b2, b3, b4, b5, b6,
+                DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr, TRIG_POLY: tl.constexpr,
+                PTX_ASM: tl.constexpr, LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """TAPA logits of the tile times sqrt(d_A): rows a_* (M, .) against rows b_* (N, .) -> (M, N).
+
+    a_amp/b_amp and a_phase/b_phase are the amplitude and phase column tiles (they may be the
+    same full-width tile with the other part zeroed); a_phase_sum/b_phase_sum (float32 row sums
+    of the phase tiles) are read only without PHASE_QUAD. s (M, N) are the signed distances and
+    s_lo <= s <= s_hi their bounds over the tile (for the Taylor series of d ** alpha).
+    """
+    qk_amp, r, fs = _tile_amplitude_and_phase(
+        a_amp, b_amp, a_phase, b_phase, a_phase_sum, b_phase_sum, s, s_lo, s_hi, alpha, phase_scale,
+        taylor_rho, b1, b2, b3, b4, b5, b6, DIST_POWER, PHASE_QUAD, PTX_ASM, LONG_PHASE, DOT_PRECISION)
+    return qk_amp * _cos_turns(r, TRIG_POLY)
+
+
+@triton.jit
+def tile_logits_and_derivatives(a_amp, b_amp, a_phase, b_phase, a_phase_sum, b_phase_sum, s, s_lo, s_hi,
+                                alpha, phase_scale, taylor_rho, b1, b2, b3, b4, b5, b6,
+                                DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr,
+                                TRIG_POLY: tl.constexpr, PTX_ASM: tl.constexpr,
+                                LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """(qk_amp, cos, phase_factor) of the tile (arguments as `tile_logits`): the logit times
+    sqrt(d_A) is qk_amp * cos; its derivative by qk_amp is cos, and by the phase dot phi is
+    -2 pi * phase_factor with phase_factor = qk_amp * sin * f / sqrt(d_P)."""
+    qk_amp, r, fs = _tile_amplitude_and_phase(
+        a_amp, b_amp, a_phase, b_phase, a_phase_sum, b_phase_sum, s, s_lo, s_hi, alpha, phase_scale,
+        taylor_rho, b1, b2, b3, b4, b5, b6, DIST_POWER, PHASE_QUAD, PTX_ASM, LONG_PHASE, DOT_PRECISION)
+    cos, sin = _sincos_turns(r, TRIG_POLY)
+    return qk_amp, cos, qk_amp * sin * fs
