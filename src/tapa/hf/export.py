@@ -8,8 +8,8 @@ tokenizer that cannot be found is an error, unless --no-tokenizer says to export
 OUT_DIR follows the rule of `tapa._paths`: never a run directory, never over files of other
 programs without --overwrite, and a re-export replaces every file of the earlier one.
 
-This command bridges training and transformers, so it reads checkpoints through `tapa.train`
-(`load_model`) and tokenizers through `tapa.data`.
+It reads checkpoints through `tapa.model.checkpoint` (`load_model`) and tokenizers through
+`tapa.data`.
 """
 
 from __future__ import annotations
