@@ -92,7 +92,8 @@ class AttentionContext:
         total = start + seq_len
         if attention_mask is not None:
             if attention_mask.dim() == 4:
-                raise ValueError("4D attention masks are not supported: pass the 2D 0/1 mask (batch, cached + new)")
+                raise ValueError("4D attention masks are not supported: pass the 2D 0/1 mask "
+                                 "(batch, cached + new)")
             if attention_mask.dim() != 2 or tuple(attention_mask.shape) != (batch, total):
                 raise ValueError(f"attention_mask must be (batch, cached + new tokens) = {(batch, total)}, "
                                  f"got {tuple(attention_mask.shape)}")
@@ -252,7 +253,8 @@ class Attention(nn.Module):
         if phase is None:
             return main.weight
         heads, dim = main.weight.shape[0] // self.amp_dim, main.weight.shape[1]
-        return torch.cat([main.weight.view(heads, self.amp_dim, dim), phase.weight.view(heads, -1, dim)], 1).view(-1, dim)
+        rows = torch.cat([main.weight.view(heads, self.amp_dim, dim), phase.weight.view(heads, -1, dim)], 1)
+        return rows.view(-1, dim)
 
     def project(self, x):
         """q (B, N, H, D), k and v (B, N, Hk, D) of x (B, N, dim), before any rotation."""
@@ -298,7 +300,8 @@ class Attention(nn.Module):
         wanted = cfg.attn_impl == "triton" or (q.is_cuda and cfg.attn_impl == "auto")
         wanted = wanted and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad))
         kernel = _decode_kernel() if wanted else None
-        if kernel is not None and kernel.supports(q, k, v) and (ctx.key_mask is None or ctx.left_pad is not None):
+        padding_ok = ctx.key_mask is None or ctx.left_pad is not None
+        if kernel is not None and kernel.supports(q, k, v) and padding_ok:
             from tapa.ops import tapa_attention_with_kvcache
 
             lengths = torch.full((q.shape[0],), k.shape[1], dtype=torch.int32, device=q.device)
