@@ -17,13 +17,13 @@ import tapa
 
 # command -> (module, one-line help)
 COMMANDS = {
-    "demo": ("tapa.eval.demo", "train a small RoPE and a small TAPA model, compare them past the training length"),
+    "demo": ("tapa.eval.demo", "train small RoPE, TAPA and TAPA-hybrid models, compare them past the training length"),
     "theory": ("tapa.theory.command", "Monte Carlo of logit mean/variance vs distance (RoPE vs TAPA)"),
     "data": ("tapa.data.command", "build or inspect the tokenized corpus cache"),
     "train": ("tapa.train.command", "pretrain or continue pretraining a model"),
     "eval": ("tapa.eval.command", "perplexity vs length and passkey retrieval for trained runs"),
     "report": ("tapa.eval.report", "merge several evaluated runs into one table and plot"),
-    "bench": ("tapa.bench.command", "GPU benchmarks: attention kernel, model throughput, decoding"),
+    "bench": ("tapa.bench.command", "GPU benchmarks: attention kernel, local attention, model throughput, decoding"),
     "export": ("tapa.hf.export", "export a tapa training checkpoint to a transformers model directory"),
     "convert": ("tapa.hf.convert", "convert a LlamaForCausalLM directory to TAPA attention"),
 }
