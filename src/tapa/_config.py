@@ -10,6 +10,11 @@ import types
 import typing
 
 
+def documented(default, help: str, **kwargs):
+    """A dataclass field with a help sentence (shown by `tapa train --help`)."""
+    return dataclasses.field(default=default, metadata={"help": help}, **kwargs)
+
+
 def _allowed_types(hint) -> tuple[tuple[type, ...], bool] | None:
     """(scalar types, None allowed) of a field's type hint; None for hints not checked here."""
     args = typing.get_args(hint)

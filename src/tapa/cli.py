@@ -1,26 +1,39 @@
 """The `tapa` command line. Thin: each command lives in the module named below, which defines
-`add_arguments(parser)` and `run(args)`; modules are imported only when their command runs."""
+`add_arguments(parser)` and `run(args)`; modules are imported only when their command runs.
+
+A user's mistake (a bad argument, a missing or non-run directory, a missing or corrupt checkpoint,
+an unwritable path) ends in one line on stderr, `tapa COMMAND: error: ...`, and exit status 1;
+`--debug` anywhere on the command line, or TAPA_DEBUG=1, shows the Python traceback instead.
+"""
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 import tapa
 
 # command -> (module, one-line help)
 COMMANDS = {
-    "demo": ("tapa.eval.demo", "train a small RoPE and a small TAPA model, compare them past the training length"),
+    "demo": ("tapa.eval.demo", "train small RoPE, TAPA and TAPA-hybrid models, compare them past the training length"),
     "theory": ("tapa.theory.command", "Monte Carlo of logit mean/variance vs distance (RoPE vs TAPA)"),
     "data": ("tapa.data.command", "build or inspect the tokenized corpus cache"),
     "train": ("tapa.train.command", "pretrain or continue pretraining a model"),
     "eval": ("tapa.eval.command", "perplexity vs length and passkey retrieval for trained runs"),
     "report": ("tapa.eval.report", "merge several evaluated runs into one table and plot"),
-    "bench": ("tapa.bench.command", "GPU benchmarks: attention kernel, model throughput, decoding"),
+    "bench": ("tapa.bench.command", "GPU benchmarks: attention kernel, local attention, model throughput, decoding"),
     "export": ("tapa.hf.export", "export a tapa training checkpoint to a transformers model directory"),
     "convert": ("tapa.hf.convert", "convert a LlamaForCausalLM directory to TAPA attention"),
 }
+
+# What a user's mistake raises: ValueError (bad arguments and configs; CheckpointError is one) and
+# OSError (missing files, permissions, a file where a directory belongs, a full disk).
+USER_ERRORS = (ValueError, OSError)
+MISSING_EXTRA = "tapa needs the optional package"  # the ImportError of tapa._optional.require
+DEBUG_FLAG = "--debug"
+DEBUG_HELP = "on an error, show the Python traceback (as TAPA_DEBUG=1 does)"
 
 
 def _top_parser() -> argparse.ArgumentParser:
@@ -33,23 +46,46 @@ def _top_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"tapa {tapa.__version__}")
-    parser.add_argument("command", choices=list(COMMANDS), metavar="COMMAND")
+    parser.add_argument(DEBUG_FLAG, action="store_true", help=DEBUG_HELP)
+    parser.add_argument("command", choices=list(COMMANDS), metavar="COMMAND",
+                        help="one of the commands below")
     return parser
 
 
+def _debugging(argv: list[str]) -> bool:
+    return DEBUG_FLAG in argv or os.environ.get("TAPA_DEBUG", "") not in ("", "0")
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run one command. Returns its exit status; a user error raises SystemExit with one line."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] not in COMMANDS:
+    debug = _debugging(argv)
+    argv = [arg for arg in argv if arg != DEBUG_FLAG]
+    if not argv:
+        _top_parser().print_help()
+        return 2
+    if argv[0] not in COMMANDS:
         _top_parser().parse_args(argv)  # prints help, version or a usage error and exits
         return 2
     name, rest = argv[0], argv[1:]
     module_name, help_ = COMMANDS[name]
-    module = importlib.import_module(module_name)
-    parser = argparse.ArgumentParser(prog=f"tapa {name}", description=help_)
-    module.add_arguments(parser)
-    args = parser.parse_args(rest)
-    result = module.run(args)
-    return int(result or 0)
+    try:
+        module = importlib.import_module(module_name)
+        parser = argparse.ArgumentParser(prog=f"tapa {name}", description=help_)
+        module.add_arguments(parser)
+        parser.add_argument(DEBUG_FLAG, action="store_true", help=DEBUG_HELP)
+        args = parser.parse_args(rest)
+        return int(module.run(args) or 0)
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        print(f"tapa {name}: interrupted", file=sys.stderr)
+        return 130
+    except (*USER_ERRORS, ImportError) as err:
+        if debug or (isinstance(err, ImportError) and MISSING_EXTRA not in str(err)):
+            raise
+        message = " ".join(str(err).split("\n")) or type(err).__name__
+        raise SystemExit(f"tapa {name}: error: {message} (--debug shows the traceback)") from None
 
 
 if __name__ == "__main__":

@@ -64,7 +64,7 @@ def test_report_merges_runs(tiny_runs, tmp_path):
     assert "TAPA" in labels and "RoPE" in labels
     assert (out / "perplexity.png").stat().st_size > 0
     assert "| TAPA |" in (out / "results.md").read_text()
-    with pytest.raises(ValueError, match="tapa eval"):
+    with pytest.raises(SystemExit, match="run 'tapa eval"):
         main(["report", str(tmp_path), "--out", str(out)])
 
 
@@ -80,7 +80,7 @@ def test_demo_tiny_runs_end_to_end(tmp_path, monkeypatch, capsys):
     assert results["settings"]["profile"]["name"] == "tiny"
     assert results["command"] == f"tapa demo --tiny --out {out} --device cpu"
     assert (out / "perplexity.png").stat().st_size > 0
-    with pytest.raises(ValueError, match="--force"):
+    with pytest.raises(SystemExit, match="^tapa demo: error: .*--force"):
         main(["demo", "--tiny", "--out", str(out), "--no-progress", "--device", "cpu"])
 
 

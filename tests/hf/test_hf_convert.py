@@ -118,7 +118,7 @@ def test_export_training_run_is_lossless(tmp_path):
     """Train a few steps, export, reload with transformers: identical logits, a working tokenizer."""
     from tapa.data import DataConfig
     from tapa.model import ModelConfig
-    from tapa.train.checkpoint import load_model
+    from tapa.model.checkpoint import load_model
     from tapa.train.config import TrainConfig
     from tapa.train.trainer import train
 
@@ -142,5 +142,5 @@ def test_export_training_run_is_lossless(tmp_path):
     assert tokenizer.eos_token_id == model.generation_config.eos_token_id
     text = tokenizer.decode(model.generate(ids, max_new_tokens=4, do_sample=False)[0])
     assert text.startswith("def add(a, b):")
-    with pytest.raises(ValueError, match="does not exist"):
+    with pytest.raises(SystemExit, match="^tapa export: error: .*does not exist"):
         tapa_main(["export", str(tmp_path / "no-run"), str(tmp_path / "x")])

@@ -27,10 +27,14 @@ from tapa.data.tokenizer import EOT_TOKEN, train_bpe  # noqa: E402
 from tapa.hf import TapaConfig, TapaForCausalLM  # noqa: E402
 
 TASKS = Path(__file__).resolve().parents[2] / "examples" / "lm_eval_task"
+_spec = importlib.util.spec_from_file_location("lm_eval_task_utils", TASKS / "utils.py")
+task_utils = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(task_utils)
 
 
 def _rows(name):
-    return [json.loads(line) for line in (TASKS / name).read_text().splitlines() if line.strip()]
+    """The rows as the tasks see them (multiple-choice answers shuffled by the task's loader)."""
+    return task_utils.choice_rows() if name == "python_choices.jsonl" else task_utils.read_rows(name)
 
 
 @pytest.fixture(scope="module")
@@ -84,9 +88,13 @@ def score(model_dir: Path):
         choice_lls = lls[:3 * len(docs)]
         correct = [max(range(3), key=lambda c: choice_lls[3 * i + c]) == doc["answer"]
                    for i, doc in enumerate(docs)]
+        # acc_norm: log-likelihood per character of the choice, as lm-eval normalises
+        correct_norm = [max(range(3), key=lambda c: choice_lls[3 * i + c] / len(doc["choices"][c]))
+                        == doc["answer"] for i, doc in enumerate(docs)]
         rolling = lls[3 * len(docs):]
         n_bytes = sum(len(text.encode()) for text in snippets)
-        return {"acc": sum(correct) / len(docs), "byte_perplexity": math.exp(-sum(rolling) / n_bytes)}
+        return {"acc": sum(correct) / len(docs), "acc_norm": sum(correct_norm) / len(docs),
+                "byte_perplexity": math.exp(-sum(rolling) / n_bytes)}
 
     return metrics(batched), metrics(alone), batched, alone
 
@@ -112,5 +120,6 @@ def test_lm_eval_cli_offline(model_dir, tmp_path):
     [results_file] = list((tmp_path / "out").rglob("results_*.json"))
     results = json.loads(results_file.read_text())["results"]
     assert results["tapa_python_choices"]["acc,none"] == pytest.approx(expected["acc"])
+    assert results["tapa_python_choices"]["acc_norm,none"] == pytest.approx(expected["acc_norm"])
     assert results["tapa_python_perplexity"]["byte_perplexity,none"] == pytest.approx(
         expected["byte_perplexity"], rel=1e-4)

@@ -263,3 +263,27 @@ def test_cuda_generation_uses_decode_kernel(monkeypatch):
     assert calls, "the decode kernel was not used"
     for row, seq in enumerate(seqs):
         assert torch.equal(batched[row], greedy(model, seq[None], use_cache=False)[0])
+
+
+@pytest.mark.parametrize("pe", ["tapa", "rope", "tapa-hybrid"])
+def test_left_padded_batch_with_an_empty_prompt(pe):
+    """generate gives an all-padding row's first real token position 1: TAPA (distances only) takes
+    a constant shift of position_ids. The real row generates as alone; the empty row, from its
+    first generated token on, continues as that token alone would."""
+    model = tiny_model(pe)
+    seq = random_ids([6], seed=7)[0]
+    ids = torch.stack([torch.zeros(6, dtype=torch.long), seq])
+    mask = torch.stack([torch.zeros(6, dtype=torch.long), torch.ones(6, dtype=torch.long)])
+    batched = greedy(model, ids, attention_mask=mask)
+    assert torch.equal(batched[1], greedy(model, seq[None])[0])
+    first = batched[0, :1][None]
+    assert torch.equal(batched[0, 1:], greedy(model, first)[0, :7])
+
+
+def test_tapa_rejects_position_ids_that_are_not_a_shift_of_the_mask_positions():
+    model = tiny_model("tapa")
+    ids = torch.stack(random_ids([5, 5], seed=8))
+    with pytest.raises(ValueError, match="position_ids disagree"):
+        model(ids, position_ids=torch.tensor([[0, 1, 2, 3, 4], [0, 1, 3, 4, 5]]))
+    shifted = model(ids, position_ids=torch.arange(5)[None] + torch.tensor([[0], [9]])).logits
+    torch.testing.assert_close(shifted, model(ids).logits)

@@ -28,6 +28,7 @@ def test_layer_pattern_repeats_and_names_the_hybrid():
 
 
 def local_only_outputs(device="cpu", dtype=torch.float32, window=8, length=40, changed_at=None):
+    """Logits of a one-layer, all-local model (window `window`) on fixed random ids."""
     torch.manual_seed(0)
     model = TapaLM(config(n_layers=1, layer_pattern="L", local_window=window)).to(device, dtype).eval()
     ids = torch.randint(0, VOCAB, (2, length), generator=torch.Generator().manual_seed(1))
@@ -37,11 +38,11 @@ def local_only_outputs(device="cpu", dtype=torch.float32, window=8, length=40, c
         return model(ids.to(device)).float().cpu()
 
 
-def check_locality(device, dtype):
-    window, t = 8, 30
-    base = local_only_outputs(device, dtype, window)
-    outside = local_only_outputs(device, dtype, window, changed_at=t - window)
-    inside = local_only_outputs(device, dtype, window, changed_at=t - window + 1)
+def check_locality(device, dtype, length=40):
+    window, t = 8, length - 10
+    base = local_only_outputs(device, dtype, window, length)
+    outside = local_only_outputs(device, dtype, window, length, changed_at=t - window)
+    inside = local_only_outputs(device, dtype, window, length, changed_at=t - window + 1)
     torch.testing.assert_close(outside[:, t], base[:, t], atol=0, rtol=0)
     assert (inside[:, t] - base[:, t]).abs().max() > 1e-4
     assert (outside[:, t - 1] - base[:, t - 1]).abs().max() > 1e-4  # t - 1 does see it
@@ -53,8 +54,14 @@ def test_local_layer_sees_exactly_its_window_on_cpu():
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_local_layer_sees_exactly_its_window_on_flex_attention():
-    check_locality("cuda", torch.float32)
+def test_local_layer_sees_exactly_its_window_on_flex_attention(monkeypatch):
+    import tapa.positional.local as local
+
+    calls = []
+    flex = local._flex
+    monkeypatch.setattr(local, "_flex", lambda *args: calls.append(1) or flex(*args))
+    check_locality("cuda", torch.float32, length=300)  # long enough for the FlexAttention path
+    assert calls, "the local layer did not run on FlexAttention"
 
 
 @pytest.mark.parametrize("pe", ["tapa", "nope", "rope-yarn"])

@@ -31,11 +31,23 @@ def _configs(run_dir, cache_dir, **train):
     return small_configs(run_dir, cache_dir, model=HYBRID, phase_lr_scale=PHASE_LR_SCALE, **train)
 
 
+# Seen about once in 20 two-process gloo runs (2026-12-01, torch 2.13 CPU): a worker aborts with
+# "terminate called without an active exception" (a C++ thread left joinable; the cause is not
+# found). One retry keeps that from failing CI; a second abort, or any other failure, fails the
+# test, and the results are compared after the run either way (a resumed run repeats exactly).
+ABORT = "terminate called without an active exception"
+
+
 def _torchrun(nproc: int, args: list[str]) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                "--nproc_per_node", str(nproc), "-m", "tapa.cli", "train", *args]
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
+    for attempt in range(2):
+        result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
+        if result.returncode == 0 or ABORT not in result.stderr:
+            break
+        if "--resume" not in command:  # the retry resumes whatever the aborted run saved
+            command.append("--resume")
     if result.returncode != 0:
         raise AssertionError(f"torchrun failed ({result.returncode}):\n{result.stderr[-20000:]}")
 

@@ -64,7 +64,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kernel-report", action="store_true",
                         help="write attention_kernels.csv/.md (registers, spills, SASS census) "
                              "and the SASS of the default kernels")
-    parser.add_argument("--out", type=Path, default=Path("results/kernel-h200"))
+    parser.add_argument("--out", type=Path, default=Path("runs/bench/attention"),
+                        help="output directory (default: %(default)s)")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -48,7 +48,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--theta", type=float, default=0.5)
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
-    parser.add_argument("--out", type=Path, default=Path("results/decode-h200"))
+    parser.add_argument("--out", type=Path, default=Path("runs/bench/decode"),
+                        help="output directory (default: %(default)s)")
     parser.add_argument("--smoke", action="store_true",
                         help="tiny shapes on CPU via the Triton interpreter: tests the script, not speed")
     parser.add_argument("--profile", action="store_true",

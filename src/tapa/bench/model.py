@@ -13,7 +13,7 @@ Model FLOPs per token (the PaLM convention, causal attention counted once):
 where N_matmul counts the weights that multiply activations (all but the embedding lookup; a tied
 lm_head counts). MFU = achieved model FLOP/s / peak bf16 dense FLOP/s of the GPU.
 
-    tapa bench model                     # H200: 2k, 8k, 32k; writes results/model-throughput-h200/
+    tapa bench model                     # H200: 2k, 8k, 32k; writes runs/bench/model-throughput-h200/
     tapa bench model --cpu-smoke --out /tmp/smoke    # the same logic, tiny, on CPU
 """
 
@@ -59,8 +59,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="peak bf16 TFLOP/s for MFU (default: looked up from the GPU name)")
     parser.add_argument("--out", default=None,
                         help="output directory for results.csv and README.md (default: "
-                             "results/model-throughput-<gpu>, e.g. -h200; with --cpu-smoke: "
-                             "bench-model-cpu-smoke)")
+                             "runs/bench/model-throughput-<gpu>, e.g. -h200; with --cpu-smoke: "
+                             "runs/bench/model-cpu-smoke)")
     parser.add_argument("--cpu-smoke", action="store_true",
                         help="a tiny float32 run on CPU that exercises the same code (for tests)")
 
@@ -295,8 +295,8 @@ def run(args: argparse.Namespace) -> int:
         device_name = torch.cuda.get_device_name(device)
     peak = args.peak_tflops or (None if args.cpu_smoke else peak_for(device_name))
     if args.out is None:
-        args.out = ("bench-model-cpu-smoke" if args.cpu_smoke
-                    else f"results/model-throughput-{gpu_slug(device_name)}")
+        args.out = ("runs/bench/model-cpu-smoke" if args.cpu_smoke
+                    else f"runs/bench/model-throughput-{gpu_slug(device_name)}")
     rows = run_benchmark(model_kwargs=model_kwargs, lengths=lengths, pes=args.pes,
                          tokens_per_step=tokens_per_step, warmup=args.warmup, steps=args.steps,
                          device=device, peak_tflops=peak, compile_model=args.compile)

@@ -38,11 +38,11 @@ from typing import Iterator
 import numpy as np
 
 from tapa._optional import require
+from tapa._paths import file_sha256
 from tapa.data.config import SPLITS, DataConfig
 from tapa.data.sources import Document, Source, open_source
 from tapa.data.tokenizer import (
     end_of_text_token,
-    file_sha256,
     load_tokenizer,
     save_tokenizer,
     tokenizer_file,

@@ -8,12 +8,12 @@ literal "<|endoftext|>" inside a text as ordinary characters.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Iterable
 
 from tapa._optional import require
+from tapa._paths import file_sha256
 
 EOT_TOKEN = "<|endoftext|>"
 TOKENIZER_FILE = "tokenizer.json"
@@ -69,14 +69,6 @@ def load_tokenizer(directory: str | Path):
         raise ValueError(f"cannot load tokenizer {path}: {err}") from err
     _prepare(tokenizer)
     return tokenizer
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def end_of_text_token(tokenizer, directory: Path | None = None) -> str:

@@ -1,13 +1,17 @@
 """`tapa eval RUN_DIR [RUN_DIR...]`: perplexity vs length (and passkey retrieval) for trained runs.
-Writes RUN_DIR/eval/{results.json, results.md, perplexity.png, position_loss.png, passkey_*.png}."""
+Writes RUN_DIR/eval/{results.json, results.md, perplexity.png, position_loss.png, passkey_*.png}.
+A directory that holds run directories (what `tapa demo` writes) stands for the runs inside it."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 from pathlib import Path
 
+from tapa._paths import RUN_CONFIG, is_run_dir, run_dirs_inside
 from tapa.eval.evaluate import DEFAULT_DEPTHS, DEFAULT_MULTIPLES, EvalOptions, evaluate_run
-from tapa.eval.report import perplexity_table, write_results
+from tapa.eval.report import check_results_dir, perplexity_table, write_results
 from tapa.eval.scaling import ROPE_FAMILY
 
 
@@ -37,9 +41,11 @@ def _pe_list(text: str) -> tuple[str, ...]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("runs", nargs="+", metavar="RUN_DIR", help="training run directories")
+    parser.add_argument("runs", nargs="+", metavar="RUN_DIR",
+                        help="training run directories, or a directory holding runs (e.g. a demo's)")
     parser.add_argument("--checkpoint", default=None,
-                        help="a checkpoint directory to evaluate instead of the run's latest (one run only)")
+                        help="a checkpoint directory of RUN_DIR to evaluate instead of its latest "
+                             "(one run only)")
     parser.add_argument("--lengths", type=_int_list, default=None,
                         help="evaluation lengths, e.g. 128,256,512 (default: training length x "
                              f"{','.join(f'{m:g}' for m in DEFAULT_MULTIPLES)})")
@@ -61,6 +67,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:1, ...")
     parser.add_argument("--out", default=None, help="output directory (default: RUN_DIR/eval)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="write into the output directory even if it holds files tapa eval did not write")
     parser.add_argument("--no-progress", action="store_true")
 
 
@@ -72,21 +80,77 @@ def resolve_device(name: str):
     return torch.device(name)
 
 
+def expand_runs(paths: list[str]) -> list[Path]:
+    """The run directories to evaluate: each path that is a run, or the runs directly inside it.
+    ValueError for a path that is neither."""
+    runs = []
+    for path in map(Path, paths):
+        if (path / RUN_CONFIG).is_file():
+            try:
+                json.loads((path / RUN_CONFIG).read_text())
+            except ValueError as err:
+                raise ValueError(f"{str(path / RUN_CONFIG)!r} is damaged ({err}); the run cannot be "
+                                 "evaluated without it") from err
+            runs.append(path)  # a run without checkpoints gets the checkpoint loader's message
+            continue
+        inside = run_dirs_inside(path)
+        if not path.exists():
+            raise ValueError(f"RUN_DIR {str(path)!r} does not exist")
+        if not inside:
+            raise ValueError(f"{str(path)!r} is not a training run directory (no {RUN_CONFIG} and "
+                             "checkpoints/) and holds none")
+        print(f"tapa eval: {path} holds {len(inside)} runs; evaluating "
+              + ", ".join(str(run) for run in inside), file=sys.stderr)
+        runs += inside
+    return runs
+
+
+def checkpoint_of(run_dir: Path, checkpoint: str | None) -> Path:
+    """The checkpoint to evaluate: RUN's latest, or --checkpoint, which must belong to RUN (else its
+    results would be filed under another model's name)."""
+    from tapa.model.checkpoint import resolve_checkpoint
+
+    resolved = resolve_checkpoint(checkpoint or run_dir)
+    if checkpoint and run_dir.resolve() not in resolved.resolve().parents:
+        owner = resolved.parent.parent
+        hint = (f"; evaluate it as 'tapa eval {owner} --checkpoint {checkpoint}'" if is_run_dir(owner)
+                else "")
+        raise ValueError(f"--checkpoint {checkpoint!r} is not a checkpoint of {str(run_dir)!r}{hint}")
+    return resolved
+
+
+def training_tokens(checkpoint: Path) -> int | None:
+    """Tokens the checkpoint was trained on in its run (its state.json), for plot titles."""
+    from tapa.model.checkpoint import read_state
+
+    return read_state(checkpoint, verify=False).get("tokens")
+
+
 def run(args: argparse.Namespace) -> int:
-    if args.checkpoint and len(args.runs) > 1:
+    runs = expand_runs(args.runs)
+    if args.checkpoint and len(runs) > 1:
         raise ValueError("--checkpoint applies to a single RUN_DIR")
-    if args.out and len(args.runs) > 1:
+    if args.out and len(runs) > 1:
         raise ValueError("--out applies to a single RUN_DIR; use 'tapa report' to merge runs")
+    # everything a user can get wrong is checked before the first (possibly long) evaluation
+    checkpoints = [checkpoint_of(run_dir, args.checkpoint) for run_dir in runs]
+    out_dirs = [Path(args.out) if args.out else run_dir / "eval" for run_dir in runs]
+    for out_dir in out_dirs:
+        check_results_dir(out_dir, overwrite=args.overwrite, command="tapa eval")
     options = EvalOptions(lengths=args.lengths, multiples=tuple(args.multiples), stride=args.stride,
                           max_tokens=args.max_tokens or None, split=args.split, eval_pe=args.eval_pe,
                           passkey=args.passkey, passkey_lengths=args.passkey_lengths,
                           passkey_depths=tuple(args.passkey_depths), passkey_trials=args.passkey_trials,
                           passkey_filler=args.passkey_filler, seed=args.seed, progress=not args.no_progress)
     device = resolve_device(args.device)
-    for run_dir in args.runs:
-        results = evaluate_run(run_dir, options, device=device, checkpoint=args.checkpoint)
-        out_dir = Path(args.out) if args.out else Path(run_dir) / "eval"
-        written = write_results(results, out_dir, title=f"{Path(run_dir).name}: perplexity vs length")
+    for run_dir, checkpoint, out_dir in zip(runs, checkpoints, out_dirs):
+        results = evaluate_run(run_dir, options, device=device, checkpoint=checkpoint)
+        tokens = training_tokens(checkpoint)
+        for method in results["methods"]:
+            method.setdefault("train_tokens", tokens)
+        written = write_results(results, out_dir, title=f"{run_dir.name}: perplexity vs length")
         print(perplexity_table(results["methods"]))
         print(f"\nwrote {len(written)} files to {out_dir}: " + ", ".join(p.name for p in written))
+    if len(runs) > 1:
+        print("\ncompare them in one table and plot with: tapa report " + " ".join(map(str, runs)))
     return 0

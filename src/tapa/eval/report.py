@@ -7,9 +7,20 @@ import argparse
 import json
 from pathlib import Path
 
-from tapa.eval.plots import plot_passkey_heatmap, plot_perplexity_vs_length, plot_position_loss
+from tapa._paths import check_output_dir, replacing_outputs
+from tapa.eval.plots import (plot_passkey_heatmap, plot_perplexity_vs_length, plot_position_loss,
+                             size_note)
 
 RESULTS_JSON = "results.json"
+# everything write_results writes (fnmatch patterns); results.json marks a directory as its own
+RESULT_FILES = (RESULTS_JSON, "results.md", "perplexity.png", "position_loss.png", "passkey_*.png")
+DEFAULT_REPORT_DIR = "runs/report"
+
+
+def check_results_dir(out_dir: str | Path, *, overwrite: bool, command: str) -> Path:
+    """The output-directory rule of tapa._paths for write_results' files (call before the work)."""
+    return check_output_dir(out_dir, outputs=RESULT_FILES, marker=RESULTS_JSON, overwrite=overwrite,
+                            command=command)
 
 
 def _format_ppl(value: float) -> str:
@@ -117,24 +128,26 @@ def results_markdown(results: dict) -> str:
 
 def write_results(results: dict, out_dir: str | Path, *, title: str = "") -> list[Path]:
     """results.json, results.md, perplexity.png, position_loss.png and a passkey heat map per
-    method with a passkey grid, in out_dir. Returns the paths written."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    method with a passkey grid, in out_dir; files of an earlier call there that this one does not
+    write (a passkey plot) are removed. Returns the paths written."""
     methods = results["methods"]
     if not methods:
         raise ValueError("results hold no methods to report")
-    written = [out_dir / RESULTS_JSON, out_dir / "results.md"]
-    written[0].write_text(json.dumps(results, indent=2))
-    written[1].write_text(results_markdown(results))
-    title = title or "perplexity vs evaluation length"
-    written.append(plot_perplexity_vs_length(methods, out_dir / "perplexity.png", title=title))
-    written.append(plot_position_loss(methods, out_dir / "position_loss.png",
-                                      title="loss by position inside the longest window"))
-    for method in methods:
-        if method.get("passkey"):
-            path = out_dir / f"passkey_{_slug(method['label'])}.png"
-            written.append(plot_passkey_heatmap(method["passkey"], path,
-                                                title=f"passkey retrieval: {method['label']}"))
+    with replacing_outputs(out_dir, RESULT_FILES) as out_dir:
+        written = [out_dir / RESULTS_JSON, out_dir / "results.md"]
+        written[0].write_text(json.dumps(results, indent=2))
+        written[1].write_text(results_markdown(results))
+        title = title or "perplexity vs evaluation length"
+        written.append(plot_perplexity_vs_length(methods, out_dir / "perplexity.png", title=title))
+        written.append(plot_position_loss(methods, out_dir / "position_loss.png",
+                                          title="loss by position inside the longest window"))
+        for method in methods:
+            if method.get("passkey"):
+                path = out_dir / f"passkey_{_slug(method['label'])}.png"
+                note = size_note([method])
+                written.append(plot_passkey_heatmap(
+                    method["passkey"], path,
+                    title=f"passkey retrieval: {method['label']}" + (f"\n{note}" if note else "")))
     return written
 
 
@@ -144,8 +157,11 @@ def load_results(path: str | Path) -> dict:
     path = Path(path)
     for candidate in (path / "eval" / RESULTS_JSON, path / RESULTS_JSON, path):
         if candidate.is_file():
-            results = json.loads(candidate.read_text())
-            if results.get("kind") != "tapa-eval":
+            try:
+                results = json.loads(candidate.read_text())
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{str(candidate)!r} is not valid JSON ({err}); rerun 'tapa eval'") from err
+            if not isinstance(results, dict) or results.get("kind") != "tapa-eval":
                 raise ValueError(f"{str(candidate)!r} is not a tapa eval results file")
             return results
     raise ValueError(f"no evaluation results under {str(path)!r}: run 'tapa eval {path}' first")
@@ -171,11 +187,15 @@ def merge_results(all_results: list[dict], *, command: str = "") -> dict:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("runs", nargs="+", metavar="RUN_DIR",
                         help="evaluated run directories (or results.json files) to compare")
-    parser.add_argument("--out", default="report", help="output directory (default: ./report)")
+    parser.add_argument("--out", default=DEFAULT_REPORT_DIR,
+                        help="output directory (default: %(default)s)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="write into --out even if it holds files tapa report did not write")
     parser.add_argument("--title", default="", help="plot title")
 
 
 def run(args: argparse.Namespace) -> int:
+    check_results_dir(args.out, overwrite=args.overwrite, command="tapa report")
     command = " ".join(["tapa report", *map(str, args.runs), "--out", str(args.out)])
     merged = merge_results([load_results(path) for path in args.runs], command=command)
     written = write_results(merged, args.out, title=args.title or "perplexity vs evaluation length")

@@ -14,11 +14,16 @@ from pathlib import Path
 import torch
 
 from tapa._optional import require
-from tapa.hf.configuration import TapaConfig
+from tapa._paths import set_default_mode
+from tapa.hf.configuration import REMOTE_CODE, TapaConfig
 from tapa.model import ModelConfig, TapaLM, upgrade_state_dict
 
 WEIGHTS_NAME = "model.safetensors"
 PREFIX = "model."
+# what write_pretrained writes, and the tokenizer files export and convert add next to it
+MODEL_FILES = ("config.json", "generation_config.json", WEIGHTS_NAME, *REMOTE_CODE)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "tokenizer.model", "added_tokens.json", "chat_template.jinja")
 
 
 def expected_shapes(model_cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -59,6 +64,7 @@ def write_pretrained(out_dir: str | Path, model_cfg: ModelConfig, state: dict[st
         tensor = tensor.detach().to("cpu")
         weights[PREFIX + name] = (tensor.to(dtype) if dtype is not None else tensor).contiguous()
     save_file(weights, str(out_dir / WEIGHTS_NAME), metadata={"format": "pt"})
+    set_default_mode(out_dir / WEIGHTS_NAME)  # safetensors creates it 0600; the other files are 0644
     config = TapaConfig.from_model_config(model_cfg, architectures=["TapaForCausalLM"],
                                           eos_token_id=eos_token_id, pad_token_id=pad_token_id)
     config.dtype = dtype or next(iter(weights.values())).dtype

@@ -30,12 +30,14 @@ from pathlib import Path
 import torch
 
 from tapa._optional import require
-from tapa.hf.checkpoint import read_json, write_pretrained
+from tapa._paths import check_output_dir, replacing_outputs
+from tapa.hf.checkpoint import MODEL_FILES, TOKENIZER_FILES, read_json, write_pretrained
 from tapa.model import ModelConfig
-from tapa.ops import split_dims
+from tapa.ops import PHASES, split_dims
+from tapa.positional.kinds import KINDS
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                   "tokenizer.model", "added_tokens.json")
+CONVERT_MARKER = "tapa_convert.json"
+CONVERT_FILES = (*MODEL_FILES, *TOKENIZER_FILES, CONVERT_MARKER)  # all that a conversion writes
 LAYER_NAMES = {  # Llama name inside model.layers.N -> TapaLM name inside layers.N
     "self_attn.q_proj.weight": "attn.wq.weight",
     "self_attn.k_proj.weight": "attn.wk.weight",
@@ -139,16 +141,22 @@ def llama_to_tapa_state(weights: dict[str, torch.Tensor], cfg: ModelConfig) -> d
 
 
 def convert_llama(llama_dir: str | Path, out_dir: str | Path, *, theta: float = 0.5, alpha: float = 0.1,
-                  distance: str = "power", phase: str = "quadratic", phase_init_scale: float = 1.0) -> Path:
-    """Convert a local LlamaForCausalLM directory; returns out_dir (loadable by AutoModelForCausalLM)."""
+                  distance: str = "power", phase: str = "quadratic", phase_init_scale: float = 1.0,
+                  overwrite: bool = False) -> Path:
+    """Convert a local LlamaForCausalLM directory; returns out_dir (loadable by AutoModelForCausalLM).
+    out_dir follows tapa._paths' rule: files of other programs there only with overwrite=True."""
     llama_dir = Path(llama_dir)
+    if Path(out_dir).resolve() == llama_dir.resolve():
+        raise ValueError("OUT_DIR must differ from LLAMA_DIR: the conversion would overwrite its input")
+    out_dir = check_output_dir(out_dir, outputs=CONVERT_FILES, marker=CONVERT_MARKER,
+                               overwrite=overwrite, command="tapa convert")
     if not (llama_dir / "config.json").is_file():
         raise ValueError(f"{str(llama_dir)!r} is not a model directory (no config.json)")
     if phase_init_scale < 0:
         raise ValueError(f"phase_init_scale must be >= 0, got {phase_init_scale}")
-    pe = {"quadratic": "tapa", "linear": "tapa-linear-phase"}.get(phase)
+    pe = next((kind.name for kind in KINDS.values() if kind.family == "tapa" and kind.phase == phase), None)
     if pe is None:
-        raise ValueError(f"phase must be 'quadratic' or 'linear', got {phase!r}")
+        raise ValueError(f"phase must be one of the TAPA phase variants {PHASES}, got {phase!r}")
     llama = read_json(llama_dir / "config.json", "Llama config")
     cfg = tapa_config_from_llama(llama, pe=pe, theta=theta, alpha=alpha, distance=distance,
                                  phase_init_scale=phase_init_scale)
@@ -158,16 +166,16 @@ def convert_llama(llama_dir: str | Path, out_dir: str | Path, *, theta: float = 
     if generation_file.is_file():
         generation = read_json(generation_file, "generation config")
         eos, pad = generation.get("eos_token_id", eos), generation.get("pad_token_id", pad)
-    out_dir = write_pretrained(out_dir, cfg, state, eos_token_id=eos, pad_token_id=pad,
-                               source=str(llama_dir))
-    for name in TOKENIZER_FILES:
-        if (llama_dir / name).is_file():
-            shutil.copy2(llama_dir / name, out_dir / name)
-    (out_dir / "tapa_convert.json").write_text(json.dumps({
-        "from": str(llama_dir.resolve()), "theta": theta, "alpha": alpha, "distance": distance,
-        "phase": phase, "phase_init_scale": phase_init_scale,
-        "q_k_row_order": "rotary pairs from lowest to highest frequency",
-        "amplitude_q_scale": "sqrt(d_A / head_dim)"}, indent=2))
+    with replacing_outputs(out_dir, CONVERT_FILES) as out_dir:
+        write_pretrained(out_dir, cfg, state, eos_token_id=eos, pad_token_id=pad, source=str(llama_dir))
+        for name in TOKENIZER_FILES:
+            if (llama_dir / name).is_file():
+                shutil.copy2(llama_dir / name, out_dir / name)
+        (out_dir / CONVERT_MARKER).write_text(json.dumps({
+            "from": str(llama_dir.resolve()), "theta": theta, "alpha": alpha, "distance": distance,
+            "phase": phase, "phase_init_scale": phase_init_scale,
+            "q_k_row_order": "rotary pairs from lowest to highest frequency",
+            "amplitude_q_scale": "sqrt(d_A / head_dim)"}, indent=2))
     return out_dir
 
 
@@ -180,10 +188,13 @@ def add_arguments(parser) -> None:
     parser.add_argument("--phase", default="quadratic", choices=["quadratic", "linear"])
     parser.add_argument("--phase-init-scale", type=float, default=1.0,
                         help="multiplies the phase rows of W_q and W_k; 0 gives Llama attention without rotary")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="write into OUT_DIR even if it holds files tapa convert did not write")
 
 
 def run(args) -> int:
     out_dir = convert_llama(args.llama_dir, args.out_dir, theta=args.theta, alpha=args.alpha,
-                            distance=args.distance, phase=args.phase, phase_init_scale=args.phase_init_scale)
+                            distance=args.distance, phase=args.phase, phase_init_scale=args.phase_init_scale,
+                            overwrite=args.overwrite)
     print(f"converted {args.llama_dir} -> {out_dir}")
     return 0

@@ -3,41 +3,61 @@
 Lossless: the weights are copied as they are (float32 unless --dtype), and the exported model is
 reloaded and checked to give logits identical to the training checkpoint's TapaLM. The run's
 tokenizer (found through the run's data config, checked by sha256) is saved next to it as a
-PreTrainedTokenizerFast, so AutoTokenizer, generate() and lm-eval work on the directory alone.
+PreTrainedTokenizerFast, so AutoTokenizer, generate() and lm-eval work on the directory alone; a
+tokenizer that cannot be found is an error, unless --no-tokenizer says to export the model alone.
+OUT_DIR follows the rule of `tapa._paths`: never a run directory, never over files of other
+programs without --overwrite, and a re-export replaces every file of the earlier one.
 
-This command bridges training and transformers, so it reads checkpoints through `tapa.train`
-(`load_model`) and tokenizers through `tapa.data`.
+It reads checkpoints through `tapa.model.checkpoint` (`load_model`) and tokenizers through
+`tapa.data`.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
 import torch
 
-from tapa.hf.checkpoint import write_pretrained
+from tapa._paths import check_output_dir, replacing_outputs
+from tapa.hf.checkpoint import MODEL_FILES, TOKENIZER_FILES, write_pretrained
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+EXPORT_MARKER = "tapa_export.json"
+EXPORT_FILES = (*MODEL_FILES, *TOKENIZER_FILES, EXPORT_MARKER)
+_NO_TOKENIZER_HINT = "pass --tokenizer DIR, or --no-tokenizer to export the model alone"
 
 
-def _find_tokenizer(run_config: dict) -> Path | None:
-    """The run corpus' tokenizer.json if its cache still exists (and its sha256 matches)."""
+def run_tokenizer(run_config: dict) -> Path:
+    """The tokenizer.json of the run's token cache, checked against the run's sha256; ValueError
+    saying why when it cannot be found."""
     from tapa.data import DataConfig, find_corpus
+    from tapa._paths import file_sha256
 
     if "data" not in run_config:
-        return None
+        raise ValueError(f"the checkpoint is not inside a run directory, so its tokenizer is unknown; "
+                         f"{_NO_TOKENIZER_HINT}")
     try:
         corpus = find_corpus(DataConfig.from_dict(run_config["data"]))
-    except (ValueError, OSError):
-        return None
+    except (ValueError, OSError) as err:
+        raise ValueError(f"the run's token cache cannot be found ({err}); {_NO_TOKENIZER_HINT}") from err
     if corpus is None:
-        return None
+        raise ValueError("the run's token cache is gone (rebuild it with 'tapa data build' and the "
+                         f"\"data\" settings in the run's config.json); {_NO_TOKENIZER_HINT}")
     path = corpus.tokenizer_dir / "tokenizer.json"
     expected = run_config.get("corpus", {}).get("tokenizer", {}).get("sha256")
-    if not path.is_file() or (expected and hashlib.sha256(path.read_bytes()).hexdigest() != expected):
-        return None
+    if not path.is_file() or (expected and file_sha256(path) != expected):
+        raise ValueError(f"{str(path)!r} is missing or not the tokenizer the run was trained with; "
+                         f"{_NO_TOKENIZER_HINT}")
+    return path
+
+
+def given_tokenizer(tokenizer: str | Path) -> Path:
+    """tokenizer.json of a tokenizer directory, or the file itself."""
+    path = Path(tokenizer)
+    path = path / "tokenizer.json" if path.is_dir() else path
+    if not path.is_file():
+        raise ValueError(f"tokenizer {str(tokenizer)!r}: no tokenizer.json there")
     return path
 
 
@@ -52,40 +72,43 @@ def save_tokenizer(tokenizer_json: Path, out_dir: Path, eot_token: str | None):
 
 
 def export_checkpoint(path: str | Path, out_dir: str | Path, *, tokenizer: str | Path | None = None,
-                      dtype: str = "float32", verify: bool = True) -> Path:
+                      with_tokenizer: bool = True, dtype: str = "float32", verify: bool = True,
+                      overwrite: bool = False) -> Path:
     """Export a run directory (its latest checkpoint) or a checkpoint directory to out_dir.
 
-    tokenizer: a tokenizer directory or tokenizer.json; default: the run's own. Returns out_dir.
+    tokenizer: a tokenizer directory or tokenizer.json; default: the run's own, and an error when
+    it cannot be found, unless with_tokenizer=False. out_dir follows tapa._paths' rule (never a run
+    directory; files of other programs only with overwrite=True); an earlier export there is
+    replaced as a whole, so no file of it (a stale tokenizer) survives. Returns out_dir.
     """
-    from tapa.train.checkpoint import load_model, resolve_checkpoint
+    from tapa.model.checkpoint import load_model, resolve_checkpoint
 
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {list(DTYPES)}, got {dtype!r}")
+    if tokenizer is not None and not with_tokenizer:
+        raise ValueError("--tokenizer and --no-tokenizer contradict each other")
+    out_dir = check_output_dir(out_dir, outputs=EXPORT_FILES, marker=EXPORT_MARKER, overwrite=overwrite,
+                               command="tapa export")
     checkpoint = resolve_checkpoint(path)
     lm, model_cfg, run_config = load_model(checkpoint)
+    tokenizer_json = None
+    if with_tokenizer:
+        tokenizer_json = given_tokenizer(tokenizer) if tokenizer is not None else run_tokenizer(run_config)
     tokenizer_meta = run_config.get("corpus", {}).get("tokenizer", {})
     eot_id = tokenizer_meta.get("eot_id")
-    out_dir = write_pretrained(out_dir, model_cfg, lm.state_dict(), dtype=DTYPES[dtype],
-                               eos_token_id=eot_id, pad_token_id=eot_id, source=str(checkpoint))
-    if tokenizer is not None:
-        tokenizer_json = Path(tokenizer)
-        tokenizer_json = tokenizer_json / "tokenizer.json" if tokenizer_json.is_dir() else tokenizer_json
-        if not tokenizer_json.is_file():
-            raise ValueError(f"tokenizer {str(tokenizer)!r}: no tokenizer.json there")
-    else:
-        tokenizer_json = _find_tokenizer(run_config)
-    if tokenizer_json is not None:
-        save_tokenizer(tokenizer_json, out_dir, tokenizer_meta.get("eot_token"))
-    else:
-        print("tapa export: the run's tokenizer was not found; pass --tokenizer DIR to include one")
-    (out_dir / "tapa_export.json").write_text(json.dumps({
-        "checkpoint": str(checkpoint.resolve()),
-        "step": json.loads((checkpoint / "state.json").read_text()).get("step"),
-        "dtype": dtype,
-        "tokenizer": str(tokenizer_json) if tokenizer_json else None,
-    }, indent=2))
-    if verify:
-        verify_export(lm, out_dir, exact=dtype == "float32")
+    with replacing_outputs(out_dir, EXPORT_FILES) as out_dir:
+        write_pretrained(out_dir, model_cfg, lm.state_dict(), dtype=DTYPES[dtype],
+                         eos_token_id=eot_id, pad_token_id=eot_id, source=str(checkpoint))
+        if tokenizer_json is not None:
+            save_tokenizer(tokenizer_json, out_dir, tokenizer_meta.get("eot_token"))
+        (out_dir / EXPORT_MARKER).write_text(json.dumps({
+            "checkpoint": str(checkpoint.resolve()),
+            "step": json.loads((checkpoint / "state.json").read_text()).get("step"),
+            "dtype": dtype,
+            "tokenizer": str(tokenizer_json) if tokenizer_json else None,
+        }, indent=2))
+        if verify:
+            verify_export(lm, out_dir, exact=dtype == "float32")
     return out_dir
 
 
@@ -111,7 +134,13 @@ def add_arguments(parser) -> None:
                         help="run directory (uses its latest checkpoint) or checkpoint directory")
     parser.add_argument("out_dir", metavar="OUT_DIR", help="transformers model directory to write")
     parser.add_argument("--tokenizer", default=None,
-                        help="tokenizer directory or tokenizer.json (default: the run's own)")
+                        help="tokenizer directory or tokenizer.json (default: the run's own; an error "
+                             "if it is gone)")
+    parser.add_argument("--no-tokenizer", dest="with_tokenizer", action="store_false",
+                        help="export the model without a tokenizer")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="write into OUT_DIR even if it holds files tapa export did not write "
+                             "(never into a run directory)")
     parser.add_argument("--dtype", default="float32", choices=list(DTYPES),
                         help="weight dtype of the export (float32 is lossless)")
     parser.add_argument("--no-verify", dest="verify", action="store_false",
@@ -120,7 +149,8 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     out_dir = export_checkpoint(args.checkpoint, args.out_dir, tokenizer=args.tokenizer,
-                                dtype=args.dtype, verify=args.verify)
+                                with_tokenizer=args.with_tokenizer, dtype=args.dtype,
+                                verify=args.verify, overwrite=args.overwrite)
     checked = "logits checked identical" if args.verify and args.dtype == "float32" else "not bit-checked"
     print(f"exported {args.checkpoint} -> {out_dir} ({checked})")
     print(f"load with: AutoModelForCausalLM.from_pretrained({str(out_dir)!r}, trust_remote_code=True)")

@@ -92,7 +92,8 @@ class AttentionContext:
         total = start + seq_len
         if attention_mask is not None:
             if attention_mask.dim() == 4:
-                raise ValueError("4D attention masks are not supported: pass the 2D 0/1 mask (batch, cached + new)")
+                raise ValueError("4D attention masks are not supported: pass the 2D 0/1 mask "
+                                 "(batch, cached + new)")
             if attention_mask.dim() != 2 or tuple(attention_mask.shape) != (batch, total):
                 raise ValueError(f"attention_mask must be (batch, cached + new tokens) = {(batch, total)}, "
                                  f"got {tuple(attention_mask.shape)}")
@@ -109,11 +110,7 @@ class AttentionContext:
         if position_ids is not None and cfg is not None:
             position_ids = position_ids.to(device).expand(batch, seq_len)
             if cfg.family == "tapa":
-                real = key_mask[:, start:] if key_mask is not None else torch.ones_like(position_ids, dtype=torch.bool)
-                if bool((position_ids != positions[:, start:])[real].any()):
-                    raise ValueError("position_ids disagree with the positions implied by attention_mask; "
-                                     "TAPA computes distances from the attention mask (positions restart "
-                                     "at 0 at each sequence's first real token)")
+                _check_tapa_position_ids(position_ids, positions[:, start:], key_mask, start)
             elif rotates:
                 positions = torch.cat([positions[:, :start], position_ids], dim=1)
                 return cls(start, seq_len, positions, key_mask, left_pad, uniform=False)
@@ -154,6 +151,19 @@ class AttentionContext:
             distance = self.query_positions[:, :, None] - self.positions[:, key_slots][:, None, :]
             seen = seen & (distance < window)
         return seen
+
+
+def _check_tapa_position_ids(position_ids, implied, key_mask, start: int) -> None:
+    """TAPA takes its distances from the mask, so position_ids may only shift a row's positions by a
+    constant (generate gives an empty left-padded prompt's first token position 1, not 0); anything
+    else would be silently ignored, so it is an error."""
+    real = key_mask[:, start:] if key_mask is not None else torch.ones_like(position_ids, dtype=torch.bool)
+    shift = position_ids - implied
+    first = torch.where(real, shift, shift.new_tensor(0)).gather(1, real.long().argmax(1, keepdim=True))
+    if bool(((shift != first) & real).any()):
+        raise ValueError("position_ids disagree with the positions implied by attention_mask; TAPA "
+                         "computes distances from the attention mask (positions restart at 0 at each "
+                         "sequence's first real token and skip masked tokens)")
 
 
 def _left_pad(key_mask: torch.Tensor) -> torch.Tensor | None:
@@ -243,7 +253,8 @@ class Attention(nn.Module):
         if phase is None:
             return main.weight
         heads, dim = main.weight.shape[0] // self.amp_dim, main.weight.shape[1]
-        return torch.cat([main.weight.view(heads, self.amp_dim, dim), phase.weight.view(heads, -1, dim)], 1).view(-1, dim)
+        rows = torch.cat([main.weight.view(heads, self.amp_dim, dim), phase.weight.view(heads, -1, dim)], 1)
+        return rows.view(-1, dim)
 
     def project(self, x):
         """q (B, N, H, D), k and v (B, N, Hk, D) of x (B, N, dim), before any rotation."""
@@ -284,14 +295,19 @@ class Attention(nn.Module):
         """Global TAPA layers; their keys are always the slots 0 .. start + N - 1."""
         cfg = self.cfg
         op_args = dict(theta=cfg.theta, alpha=cfg.alpha, distance=cfg.distance, phase=cfg.phase)
-        # "auto": the split-KV decode kernel on CUDA; "triton" forces it (on CPU, Triton's interpreter)
+        # "auto": the split-KV decode kernel on CUDA; "triton" forces it (on CPU, Triton's
+        # interpreter). It has no backward: training takes the fused op below.
         wanted = cfg.attn_impl == "triton" or (q.is_cuda and cfg.attn_impl == "auto")
+        wanted = wanted and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad))
         kernel = _decode_kernel() if wanted else None
-        if kernel is not None and kernel.supports(q, k, v) and (ctx.key_mask is None or ctx.left_pad is not None):
+        padding_ok = ctx.key_mask is None or ctx.left_pad is not None
+        if kernel is not None and kernel.supports(q, k, v) and padding_ok:
             from tapa.ops import tapa_attention_with_kvcache
 
             lengths = torch.full((q.shape[0],), k.shape[1], dtype=torch.int32, device=q.device)
-            return tapa_attention_with_kvcache(q, k, v, lengths, cache_starts=ctx.left_pad, **op_args)
+            # a left-padded row's queries at padded slots see no key: their outputs are never used
+            return tapa_attention_with_kvcache(q, k, v, lengths, cache_starts=ctx.left_pad, impl="triton",
+                                               check_lengths=ctx.left_pad is None, **op_args)
         if ctx.key_mask is None:
             return tapa_attention(q, k, v, causal=True, q_offset=ctx.start, k_offset=key_slots,
                                   impl=cfg.attn_impl, **op_args)

@@ -18,7 +18,6 @@ missing, truncated or mismatched checkpoint raises CheckpointError naming the fi
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
@@ -26,6 +25,7 @@ from pathlib import Path
 import torch
 
 from tapa._optional import require
+from tapa._paths import file_sha256
 from tapa.model.attention import upgrade_state_dict
 from tapa.model.config import ModelConfig
 from tapa.model.decoder import TapaLM
@@ -39,14 +39,6 @@ RUN_CONFIG = "config.json"
 
 class CheckpointError(ValueError):
     """A checkpoint that is missing, corrupt, or does not fit the model it is loaded into."""
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def read_json(path: str | os.PathLike, what: str = "file") -> dict:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from tapa._config import from_dict
+from tapa._config import documented, from_dict
 from tapa.ops import IMPLS, check_variant
 from tapa.positional.kinds import KINDS, get_kind, model_label
 
@@ -16,42 +16,40 @@ PHASE_MATRICES = ("none", "diagonal", "full")
 LAYER_CODES = {"G": "global", "L": "local"}
 
 
-def _doc(text: str, default=dataclasses.MISSING):
-    """A dataclass field whose help sentence reaches `tapa train --help`."""
-    return field(default=default, metadata={"help": text})
-
-
 @dataclass
 class ModelConfig:
-    vocab_size: int = _doc("Vocabulary size (set from the tokenizer by `tapa train`).", 8192)
-    dim: int = _doc("Model width (residual stream size).", 256)
-    n_layers: int = _doc("Number of decoder blocks.", 4)
-    n_heads: int = _doc("Query heads per layer; head_dim = dim / n_heads.", 4)
-    n_kv_heads: int | None = _doc("Key/value heads (GQA); None: same as n_heads.", None)
-    ffn_dim: int | None = _doc("SwiGLU hidden size; None: ~8/3 * dim rounded up to a multiple of 64.", None)
-    norm_eps: float = _doc("RMSNorm epsilon.", 1e-5)
-    tie_embeddings: bool = _doc("Share the input embedding and the output head.", True)
-    init_std: float = _doc("Standard deviation of the normal weight init.", 0.02)
-    pe: str = _doc("Positional encoding of the global layers (see tapa.positional.kinds).", "tapa")
-    layer_pattern: str = _doc(
-        "Per-layer attention codes, repeated to n_layers: G = global layer with `pe`, L = local "
-        "layer (RoPE inside a causal sliding window of local_window tokens). E.g. LLLG.", "G")
-    local_window: int = _doc("Tokens a local layer's query sees: itself and the local_window - 1 "
-                             "before it.", 256)
+    vocab_size: int = documented(8192, "Vocabulary size (set from the tokenizer by `tapa train`).")
+    dim: int = documented(256, "Model width (residual stream size).")
+    n_layers: int = documented(4, "Number of decoder blocks.")
+    n_heads: int = documented(4, "Query heads per layer; head_dim = dim / n_heads.")
+    n_kv_heads: int | None = documented(None, "Key/value heads (GQA); None: same as n_heads.")
+    ffn_dim: int | None = documented(None, "SwiGLU hidden size; None: ~8/3 * dim rounded up to a "
+                                           "multiple of 64.")
+    norm_eps: float = documented(1e-5, "RMSNorm epsilon.")
+    tie_embeddings: bool = documented(True, "Share the input embedding and the output head.")
+    init_std: float = documented(0.02, "Standard deviation of the normal weight init.")
+    pe: str = documented("tapa", "Positional encoding of the global layers (see tapa.positional.kinds).")
+    layer_pattern: str = documented("G", "Per-layer attention codes, repeated to n_layers: G = global "
+                                    "layer with `pe`, L = local layer (RoPE inside a causal sliding "
+                                    "window of local_window tokens). E.g. LLLG.")
+    local_window: int = documented(256, "Tokens a local layer's query sees: itself and the "
+                                        "local_window - 1 before it.")
     # RoPE family
-    rope_base: float = _doc("RoPE base (global RoPE layers and local layers).", 10000.0)
-    rope_scale: float = _doc("PI / static NTK / YaRN factor of global RoPE layers; 1.0 = no scaling.", 1.0)
-    original_seq_len: int = _doc("The length RoPE scaling refers to (dynamic NTK, YaRN).", 2048)
-    yarn_beta_fast: float = _doc("YaRN: dims rotating more than this many turns are kept.", 32.0)
-    yarn_beta_slow: float = _doc("YaRN: dims rotating fewer turns than this are interpolated.", 1.0)
+    rope_base: float = documented(10000.0, "RoPE base (global RoPE layers and local layers).")
+    rope_scale: float = documented(1.0, "PI / static NTK / YaRN factor of global RoPE layers; "
+                                        "1.0 = no scaling.")
+    original_seq_len: int = documented(2048, "The length RoPE scaling refers to (dynamic NTK, YaRN).")
+    yarn_beta_fast: float = documented(32.0, "YaRN: dims rotating more than this many turns are kept.")
+    yarn_beta_slow: float = documented(1.0, "YaRN: dims rotating fewer turns than this are interpolated.")
     # TAPA
-    theta: float = _doc("TAPA: fraction of head_dim in the amplitude part (d_A = round(theta * D)).", 0.5)
-    alpha: float = _doc("TAPA: distance exponent, f(d) = d ** alpha (or alpha * d for linear).", 0.1)
-    distance: str = _doc("TAPA distance function: power | linear.", "power")
-    phase_init_scale: float = _doc("TAPA: multiplies the phase rows of W_q and W_k at init "
-                                   "(0.1 trains far better than 1.0 at small scale).", 0.1)
-    phase_matrix: str = _doc("TAPA: learnable N in phi = q_P^T N k_P: none | diagonal | full.", "none")
-    attn_impl: str = _doc("TAPA op implementation: auto | triton | reference | naive.", "auto")
+    theta: float = documented(0.5, "TAPA: fraction of head_dim in the amplitude part "
+                                   "(d_A = round(theta * D)).")
+    alpha: float = documented(0.1, "TAPA: distance exponent, f(d) = d ** alpha (or alpha * d for linear).")
+    distance: str = documented("power", "TAPA distance function: power | linear.")
+    phase_init_scale: float = documented(0.1, "TAPA: multiplies the phase rows of W_q and W_k at "
+                                              "init (0.1 trains far better than 1.0 at small scale).")
+    phase_matrix: str = documented("none", "TAPA: learnable N in phi = q_P^T N k_P: none | diagonal | full.")
+    attn_impl: str = documented("auto", "TAPA op implementation: auto | triton | reference | naive.")
 
     def __post_init__(self):
         if self.n_kv_heads is None:
@@ -66,7 +64,8 @@ class ModelConfig:
                 set(self.layer_pattern) - set(LAYER_CODES):
             raise ValueError(f"layer_pattern must be a non-empty string of the codes {list(LAYER_CODES)} "
                              f"(e.g. 'LLLG'), got {self.layer_pattern!r}")
-        if not isinstance(self.local_window, int) or isinstance(self.local_window, bool) or self.local_window < 1:
+        window = self.local_window
+        if not isinstance(window, int) or isinstance(window, bool) or window < 1:
             raise ValueError(f"local_window must be a positive int, got {self.local_window!r}")
         if "L" in self.layer_pattern and self.head_dim % 2:
             raise ValueError(f"local layers use RoPE, which needs an even head_dim, got {self.head_dim}")

@@ -8,14 +8,20 @@ import sys
 import time
 from pathlib import Path
 
+from tapa._paths import check_output_dir, replacing_outputs
 from tapa.theory.monte_carlo import TheoryConfig, measured_sigma_squared, run_monte_carlo
 from tapa.theory.report import plot, summary_table, write_csv, write_readme
 
 
+OUTPUTS = ("theory.csv", "theory.png", "README.md")  # theory.csv marks a folder as this command's
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     defaults = TheoryConfig()
-    parser.add_argument("--out", type=Path, default=Path("results/theory"),
-                        help="output folder for theory.csv, theory.png and README.md")
+    parser.add_argument("--out", type=Path, default=Path("runs/theory"),
+                        help="output folder for theory.csv, theory.png and README.md (default: %(default)s)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="write into --out even if it holds files tapa theory did not write")
     parser.add_argument("--samples", type=int, default=defaults.samples,
                         help="Monte Carlo samples per distance")
     parser.add_argument("--points-per-decade", type=int, default=defaults.points_per_decade,
@@ -44,18 +50,19 @@ def run(args: argparse.Namespace) -> int:
                        phase_std=args.phase_std, samples=args.samples,
                        max_distance=args.max_distance, points_per_decade=args.points_per_decade,
                        seed=args.seed)
+    check_output_dir(args.out, outputs=OUTPUTS, marker=OUTPUTS[0], overwrite=args.overwrite,
+                     command="tapa theory")
     start = time.perf_counter()
     rows = run_monte_carlo(cfg, progress=not args.no_progress)
     sigma2 = measured_sigma_squared(cfg)
     seconds = time.perf_counter() - start
-    args.out.mkdir(parents=True, exist_ok=True)
-    csv_path, png_path, readme_path = (args.out / name for name in
-                                       ("theory.csv", "theory.png", "README.md"))
-    write_csv(rows, csv_path)
-    plot(rows, cfg, png_path)
     command = "tapa theory" + "".join(" " + shlex.quote(a) for a in sys.argv[2:]) \
         if Path(sys.argv[0]).name == "tapa" else "tapa theory (called from Python)"
-    write_readme(readme_path, rows, cfg, command=command, seconds=seconds, measured_sigma2=sigma2)
+    with replacing_outputs(args.out, OUTPUTS) as out:
+        csv_path, png_path, readme_path = (out / name for name in OUTPUTS)
+        write_csv(rows, csv_path)
+        plot(rows, cfg, png_path)
+        write_readme(readme_path, rows, cfg, command=command, seconds=seconds, measured_sigma2=sigma2)
     print(summary_table(rows, cfg))
     print(f"\n{len(rows)} estimates in {seconds:.1f} s. "
           f"Wrote {csv_path}, {png_path}, {readme_path}")

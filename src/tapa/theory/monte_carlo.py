@@ -60,9 +60,9 @@ import torch
 
 from tapa.ops.reference import split_dims, tapa_logits
 from tapa.positional import apply_rope, rope_cos_sin, rope_inv_freq
+from tapa.positional.kinds import get_kind
 
 METHODS = ("rope", "tapa", "tapa-linear-phase")
-_PHASE_OF = {"tapa": "quadratic", "tapa-linear-phase": "linear"}
 
 
 @dataclass
@@ -145,7 +145,7 @@ def method_logits(method: str, q: torch.Tensor, k: torch.Tensor, distance: int,
     amp_dim, _ = cfg.dims
     logits = tapa_logits(q[:, None, :], k[:, None, :], torch.tensor([distance]), torch.tensor([0]),
                          amp_dim=amp_dim, alpha=cfg.alpha, distance="power",
-                         phase=_PHASE_OF[method])
+                         phase=get_kind(method).phase)
     return logits.reshape(-1)
 
 
@@ -213,8 +213,8 @@ def exact_moments(method: str, distance: int, cfg: TheoryConfig) -> tuple[float,
     amp_dim, _ = cfg.dims
     amp_mean = math.sqrt(amp_dim) * cfg.amp_mean_q * cfg.amp_mean_k
     omega = 2 * math.pi * distance**cfg.alpha
-    char = _phase_char(cfg, _PHASE_OF[method], omega)
-    char_double = _phase_char(cfg, _PHASE_OF[method], 2 * omega)
+    char = _phase_char(cfg, get_kind(method).phase, omega)
+    char_double = _phase_char(cfg, get_kind(method).phase, 2 * omega)
     return amp_mean * char, sigma_squared(cfg) * (1 + char_double) / 2 - amp_mean**2 * char**2
 
 

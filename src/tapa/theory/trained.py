@@ -331,7 +331,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    from tapa.train import load_model
+    from tapa.model.checkpoint import load_model
 
     device = "cpu" if args.device == "cuda" and not torch.cuda.is_available() else args.device
     rows = []

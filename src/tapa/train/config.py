@@ -23,10 +23,10 @@ try:  # Python 3.11+
 except ModuleNotFoundError:  # pragma: no cover - Python 3.10
     tomllib = None
 
-from tapa._config import check_types, from_dict
+from tapa._config import check_types, documented, from_dict
 from tapa.data import DataConfig
 from tapa.model import ModelConfig
-from tapa.model.config import PE_CHOICES
+from tapa.positional.kinds import KINDS, ROPE_FAMILY
 
 PRECISIONS = ("auto", "fp32", "bf16")
 PARALLEL_MODES = ("auto", "none", "ddp", "fsdp")
@@ -47,10 +47,6 @@ FLOAT_FIELDS = ("lr", "phase_lr_scale", "min_lr_ratio", "weight_decay", "beta1",
                 "grad_clip", "passkey_fraction")
 
 
-def _field(default, help: str, **kwargs):
-    return dataclasses.field(default=default, metadata={"help": help}, **kwargs)
-
-
 @dataclass
 class TrainConfig:
     """How to train. Batch sizes count sequences of `seq_len` tokens.
@@ -63,51 +59,51 @@ class TrainConfig:
     lr * phase_lr_scale (their own optimizer parameter groups).
     """
 
-    name: str = _field("run", "run name, used in the default run directory and in plots")
-    run_dir: str | None = _field(None, "where the run's config, metrics and checkpoints go "
+    name: str = documented("run", "run name, used in the default run directory and in plots")
+    run_dir: str | None = documented(None, "where the run's config, metrics and checkpoints go "
                                        "(None: runs/<name>-<pe>-<seq_len>)")
-    seq_len: int = _field(256, "training sequence length in tokens")
-    batch_size: int = _field(8, "global batch per optimizer step, in sequences, whatever the "
+    seq_len: int = documented(256, "training sequence length in tokens")
+    batch_size: int = documented(8, "global batch per optimizer step, in sequences, whatever the "
                                 "number of processes")
-    micro_batch_size: int | None = _field(None, "sequences one process feeds the model at once; "
+    micro_batch_size: int | None = documented(None, "sequences one process feeds the model at once; "
                                                 "gradient accumulation makes up the batch (None: "
                                                 "batch_size / number of processes)")
-    steps: int = _field(200, "optimizer steps of the run; the learning-rate schedule ends here")
-    stop_after: int | None = _field(None, "stop (with a checkpoint) after this step, keeping the "
+    steps: int = documented(200, "optimizer steps of the run; the learning-rate schedule ends here")
+    stop_after: int | None = documented(None, "stop (with a checkpoint) after this step, keeping the "
                                           "schedule of `steps`; resume later with --resume")
-    lr: float = _field(1e-3, "peak learning rate (AdamW), reached after warmup_steps")
-    phase_lr_scale: float = _field(0.1, "multiplies the learning rate of the TAPA phase rows of "
+    lr: float = documented(1e-3, "peak learning rate (AdamW), reached after warmup_steps")
+    phase_lr_scale: float = documented(0.1, "multiplies the learning rate of the TAPA phase rows of "
                                         "W_q/W_k and of a learnable phase matrix N; 1.0 = one "
                                         "learning rate for all parameters")
-    min_lr_ratio: float = _field(0.1, "the cosine schedule ends at lr * min_lr_ratio")
-    warmup_steps: int = _field(20, "steps of linear learning-rate warmup from lr / warmup_steps")
-    weight_decay: float = _field(0.1, "AdamW weight decay on matrices and embeddings (none on "
+    min_lr_ratio: float = documented(0.1, "the cosine schedule ends at lr * min_lr_ratio")
+    warmup_steps: int = documented(20, "steps of linear learning-rate warmup from lr / warmup_steps")
+    weight_decay: float = documented(0.1, "AdamW weight decay on matrices and embeddings (none on "
                                       "norms and vectors)")
-    beta1: float = _field(0.9, "AdamW beta1")
-    beta2: float = _field(0.95, "AdamW beta2")
-    grad_clip: float = _field(1.0, "clip the global gradient norm to this; 0 disables clipping")
-    seed: int = _field(0, "seed of the initial weights and of the data order")
-    precision: str = _field("auto", "auto: bf16 autocast on CUDA, fp32 on CPU")
-    compile: bool = _field(False, "torch.compile each decoder block")
-    parallel: str = _field("auto", "data parallelism under torchrun; auto: ddp with more than "
+    beta1: float = documented(0.9, "AdamW beta1")
+    beta2: float = documented(0.95, "AdamW beta2")
+    grad_clip: float = documented(1.0, "clip the global gradient norm to this; 0 disables clipping")
+    seed: int = documented(0, "seed of the initial weights and of the data order")
+    precision: str = documented("auto", "auto: bf16 autocast on CUDA, fp32 on CPU")
+    compile: bool = documented(False, "torch.compile each decoder block")
+    parallel: str = documented("auto", "data parallelism under torchrun; auto: ddp with more than "
                                    "one process, else none")
-    device: str = _field("auto", "torch device; auto: cuda:<local rank> if CUDA is available, "
+    device: str = documented("auto", "torch device; auto: cuda:<local rank> if CUDA is available, "
                                  "else cpu")
-    log_every: int = _field(10, "write a metrics record (mean training loss since the previous "
+    log_every: int = documented(10, "write a metrics record (mean training loss since the previous "
                                 "one) every this many steps")
-    eval_every: int = _field(100, "validation loss every this many steps (0: only at the end)")
-    eval_batches: int = _field(4, "validation batches (of batch_size sequences) per evaluation")
-    save_every: int = _field(100, "checkpoint every this many steps (0: only at the end)")
-    keep_checkpoints: int = _field(2, "how many of the newest checkpoints to keep")
-    init_from: str | None = _field(None, "continual pretraining: start from the weights of this "
+    eval_every: int = documented(100, "validation loss every this many steps (0: only at the end)")
+    eval_batches: int = documented(4, "validation batches (of batch_size sequences) per evaluation")
+    save_every: int = documented(100, "checkpoint every this many steps (0: only at the end)")
+    keep_checkpoints: int = documented(2, "how many of the newest checkpoints to keep")
+    init_from: str | None = documented(None, "continual pretraining: start from the weights of this "
                                          "run or checkpoint directory (its model config; flags "
                                          "may change only what continual pretraining allows)")
-    resume: bool = _field(False, "continue the run in run_dir from its latest checkpoint, "
+    resume: bool = documented(False, "continue the run in run_dir from its latest checkpoint, "
                                  "exactly as if uninterrupted")
-    passkey_fraction: float = _field(0.0, "share of training sequences replaced by passkey "
+    passkey_fraction: float = documented(0.0, "share of training sequences replaced by passkey "
                                           "retrieval samples")
-    progress: bool = _field(True, "show a progress bar")
-    plot: bool = _field(True, "write a loss-curve PNG into the run directory (needs matplotlib)")
+    progress: bool = documented(True, "show a progress bar")
+    plot: bool = documented(True, "write a loss-curve PNG into the run directory (needs matplotlib)")
 
     def __post_init__(self) -> None:
         self.validate()
@@ -262,7 +258,7 @@ def default_run_dir(train_cfg: TrainConfig, model_cfg: ModelConfig) -> Path:
 # Continual pretraining and resume: what may change
 
 def _rope_family(pe: str) -> bool:
-    return PE_CHOICES[pe][0] == "rope"
+    return pe in KINDS and KINDS[pe].family == "rope"
 
 
 def continual_model_config(base: ModelConfig, requested: dict) -> ModelConfig:
@@ -281,13 +277,13 @@ def continual_model_config(base: ModelConfig, requested: dict) -> ModelConfig:
             continue
         if field in CONTINUAL_MUTABLE:
             values[field] = value
-        elif field == "pe" and _rope_family(base.pe) and value in PE_CHOICES and _rope_family(value):
+        elif field == "pe" and _rope_family(base.pe) and _rope_family(value):
             values[field] = value
         else:
             raise ValueError(
                 f"continual pretraining keeps the checkpoint's {field}={values[field]!r}; "
                 f"got {field}={value!r}. Only the RoPE-family scaling ({', '.join(CONTINUAL_MUTABLE)}, "
-                "and pe within rope/rope-pi/rope-ntk/rope-dynamic-ntk/rope-yarn) may change")
+                f"and pe within {'/'.join(ROPE_FAMILY)}) may change")
     return ModelConfig.from_dict(values)
 
 

@@ -1,0 +1,118 @@
+"""Where commands write: one rule for every output directory, and what a run directory is.
+
+The rule (`check_output_dir`, called before the command does any work):
+- a path that is a file is refused;
+- a training run directory is refused, always: writing there would replace the run's config.json;
+- a directory holding anything this command does not write, or lacking the command's marker file
+  (so a directory with a config.json of another program's model is not taken for ours), is refused
+  unless the user passes --overwrite;
+- an absent or empty directory, or an earlier output of the same command, is fine.
+
+`replacing_outputs` then writes: the command's earlier outputs are moved aside first, so a file the
+new run does not write (a stale tokenizer, an old passkey plot) does not survive it, and restored
+if the new run fails half-way.
+
+This module imports nothing from the rest of tapa, so every layer may use it.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import os
+import shutil
+import uuid
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator, Sequence
+
+RUN_CONFIG = "config.json"
+RUN_CHECKPOINTS = "checkpoints"
+_ASIDE = ".tapa-replaced-"  # earlier outputs while a command rewrites them (left behind by a kill)
+
+
+def is_run_dir(path: str | os.PathLike) -> bool:
+    """A training run directory: config.json and checkpoints/ (what `tapa train` writes)."""
+    path = Path(path)
+    return (path / RUN_CONFIG).is_file() and (path / RUN_CHECKPOINTS).is_dir()
+
+
+def run_dirs_inside(path: str | os.PathLike) -> list[Path]:
+    """The run directories directly inside `path`, sorted (e.g. the rope/ and tapa/ of a demo)."""
+    path = Path(path)
+    if not path.is_dir():
+        return []
+    return sorted(child for child in path.iterdir() if child.is_dir() and is_run_dir(child))
+
+
+def set_default_mode(path: str | os.PathLike) -> None:
+    """Give a file the permissions of a newly created one (0666 less the umask): some writers
+    (safetensors) create their files 0600, unreadable to the rest of a shared machine."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
+
+
+def _matches(name: str, outputs: Sequence[str]) -> bool:
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in outputs)
+
+
+def check_output_dir(path: str | os.PathLike, *, outputs: Sequence[str], marker: str,
+                     overwrite: bool = False, command: str = "tapa") -> Path:
+    """Refuse an output directory this command should not write into (see the module docstring).
+
+    outputs: the names (fnmatch patterns) the command writes there; marker: the file among them
+    that only this command writes. Raises ValueError naming the directory and what to do.
+    """
+    path = Path(path).expanduser()
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"output directory {str(path)!r} is a file; choose a directory")
+    if is_run_dir(path):
+        raise ValueError(f"{str(path)!r} is a training run directory ({RUN_CONFIG} + {RUN_CHECKPOINTS}/); "
+                         f"{command} would overwrite its files: choose another output directory")
+    if not path.is_dir() or overwrite:
+        return path
+    entries = sorted(entry.name for entry in path.iterdir() if not entry.name.startswith(_ASIDE))
+    foreign = [name for name in entries if not _matches(name, outputs)]
+    if entries and (foreign or marker not in entries):
+        shown = foreign or entries
+        listing = ", ".join(shown[:5]) + (f" and {len(shown) - 5} more" if len(shown) > 5 else "")
+        raise ValueError(f"output directory {str(path)!r} holds files {command} did not write ({listing}); "
+                         "choose an empty or new directory, or pass --overwrite to write there anyway")
+    return path
+
+
+@contextmanager
+def replacing_outputs(path: str | os.PathLike, outputs: Sequence[str]) -> Iterator[Path]:
+    """Create `path`; move its entries matching `outputs` aside while the body writes the new ones;
+    drop them on success, put them back (and remove the partial new ones) on failure."""
+    path = Path(path).expanduser()
+    path.mkdir(parents=True, exist_ok=True)
+    for leftover in path.glob(f"{_ASIDE}*"):
+        shutil.rmtree(leftover, ignore_errors=True)
+    aside = path / f"{_ASIDE}{uuid.uuid4().hex[:8]}"
+    previous = [entry.name for entry in path.iterdir() if _matches(entry.name, outputs)]
+    if previous:
+        aside.mkdir()
+        for name in previous:
+            os.replace(path / name, aside / name)
+    try:
+        yield path
+    except BaseException:
+        for entry in path.iterdir():
+            if _matches(entry.name, outputs):
+                shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+        for name in previous:
+            os.replace(aside / name, path / name)
+        raise
+    finally:
+        shutil.rmtree(aside, ignore_errors=True)
+
+
+def file_sha256(path: Path) -> str:
+    """The sha256 hex digest of a file, read in 4 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()

@@ -1,0 +1,120 @@
+"""A user's mistake ends in one line on stderr and exit status 1, never a traceback; --debug and
+TAPA_DEBUG=1 show the traceback."""
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tapa.cli import main
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+
+def fail(argv, match):
+    """main(argv) must end with one `tapa CMD: error: ...` line matching `match`."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    message = str(exit_info.value.code)
+    assert message.startswith(f"tapa {argv[0]}: error: ") and "\n" not in message, message
+    assert re.search(match, message), message
+    return message
+
+
+def test_missing_and_non_run_directories(tmp_path):
+    fail(["eval", str(tmp_path / "missing")], "RUN_DIR .*missing' does not exist")
+    fail(["eval", str(tmp_path)], "is not a training run directory .* and holds none")
+    (tmp_path / "config.json").write_text("{}")  # a run that never saved a checkpoint
+    fail(["eval", str(tmp_path)], "checkpoints/latest")
+    (tmp_path / "config.json").write_text('{"model": {"di')  # a truncated config
+    fail(["eval", str(tmp_path)], "config.json' is damaged")
+    fail(["export", str(tmp_path / "missing"), str(tmp_path / "out")], "does not exist")
+    fail(["report", str(tmp_path / "missing")], "no evaluation results")
+
+
+def test_output_path_that_is_a_file(tmp_path):
+    (tmp_path / "file").write_text("mine")
+    fail(["theory", "--out", str(tmp_path / "file"), "--samples", "100"], "is a file")
+    fail(["report", str(tmp_path), "--out", str(tmp_path / "file")], "is a file")
+    assert (tmp_path / "file").read_text() == "mine"
+
+
+def test_theory_refuses_a_folder_of_other_files_and_writes_under_runs_by_default(tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    fail(["theory", "--out", str(tmp_path), "--samples", "100"],
+         r"holds files tapa theory did not write \(notes.txt\).*--overwrite")
+    from tapa.theory.command import add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert str(parser.parse_args([]).out) == "runs/theory"
+    assert "(default: runs/theory)" in parser.format_help()
+
+
+def test_errors_of_every_user_kind_are_one_line(tmp_path, monkeypatch):
+    import tapa.theory.command as theory
+    from tapa.train.checkpoint import CheckpointError
+
+    for error in (PermissionError(13, "Permission denied", str(tmp_path / "x")),
+                  IsADirectoryError(21, "Is a directory", str(tmp_path)),
+                  CheckpointError("checkpoint file 'a/model.safetensors' is corrupt (sha256 mismatch)"),
+                  ValueError("alpha must be > 0\nline two")):
+        def raise_it(args, error=error):
+            raise error
+        monkeypatch.setattr(theory, "run", raise_it)
+        message = fail(["theory"], ".")
+        assert str(error).split("\n")[0] in message
+    # a bug is not a user error: its traceback stays
+    monkeypatch.setattr(theory, "run", lambda args: {}["missing"])
+    with pytest.raises(KeyError):
+        main(["theory"])
+
+
+def test_debug_flag_and_variable_show_the_traceback(tmp_path, monkeypatch):
+    with pytest.raises(ValueError, match="does not exist"):
+        main(["eval", str(tmp_path / "missing"), "--debug"])
+    with pytest.raises(ValueError, match="does not exist"):
+        main(["--debug", "eval", str(tmp_path / "missing")])
+    monkeypatch.setenv("TAPA_DEBUG", "1")
+    with pytest.raises(ValueError, match="does not exist"):
+        main(["eval", str(tmp_path / "missing")])
+
+
+def test_from_a_shell(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    env.pop("TAPA_DEBUG", None)
+    command = [sys.executable, "-m", "tapa", "eval", str(tmp_path / "missing")]
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 1 and result.stdout == ""
+    assert result.stderr.startswith("tapa eval: error: RUN_DIR") and result.stderr.count("\n") == 1
+
+
+def test_help_lists_each_command_in_one_line_and_every_out_shows_its_default(capsys):
+    from tapa.cli import COMMANDS
+
+    assert main([]) == 2 and "commands:" in capsys.readouterr().out  # the full help, not a usage error
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    listing = capsys.readouterr().out.split("commands:\n")[1]
+    for name in COMMANDS:
+        described = [line for line in listing.splitlines() if line.split()[:1] == [name]]
+        assert len(described) == 1 and len(described[0].split()) > 3, name
+    for command in (["eval"], ["report"], ["theory"], ["demo"], ["bench", "attention"], ["bench", "decode"],
+                    ["bench", "model"]):
+        with pytest.raises(SystemExit):
+            main([*command, "--help"])
+        text = " ".join(capsys.readouterr().out.split())
+        out_help = text.split("--out OUT ")[1].split(" --")[0]  # the option, not the usage line
+        assert "(default: " in out_help and "results/" not in out_help, (command, out_help)
+
+
+def test_results_json_of_another_kind_is_a_clear_error(tmp_path):
+    (tmp_path / "results.json").write_text(json.dumps({"kind": "other"}))
+    fail(["report", str(tmp_path), "--out", str(tmp_path / "out")], "is not a tapa eval results file")
+    (tmp_path / "results.json").write_text("{trunc")
+    fail(["report", str(tmp_path), "--out", str(tmp_path / "out")], "is not valid JSON")
