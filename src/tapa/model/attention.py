@@ -125,8 +125,10 @@ class AttentionContext:
         the config's RoPE method for global ones."""
         key = (local, cfg.rope_method, cfg.rope_scale)
         if key not in self.tables:
-            rows = self.query_positions[:1] if self.uniform else self.query_positions
-            pairs = [_cos_sin(cfg, local, row) for row in rows]
+            if self.uniform:  # the length is known on the host: no device sync
+                pairs = [_cos_sin(cfg, local, self.query_positions[0], self.start + self.seq_len)]
+            else:
+                pairs = [_cos_sin(cfg, local, row, int(row.max()) + 1) for row in self.query_positions]
             self.tables[key] = (torch.cat([cos for cos, _ in pairs]), torch.cat([sin for _, sin in pairs]))
         cos, sin = self.tables[key]
         if self.uniform:
@@ -174,13 +176,13 @@ def _left_pad(key_mask: torch.Tensor) -> torch.Tensor | None:
     return (mask == 0).sum(-1).to(torch.int32)
 
 
-def _cos_sin(cfg: ModelConfig, local: bool, row: torch.Tensor):
-    """cos/sin (len, D) of one row of positions. The frequencies follow the row's length (dynamic
-    NTK depends on it)."""
+def _cos_sin(cfg: ModelConfig, local: bool, row: torch.Tensor, length: int):
+    """cos/sin (len, D) of one row of positions; the frequencies follow the sequence's length
+    (dynamic NTK depends on it)."""
     inv_freq, attention_factor = rope_frequencies(
         "rope" if local else cfg.rope_method, cfg.head_dim, base=cfg.rope_base,
         factor=1.0 if local else cfg.rope_scale, original_seq_len=cfg.original_seq_len,
-        seq_len=int(row.max()) + 1, beta_fast=cfg.yarn_beta_fast, beta_slow=cfg.yarn_beta_slow)
+        seq_len=length, beta_fast=cfg.yarn_beta_fast, beta_slow=cfg.yarn_beta_slow)
     return rope_cos_sin(inv_freq, row, attention_factor)
 
 
