@@ -11,7 +11,7 @@ import tapa
 
 # command -> (module, one-line help)
 COMMANDS = {
-    "demo": ("tapa.eval.demo", "train a small RoPE and a small TAPA model, compare them past the training length"),
+    "demo": ("tapa.eval.demo", "train small RoPE, TAPA and TAPA-hybrid models, compare them past the training length"),
     "theory": ("tapa.theory.command", "Monte Carlo of logit mean/variance vs distance (RoPE vs TAPA)"),
     "data": ("tapa.data.command", "build or inspect the tokenized corpus cache"),
     "train": ("tapa.train.command", "pretrain or continue pretraining a model"),
