@@ -92,10 +92,11 @@ def test_demo_tiny_runs_end_to_end(tmp_path, monkeypatch, capsys):
         assert config["train"]["lr"] == tiny.lr[model.name] and config["train"]["phase_lr_scale"] == 0.1
         assert (config["model"]["pe"], config["model"]["layer_pattern"]) == (model.pe, model.layer_pattern)
         assert config["model"]["n_layers"] == tiny.n_layers and config["model"]["local_window"] == 16
-    # the corpus size and the epochs are reported, from the corpus manifest
+    # the corpus size and the epochs are reported, from the runs' data plan
     corpus = results["settings"]["corpus"]
-    assert corpus["tokens_per_model"] == tiny.steps * tiny.batch_size * tiny.seq_len == 512
-    assert corpus["train_tokens"] > 0 and corpus["epochs"] == pytest.approx(512 / corpus["train_tokens"])
+    assert corpus["run_tokens"] == tiny.steps * tiny.batch_size * tiny.seq_len == 512
+    assert corpus["train_tokens"] > 1000 and corpus["val_tokens"] > 0 and corpus["test_tokens"] > 0
+    assert corpus["epochs"] == pytest.approx(512 / corpus["train_tokens"], rel=0.02)
     assert f"{corpus['train_tokens'] / 1e6:.2f}M train tokens" in printed and " epochs" in printed
     with pytest.raises(ValueError, match="--force"):
         main(["demo", "--tiny", "--out", str(out), "--no-progress", "--device", "cpu"])

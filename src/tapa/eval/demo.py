@@ -98,7 +98,8 @@ class DemoProfile:
 
 PROFILES = {
     # 700 steps keep three 4-layer models within 10 minutes on 2 cores; 5 MB of text is about one
-    # epoch of the 1.43M training tokens
+    # epoch of the 1.43M training tokens. lr: each family's best of 2e-3 / 4e-3 at this profile
+    # (results/demo-cpu/README.md); 4e-3, the edge of that sweep, won for all three
     "cpu": DemoProfile(
         name="cpu", vocab_size=2048, max_train_bytes=5_000_000, tokenizer_train_bytes=None,
         dim=128, n_layers=4, n_heads=4, phase_init_scale=0.1,
@@ -159,19 +160,20 @@ def demo_configs(profile: DemoProfile, model: DemoModel, run_dir: Path, device: 
     return train_cfg, model_cfg, _data_config(profile, cache_dir)
 
 
-def corpus_summary(corpus, profile: DemoProfile) -> dict:
-    """Token counts of the corpus splits and how many passes over the train split a model makes."""
-    splits = corpus.manifest["splits"]
-    train_tokens = splits["train"]["tokens"]
-    return {"train_tokens": train_tokens, "val_tokens": splits["val"]["tokens"],
-            "test_tokens": splits["test"]["tokens"], "tokens_per_model": profile.tokens_per_model,
-            "epochs": profile.tokens_per_model / max(1, train_tokens)}
+def corpus_summary(run_dir: Path) -> dict:
+    """What a demo run read, from its config.json: the trainer's data plan (train_tokens,
+    run_tokens, epochs, ...) and the token counts of the held-out splits."""
+    import json
+
+    config = json.loads((Path(run_dir) / "config.json").read_text())
+    splits = config["corpus"]["splits"]
+    return {**config["data_plan"], "val_tokens": splits["val"]["tokens"], "test_tokens": splits["test"]["tokens"]}
 
 
 def describe_corpus(summary: dict) -> str:
     return (f"Corpus: {summary['train_tokens'] / 1e6:.2f}M train tokens (val {summary['val_tokens'] / 1e6:.2f}M, "
-            f"test {summary['test_tokens'] / 1e6:.2f}M); each model trains on "
-            f"{summary['tokens_per_model'] / 1e6:.2f}M tokens = {summary['epochs']:.2f} epochs")
+            f"test {summary['test_tokens'] / 1e6:.2f}M); each model read {summary['run_tokens'] / 1e6:.2f}M "
+            f"tokens = {summary['epochs']:.2f} epochs")
 
 
 def run_demo(profile: DemoProfile, out_dir: str | Path, *, device: torch.device, progress: bool = True,
@@ -191,8 +193,6 @@ def run_demo(profile: DemoProfile, out_dir: str | Path, *, device: torch.device,
     tick = time.perf_counter()
     corpus = build_corpus(_data_config(profile, cache_dir), progress=progress)
     profile = dataclasses.replace(profile, vocab_size=corpus.vocab_size)
-    corpus_info = corpus_summary(corpus, profile)
-    log(describe_corpus(corpus_info))
     stage_seconds["corpus"] = time.perf_counter() - tick
 
     run_dirs = {}
@@ -214,7 +214,8 @@ def run_demo(profile: DemoProfile, out_dir: str | Path, *, device: torch.device,
     per_run = [evaluate_run(run_dirs[model.name], options, device=device) for model in DEMO_MODELS]
     stage_seconds["evaluate"] = time.perf_counter() - tick
     results = merge_results(per_run, command=command)
-    results["settings"] = {"profile": dataclasses.asdict(profile), "corpus": corpus_info,
+    results["settings"] = {"profile": dataclasses.asdict(profile),
+                           "corpus": corpus_summary(run_dirs[DEMO_MODELS[0].name]),
                            "stage_seconds": stage_seconds, "wall_seconds": time.perf_counter() - started,
                            "final_val_loss": {model.name: _final_val_loss(run_dirs[model.name])
                                               for model in DEMO_MODELS}}
