@@ -69,19 +69,58 @@ def test_report_merges_runs(tiny_runs, tmp_path):
 
 
 def test_demo_tiny_runs_end_to_end(tmp_path, monkeypatch, capsys):
+    from tapa.eval.demo import DEMO_MODELS, PROFILES
+
     monkeypatch.setenv("TAPA_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "demo"
     assert main(["demo", "--tiny", "--out", str(out), "--no-progress", "--device", "cpu"]) == 0
     printed = capsys.readouterr().out
-    assert "| RoPE |" in printed and "| TAPA |" in printed and "perplexity.png" in printed
+    hybrid = "TAPA hybrid (LLLG, w16)"  # the tiny profile trains at 32: window = half of it
+    assert "| RoPE |" in printed and "| TAPA |" in printed and f"| {hybrid} |" in printed
+    assert "| RoPE+YaRN |" in printed and "perplexity.png" in printed
     assert "over perplexity at the training length: RoPE " in printed
     results = json.loads((out / "results.json").read_text())
-    assert {m["label"] for m in results["methods"]} >= {"RoPE", "RoPE+PI", "RoPE+YaRN", "TAPA"}
+    labels = [m["label"] for m in results["methods"]]
+    assert set(labels) >= {"RoPE", "RoPE+PI", "RoPE+YaRN", "TAPA", hybrid} and len(labels) == len(set(labels))
     assert results["settings"]["profile"]["name"] == "tiny"
     assert results["command"] == f"tapa demo --tiny --out {out} --device cpu"
     assert (out / "perplexity.png").stat().st_size > 0
+    # every model trained with the profile's recipe: its lr, the TAPA phase rows at 0.1x, its pattern
+    tiny = PROFILES["tiny"]
+    for model in DEMO_MODELS:
+        config = json.loads((out / model.name / "config.json").read_text())
+        assert config["train"]["lr"] == tiny.lr[model.name] and config["train"]["phase_lr_scale"] == 0.1
+        assert (config["model"]["pe"], config["model"]["layer_pattern"]) == (model.pe, model.layer_pattern)
+        assert config["model"]["n_layers"] == tiny.n_layers and config["model"]["local_window"] == 16
+    # the corpus size and the epochs are reported, from the runs' data plan
+    corpus = results["settings"]["corpus"]
+    assert corpus["run_tokens"] == tiny.steps * tiny.batch_size * tiny.seq_len == 512
+    assert corpus["train_tokens"] > 1000 and corpus["val_tokens"] > 0 and corpus["test_tokens"] > 0
+    assert corpus["epochs"] == pytest.approx(512 / corpus["train_tokens"], rel=0.02)
+    assert f"{corpus['train_tokens'] / 1e6:.2f}M train tokens" in printed and " epochs" in printed
     with pytest.raises(SystemExit, match="^tapa demo: error: .*--force"):
         main(["demo", "--tiny", "--out", str(out), "--no-progress", "--device", "cpu"])
+
+
+@pytest.mark.parametrize("name", ["tiny", "cpu", "cuda"])
+def test_demo_profiles_train_every_model_with_a_real_hybrid(name):
+    """Every model has an lr; the hybrid's window is half the training length and its pattern
+    leaves at least one global TAPA layer; the cuda profile uses the toy study's learning rates."""
+    from tapa.eval.demo import DEMO_MODELS, PROFILES, demo_configs
+
+    profile = PROFILES[name]
+    assert profile.local_window == profile.seq_len // 2 and profile.phase_lr_scale == 0.1
+    labels = []
+    for model in DEMO_MODELS:
+        train_cfg, model_cfg, _ = demo_configs(profile, model, "unused", "cpu", False, None)
+        assert train_cfg.lr == profile.lr[model.name] and train_cfg.phase_lr_scale == 0.1
+        kinds = [model_cfg.layer_kind(i) for i in range(model_cfg.n_layers)]
+        assert "global" in kinds and model_cfg.is_hybrid == (model.name == "hybrid")
+        labels.append(model_cfg.label)
+    assert labels == ["RoPE", "TAPA", f"TAPA hybrid (LLLG, w{profile.seq_len // 2})"]
+    if name == "cuda":  # results/toy-study/lr_sweep.md
+        assert profile.lr == {"rope": 1e-3, "tapa": 2e-3, "hybrid": 1e-3} and profile.seq_len == 512
+        assert profile.include_site_packages
 
 
 def test_table_marks_continual_runs_and_mixed_training_lengths():
