@@ -16,7 +16,6 @@ default kernel in the same cases; `--combine-best` times the combination of the 
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime
 import itertools
 import platform
@@ -25,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from tapa.bench.kernel_report import write_csv
 from tapa.ops import tapa_attention
 from tapa.ops.reference import chunked_tapa_attention, naive_tapa_attention
 
@@ -319,16 +319,6 @@ def sweep(n=16384, head_dim=128, tokens=65536, heads=16):
 # Output
 
 
-def _write_csv(path, rows):
-    if not rows:
-        return
-    fields = list(dict.fromkeys(key for row in rows for key in row))
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=fields, restval="")
-        writer.writeheader()
-        writer.writerows(rows)
-
-
 def _first_rounds(rows):
     """The rows without a case's second round (time_combination re-times the default; the second
     round shows only in the variants table)."""
@@ -457,11 +447,11 @@ def run(args) -> int:
         variant_errors = attention_variants.accuracy_rows({"default": {}, **variants}, args.check_len,
                                                           max(args.head_dims), args.theta, args.heads)
     args.out.mkdir(parents=True, exist_ok=True)
-    _write_csv(args.out / "attention_errors.csv", error_rows + variant_errors)
+    write_csv(args.out / "attention_errors.csv", error_rows + variant_errors)
     state = dict(variants=variants, combined=None)
 
     def write(rows):
-        _write_csv(args.out / "attention.csv", rows)
+        write_csv(args.out / "attention.csv", rows)
         variants_md = attention_variants.markdown(rows, state["variants"], variant_errors,
                                                   state["combined"])
         (args.out / "attention.md").write_text(_markdown(rows, error_rows, long_range, header,
@@ -477,7 +467,7 @@ def run(args) -> int:
             rows, variants, variant_errors, state, args, modes,
             on_case=lambda more: write(rows + more))
         write(rows)
-        _write_csv(args.out / "attention_errors.csv", error_rows + variant_errors)
+        write_csv(args.out / "attention_errors.csv", error_rows + variant_errors)
     if rows:
         _plot([r for r in _first_rounds(rows) if not r["impl"].startswith("tapa:")],
               args.out / "attention_tflops.png")
