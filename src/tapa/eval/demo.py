@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -142,7 +143,7 @@ def _data_config(profile: DemoProfile, cache_dir: str | None):
 
 
 def demo_configs(profile: DemoProfile, model: DemoModel, run_dir: Path, device: torch.device, progress: bool,
-             cache_dir: str | None):
+                 cache_dir: str | None):
     """(TrainConfig, ModelConfig, DataConfig) of one demo model."""
     from tapa.model import ModelConfig
     from tapa.train import TrainConfig
@@ -163,8 +164,6 @@ def demo_configs(profile: DemoProfile, model: DemoModel, run_dir: Path, device: 
 def corpus_summary(run_dir: Path) -> dict:
     """What a demo run read, from its config.json: the trainer's data plan (train_tokens,
     run_tokens, epochs, ...) and the token counts of the held-out splits."""
-    import json
-
     config = json.loads((Path(run_dir) / "config.json").read_text())
     splits = config["corpus"]["splits"]
     return {**config["data_plan"], "val_tokens": splits["val"]["tokens"], "test_tokens": splits["test"]["tokens"]}
@@ -225,8 +224,6 @@ def run_demo(profile: DemoProfile, out_dir: str | Path, *, device: torch.device,
 
 def _final_val_loss(run_dir: Path) -> float | None:
     """The last validation loss the trainer logged (metrics.jsonl), if any."""
-    import json
-
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
         return None
