@@ -25,6 +25,9 @@ def test_layer_pattern_repeats_and_names_the_hybrid():
             config(layer_pattern=bad)
     with pytest.raises(ValueError, match="local_window"):
         config(local_window=0)
+    with pytest.raises(ValueError, match="never reaches its global layer"):
+        config(n_layers=3)  # LLLG cut to LLL
+    assert not any(config(n_layers=2, layer_pattern="L").layer_kind(i) == "global" for i in range(2))
 
 
 def local_only_outputs(device="cpu", dtype=torch.float32, window=8, length=40, changed_at=None):

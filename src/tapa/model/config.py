@@ -67,6 +67,11 @@ class ModelConfig:
         window = self.local_window
         if not isinstance(window, int) or isinstance(window, bool) or window < 1:
             raise ValueError(f"local_window must be a positive int, got {self.local_window!r}")
+        kinds = [self.layer_kind(i) for i in range(self.n_layers)]
+        if "G" in self.layer_pattern and "global" not in kinds:
+            raise ValueError(f"layer_pattern {self.layer_pattern!r} over n_layers={self.n_layers} never "
+                             f"reaches its global layer (pe={self.pe!r} would be unused); use at most "
+                             f"n_layers codes, e.g. {self.layer_pattern[-self.n_layers:]!r}")
         if "L" in self.layer_pattern and self.head_dim % 2:
             raise ValueError(f"local layers use RoPE, which needs an even head_dim, got {self.head_dim}")
         for name in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim",
