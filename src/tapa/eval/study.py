@@ -339,7 +339,7 @@ def plot_perplexity(rows: list[dict], path: Path, *, title: str, train_len: int 
                     xycoords=("data", "axes fraction"), xytext=(3, -12), textcoords="offset points",
                     fontsize=8, color="gray")
     ax.set_xlabel("evaluation length (tokens)")
-    ax.set_ylabel("perplexity (sliding window" + (f", stride {stride})" if stride else ")"))
+    ax.set_ylabel("perplexity, lower is better (sliding window" + (f", stride {stride})" if stride else ")"))
     ax.set_title(title, fontsize=10)
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(fontsize=7, loc="best")
