@@ -46,7 +46,8 @@ sys.path.insert(0, str(HERE))
 from arms import FAMILIES, PROTOCOLS, STAGES, TINY_ESTIMATES, Estimates  # noqa: E402
 from plan import (Group, build_groups, check_flags, estimate_stage, parse_jobs,  # noqa: E402
                   parse_lr_map, plan_jobs, split_batches, stage_closure)
-from summarize import corpus_summary, done_marker, job_summary, pack, read_json  # noqa: E402
+from summarize import (corpus_summary, done_marker, job_summary, pack, read_json,  # noqa: E402
+                       write_json_atomic)
 
 
 def _now() -> str:
@@ -155,7 +156,7 @@ def run_worker(spec_path: Path) -> int:
                 shutil.rmtree(out)
         elif out.exists():
             shutil.rmtree(out)  # a partial evaluation
-        (root / "runs" / gid / "status.json").write_text(json.dumps({"stage": name, "started": time.time()}))
+        write_json_atomic(root / "runs" / gid / "status.json", {"stage": name, "started": time.time()})
         started, clock = _now(), time.perf_counter()
         module = argv[1] if argv[0] == "-m" else None
         print(f"== {name} ({started}): {'python3' if module else 'tapa'} {shlex.join(argv)}", flush=True)
@@ -174,9 +175,9 @@ def run_worker(spec_path: Path) -> int:
             torch.cuda.empty_cache()  # give the memory back to the other workers
         if rc == 0:
             marker.parent.mkdir(parents=True, exist_ok=True)
-            marker.write_text(json.dumps({"stage": name, "argv": argv, "wall_s": time.perf_counter() - clock,
-                                          "started": started, "finished": _now(), "hardware": hardware,
-                                          "call": spec["call"]}))
+            write_json_atomic(marker, {"stage": name, "argv": argv, "wall_s": time.perf_counter() - clock,
+                                       "started": started, "finished": _now(), "hardware": hardware,
+                                       "call": spec["call"]})
         else:
             print(f"== {name}: FAILED (rc {rc})", flush=True)
             failed.add(name)

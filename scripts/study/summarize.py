@@ -10,6 +10,7 @@ perplexity per length, the passkey grid) and wall times, the hardware and the da
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import tarfile
 from pathlib import Path
@@ -27,6 +28,15 @@ def done_marker(root: Path, group_id: str, stage_name: str) -> Path:
 
 def read_json(path: Path):
     return json.loads(Path(path).read_text()) if Path(path).is_file() else None
+
+
+def write_json_atomic(path: Path, value) -> None:
+    """Write through a temporary file and rename: a process polling the file (the parent reads
+    the workers' status and markers) never sees it half written."""
+    path = Path(path)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    temporary.write_text(json.dumps(value))
+    os.replace(temporary, path)
 
 
 def corpus_summary(manifest: dict, directory: str) -> dict:

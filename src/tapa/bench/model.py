@@ -39,7 +39,7 @@ from tapa.model import ModelConfig, TapaLM
 PEAK_BF16_TFLOPS = {"H200": 989.4, "H100": 989.4, "A100": 312.0, "L40S": 362.1, "A10G": 125.0}
 
 BENCH_MODEL = dict(dim=768, n_layers=12, n_heads=6, vocab_size=50304)  # head_dim 128, ~124M params
-SMOKE_MODEL = dict(dim=64, n_layers=2, n_heads=2, vocab_size=512)
+SMOKE_MODEL = dict(dim=64, n_layers=4, n_heads=2, vocab_size=512)  # 4 layers: LLLG has its global one
 FIELDS = ("model", "pe", "attention", "seq_len", "batch", "params_m", "step_ms", "tokens_per_s",
           "tflops", "mfu", "peak_mem_gib", "tapa_over_rope")
 
