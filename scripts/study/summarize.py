@@ -10,13 +10,14 @@ perplexity per length, the passkey grid) and wall times, the hardware and the da
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import tarfile
 from pathlib import Path
 
 from arms import ARMS, Protocol
 from plan import Group, Job, job_stages
+
+from tapa.train.checkpoint import write_text_atomic
 
 JOB_KIND = "tapa-study-job"
 CURVE_POINTS = 100  # loss-curve points kept per training stage
@@ -31,12 +32,8 @@ def read_json(path: Path):
 
 
 def write_json_atomic(path: Path, value) -> None:
-    """Write through a temporary file and rename: a process polling the file (the parent reads
-    the workers' status and markers) never sees it half written."""
-    path = Path(path)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    temporary.write_text(json.dumps(value))
-    os.replace(temporary, path)
+    """The parent polls the workers' status and markers: write them through a rename."""
+    write_text_atomic(Path(path), json.dumps(value))
 
 
 def corpus_summary(manifest: dict, directory: str) -> dict:

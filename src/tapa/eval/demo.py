@@ -224,11 +224,12 @@ def run_demo(profile: DemoProfile, out_dir: str | Path, *, device: torch.device,
 
 def _final_val_loss(run_dir: Path) -> float | None:
     """The last validation loss the trainer logged (metrics.jsonl), if any."""
+    from tapa.train.rundir import read_metrics
+
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
         return None
-    losses = [record["val_loss"] for record in map(json.loads, path.read_text().splitlines())
-              if record.get("val_loss") is not None]
+    losses = [record["val_loss"] for record in read_metrics(path) if record.get("val_loss") is not None]
     return losses[-1] if losses else None
 
 

@@ -8,7 +8,6 @@ omitted), generation_config.json, and the trust_remote_code shims.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -74,8 +73,3 @@ def write_pretrained(out_dir: str | Path, model_cfg: ModelConfig, state: dict[st
     return out_dir
 
 
-def read_json(path: Path, what: str) -> dict:
-    try:
-        return json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise ValueError(f"cannot read {what} {str(path)!r}: {err}") from err

@@ -27,9 +27,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from tapa.model.config import ModelConfig
-from tapa.ops import split_dims, tapa_attention
+from tapa.ops import split_dims, tapa_attention, tapa_attention_with_kvcache
+from tapa.ops.decode import decode_kernel_applies
 from tapa.ops.reference import tapa_logits
 from tapa.positional import apply_rope, rope_cos_sin, rope_frequencies
+from tapa.positional.local import local_attention
 
 PHASE_PARAMETERS = ("wq_phase", "wk_phase", "phase_matrix")
 # query rows per block of the explicitly masked TAPA path (bounds its logits memory)
@@ -198,15 +200,6 @@ def _softmax(q, k, v, mask=None, is_causal=False):
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal).transpose(1, 2)
 
 
-def _decode_kernel():
-    """The split-KV decode kernel's module, or None without triton."""
-    try:
-        from tapa.ops import decode_kernel
-    except ImportError:
-        return None
-    return decode_kernel
-
-
 class Attention(nn.Module):
     """One layer's attention; its kind (global TAPA / global softmax / local) is fixed at construction."""
 
@@ -297,15 +290,8 @@ class Attention(nn.Module):
         """Global TAPA layers; their keys are always the slots 0 .. start + N - 1."""
         cfg = self.cfg
         op_args = dict(theta=cfg.theta, alpha=cfg.alpha, distance=cfg.distance, phase=cfg.phase)
-        # "auto": the split-KV decode kernel on CUDA; "triton" forces it (on CPU, Triton's
-        # interpreter). It has no backward: training takes the fused op below.
-        wanted = cfg.attn_impl == "triton" or (q.is_cuda and cfg.attn_impl == "auto")
-        wanted = wanted and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad))
-        kernel = _decode_kernel() if wanted else None
         padding_ok = ctx.key_mask is None or ctx.left_pad is not None
-        if kernel is not None and kernel.supports(q, k, v) and padding_ok:
-            from tapa.ops import tapa_attention_with_kvcache
-
+        if padding_ok and decode_kernel_applies(q, k, v, cfg.attn_impl):  # few new tokens, no grad
             lengths = torch.full((q.shape[0],), k.shape[1], dtype=torch.int32, device=q.device)
             # a left-padded row's queries at padded slots see no key: their outputs are never used
             return tapa_attention_with_kvcache(q, k, v, lengths, cache_starts=ctx.left_pad, impl="triton",
@@ -324,8 +310,6 @@ class Attention(nn.Module):
 
     def _local(self, q, k, v, key_slots, ctx: AttentionContext):
         if ctx.key_mask is None and isinstance(key_slots, int):
-            from tapa.positional.local import local_attention
-
             return local_attention(q, k, v, self.window, q_offset=ctx.start, k_offset=key_slots)
         if isinstance(key_slots, int):
             key_slots = torch.arange(key_slots, key_slots + k.shape[1], device=q.device)

@@ -36,6 +36,18 @@ def _decode_kernel():
     return decode_kernel
 
 
+def decode_kernel_applies(q, k_cache, v_cache, impl: str = "auto") -> bool:
+    """Whether the split-KV kernel computes this call: impl "auto" on CUDA, or "triton" (on CPU
+    through Triton's interpreter), for shapes it supports (few query rows per kv head) and with
+    no gradient needed (it has no backward)."""
+    kernel = _decode_kernel() if impl in ("auto", "triton") else None
+    if kernel is None or not kernel.supports(q, k_cache, v_cache):
+        return False
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k_cache, v_cache)):
+        return False
+    return impl == "triton" or q.is_cuda
+
+
 def _per_sequence(q, k_cache, v_cache, cache_seqlens, cache_starts, *, impl, **op_args):
     """`tapa_attention` on each sequence's valid slots; one batched call when all spans agree."""
     from tapa.ops import tapa_attention
@@ -98,8 +110,7 @@ def tapa_attention_with_kvcache(
         if needs_grad:
             raise ValueError("impl='triton': the decode kernel has no backward pass; "
                              "use impl='auto' or 'reference' when gradients are needed")
-    use_kernel = impl == "triton" or (kernel is not None and q.is_cuda and not needs_grad
-                                      and kernel.supports(q, k_cache, v_cache))
+    use_kernel = impl == "triton" or decode_kernel_applies(q, k_cache, v_cache)
     if use_kernel:
         result = kernel.tapa_decode_attention(q, k_cache, v_cache, cache_seqlens, cache_starts=cache_starts,
                                               return_lse=True, check_lengths=False, **op_args)
