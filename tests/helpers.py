@@ -16,3 +16,9 @@ def rel_rmse(actual: torch.Tensor, expected: torch.Tensor) -> float:
     if denominator == 0:
         raise ValueError("expected is all zeros: relative error undefined")
     return float((actual - expected).norm() / denominator)
+
+
+def python_like_text(lines: int) -> str:
+    """A deterministic Python-looking corpus of 2 * lines lines (independent of the interpreter)."""
+    return "".join(f"def function_{i}(value):\n    return value * {i % 7} + {i % 13}  # line {i}\n"
+                   for i in range(lines))

@@ -4,10 +4,11 @@ import json
 
 import pytest
 
+from helpers import python_like_text
+
 from tapa.cli import main
 
-TEXT = "".join(f"def function_{i}(value):\n    return value * {i % 7} + {i % 13}  # line {i}\n"
-               for i in range(3000))
+TEXT = python_like_text(3000)
 
 
 @pytest.fixture(scope="module")

@@ -6,10 +6,11 @@ import json
 import numpy as np
 import pytest
 
+from helpers import python_like_text
+
 from tapa.cli import main
 
-TEXT = "".join(f"def function_{i}(value):\n    return value * {i % 7} + {i % 13}  # line {i}\n"
-               for i in range(2000))
+TEXT = python_like_text(2000)
 FAST = ["--lengths", "16,32", "--stride", "16", "--max-tokens", "32", "--no-progress", "--device", "cpu"]
 
 

@@ -11,10 +11,11 @@ import torch
 pytest.importorskip("transformers")
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM  # noqa: E402
 
+from helpers import python_like_text
+
 from tapa.cli import main  # noqa: E402
 
-TEXT = "".join(f"def function_{i}(value):\n    return value * {i % 7} + {i % 13}  # line {i}\n"
-               for i in range(2000))
+TEXT = python_like_text(2000)
 
 
 @pytest.fixture(scope="module")
