@@ -13,9 +13,9 @@ LOG=${OUT:-/tmp}/logs
 mkdir -p "$LOG" /tmp/study/cache
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv | tee "$LOG/gpus.txt"
 python3 -c 'import torch, triton; print(torch.__version__, triton.__version__)' | tee -a "$LOG/gpus.txt"
+data=$(python3 -c 'import sys; sys.path.insert(0, "scripts/study"); from arms import TOY_GPU; print(" ".join(TOY_GPU.data))')
 TAPA_CACHE=/tmp/study/cache setsid nohup taskset -c 6-15 python3 -m tapa.cli train --recipe toy-gpu \
-    --max-train-bytes 450000000 --tokenizer-train-bytes 50000000 --cache-dir /tmp/study/cache/data \
-    --data-only --no-progress > /tmp/study-data.log 2>&1 < /dev/null &
+    $data --cache-dir /tmp/study/cache/data --data-only --no-progress > /tmp/study-data.log 2>&1 < /dev/null &
 
 step() {  # step NAME SECONDS COMMAND...
     local name=$1 limit=$2

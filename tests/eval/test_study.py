@@ -201,10 +201,17 @@ def test_aggregate_known_mean_and_std(tmp_path):
 
 
 def test_aggregate_refuses_mixed_protocols(tmp_path):
-    for index, pid in enumerate(("p1", "p2")):
-        job = synthetic_job("nope", "nope", 1e-3, 0, [9] * 6, protocol_id=pid)
+    """Jobs whose recorded protocols differ in what the numbers depend on are not mixed; a
+    plan-only difference (the theory settings, the seeds) keeps them comparable."""
+    ids = []
+    for index, steps in enumerate((3052, 1000)):
+        job = synthetic_job("nope", "nope", 1e-3, 0, [9] * 6)
+        job["protocol"] = {**job["protocol"], "pretrain_steps": steps, "seeds": [index]}
+        ids.append(study.protocol_fingerprint(job["protocol"]))
         (tmp_path / f"{index}.job.json").write_text(json.dumps(job))
     with pytest.raises(ValueError, match="protocol"):
         study.aggregate([tmp_path], tmp_path / "out")
-    assert study.aggregate([tmp_path], tmp_path / "out", protocol_id="p2")
+    assert study.aggregate([tmp_path], tmp_path / "out", protocol_id=ids[1])
+    theory_only = {**arms.TOY_GPU.to_dict(), "theory_len": None, "theory_sequences": None}
+    assert study.protocol_fingerprint(theory_only) == arms.TOY_GPU.fingerprint()
     assert study.mean_std([2.0, 4.0, 6.0]) == (4.0, 2.0, 3)

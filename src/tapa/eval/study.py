@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import hashlib
 import json
 import math
 import tarfile
@@ -32,6 +33,17 @@ STAGE_NAMES = {"eval0": "zero-shot", "eval1": "continual"}
 
 # ---------------------------------------------------------------------------------------------
 # reading
+
+# protocol fields that only plan or analyse runs: jobs that differ in them are comparable
+PLAN_ONLY = ("name", "sweep_lrs", "seeds", "theory_len", "theory_sequences")
+
+
+def protocol_fingerprint(protocol: dict) -> str:
+    """Short hash of what a job's training and evaluation numbers depend on. Computed from the
+    protocol a job JSON records, so jobs written before a plan-only field existed still match."""
+    values = {k: v for k, v in protocol.items() if k not in PLAN_ONLY}
+    return hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()[:12]
+
 
 def load_jobs(paths) -> list[dict]:
     """Job JSONs from folders, files and .tar.gz archives; one per (protocol, job): the one with
@@ -58,6 +70,7 @@ def load_jobs(paths) -> list[dict]:
     for job in found:
         if job.get("kind") != JOB_KIND:
             raise ValueError(f"not a study job JSON: {str(job)[:80]}")
+        job["protocol_id"] = protocol_fingerprint(job["protocol"])  # today's rule, for old jobs too
         key = (job["protocol_id"], job["job"])
         rank = (len(job["stages_done"]), job["date"])
         if key not in best or rank > (len(best[key]["stages_done"]), best[key]["date"]):
