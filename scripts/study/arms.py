@@ -83,6 +83,12 @@ class Protocol:
     continual_steps: int = 153  # 153 x 16 x 2048 = 5.01M tokens, 5% of pretraining
     continual_flags: tuple = ("--warmup-steps", "15", "--eval-every", "0", "--eval-batches", "4",
                               "--save-every", "0", "--log-every", "10", "--passkey-fraction", "0.02")
+    # the continual stage's peak lr over the pretraining one. It starts from the weights alone, with
+    # a fresh AdamW state, whose first steps move every weight by about the lr: at x1 (the first
+    # continual runs, 2026-12-01) the loss jumped from 1.61 to 2.43 in 10 steps and every arm ended
+    # ~13% worse at 512 than zero-shot. x0.1 continues at the lr where pretraining's cosine ended
+    # (min_lr_ratio 0.1).
+    continual_lr_scale: float = 0.1
     eval_lengths: tuple = (512, 1024, 2048, 4096, 8192, 16384)
     eval_stride: int = 256
     eval_tokens: int = 65536  # scored tokens per length
@@ -151,20 +157,21 @@ PROTOCOLS = {p.name: p for p in (TOY_GPU, SCALE_768, TINY_CPU)}
 class Estimates:
     """What the runner assumes before this call has measured anything (then it uses what it saw).
 
-    tokens_per_s: one training process alone on an H200 at L=512. results/demo-gpu trained 24.6M
-    tokens in 68 s (361k tokens/s, batch 32, with evaluation); issue 11's brief quotes ~440k for
-    TAPA at batch 64. Hybrids and L=2048 are unmeasured: the same rate is assumed.
-    speedup: total throughput of N processes sharing the GPU over one alone. A GUESS (a 30M model
-    leaves most of an H200 idle); the first call's progress lines measure it.
+    tokens_per_s: one training process alone on an H200 at L=512, measured 2026-12-01 (runner logs
+    in results/toy-study/calls): ~690k tokens/s for the NoPE hybrid, ~715k for TAPA.
+    speedup: total throughput of N processes sharing the GPU over one alone, measured the same day:
+    2 processes ~640-670k tokens/s together, 4 processes ~610-680k. Processes time-slice the GPU
+    (no MPS), so sharing buys nothing: run one at a time (--concurrent 1), which also finishes jobs
+    sooner and loses less at a call's end.
     """
 
-    tokens_per_s: float = 400_000.0
-    speedup: dict = field(default_factory=lambda: {1: 1.0, 2: 1.5, 3: 1.8, 4: 2.0})
-    startup_s: float = 25.0  # per training stage: imports, CUDA context, Triton compiles, corpus
-    eval_s_per_method: float = 30.0  # 6 lengths x 64k scored tokens, up to 16k windows
-    passkey_s_per_method: float = 45.0  # 4 lengths x 5 depths x 50 trials, up to 16k prompts
-    theory_s: float = 30.0  # load, 8 x 4096 tokens through one layer, binning, iid samples
-    data_build_s: float = 90.0  # fresh machine: BPE on 50 MB + tokenizing ~400 MB (a guess)
+    tokens_per_s: float = 700_000.0
+    speedup: dict = field(default_factory=lambda: {1: 1.0, 2: 0.95, 3: 0.93, 4: 0.92})
+    startup_s: float = 20.0  # per training stage: imports, CUDA context, Triton compiles, corpus
+    eval_s_per_method: float = 25.0  # 6 lengths x 64k scored tokens, up to 16k windows
+    passkey_s_per_method: float = 25.0  # 4 lengths x 5 depths x 50 trials, up to 16k prompts
+    theory_s: float = 15.0  # load, 8 x 4096 tokens through one layer, binning, iid samples
+    data_build_s: float = 65.0  # fresh machine: BPE on 50 MB + tokenizing ~400 MB (64 s measured)
 
     def process_rate(self, concurrent: int) -> float:
         speedup = self.speedup.get(concurrent, max(self.speedup.values()))

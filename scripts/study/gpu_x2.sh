@@ -2,7 +2,7 @@
 # One device call of the toy study (issue 11) on nvidia-h200-x2: builds the corpus once, then runs
 # one scripts/study/run.py per GPU (CUDA_VISIBLE_DEVICES), each with its own jobs, inside the
 # call's 10 minutes. Archives come back in $OUT/gpu0 and $OUT/gpu1, logs in $OUT/gpuN.log.
-#   scripts/study/gpu_x2.sh tapa:0.001:0,rope:0.001:0 hybrid-tapa:0.001:0,nope:0.001:0 --concurrent 2
+#   scripts/study/gpu_x2.sh tapa:0.002:1,rope:0.001:2 hybrid-tapa:0.001:2,nope:0.001:1 --allow-partial
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export PYTHONPATH=src PYTHONUNBUFFERED=1 MPLBACKEND=Agg

@@ -208,7 +208,8 @@ def build_groups(jobs: list[Job], protocol: Protocol, stages, root: Path,
                                     "--seq-len", str(protocol.continual_len),
                                     "--batch-size", str(protocol.continual_batch),
                                     "--steps", str(protocol.continual_steps),
-                                    *protocol.continual_flags, *train_extra, "--run-dir", cont_dir],
+                                    *protocol.continual_flags, "--lr", f"{lr * protocol.continual_lr_scale:g}",
+                                    *train_extra, "--run-dir", cont_dir],
                     cont_dir, needs=["pretrain"], tokens=protocol.continual_tokens))
             for kind, flags in (("eval1", evaluation), ("passkey", passkey)):
                 if f"{kind}-{owner}" in needed:

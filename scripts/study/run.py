@@ -1,9 +1,9 @@
 """Run batches of the toy study (issue 11) on one GPU inside a time budget, and pack the results.
 
-    python3 scripts/study/run.py --jobs rope:1e-3:0,tapa:1e-3:0 --concurrent 2 --time-budget 540 \
+    python3 scripts/study/run.py --jobs rope:1e-3:0,tapa:1e-3:0 --concurrent 1 --time-budget 540 \
         --root /tmp/study --out $OUT
     python3 scripts/study/run.py --plan lr-sweep --families rope,nope,tapa,hybrid --dry-run \
-        --split-batches 540 --concurrent 3          # the device calls the sweep needs
+        --split-batches 540                         # the device calls the sweep needs
     python3 scripts/study/run.py --plan seeds --lr rope=1e-3,nope=1e-3,tapa=1e-3,hybrid=1e-3 ...
 
 What a call does:
@@ -78,7 +78,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     how = parser.add_argument_group("how")
     how.add_argument("--root", type=Path, default=Path("/tmp/study"), help="runs, caches, logs")
     how.add_argument("--out", type=Path, default=None, help="where the archive goes (default ROOT/out)")
-    how.add_argument("--concurrent", type=int, default=3, help="groups (processes) at once on the GPU")
+    how.add_argument("--concurrent", type=int, default=1,
+                     help="groups (processes) at once on the GPU (sharing it buys no throughput: arms.Estimates)")
     how.add_argument("--time-budget", type=float, default=None, help="seconds for the whole call")
     how.add_argument("--pack-reserve", type=float, default=15.0, help="seconds kept for packing")
     how.add_argument("--allow-partial", action="store_true",

@@ -54,6 +54,9 @@ def test_runner_end_to_end_two_jobs_at_once(study_root, capsys):
         assert job["complete"] and job["stages_done"][0] == "pretrain"
         assert job["results"]["pretrain"]["tokens"] == protocol.pretrain_tokens
         assert job["results"]["continual"]["tokens"] == protocol.continual_tokens
+        # the continual stage runs at the protocol's fraction of the pretraining lr
+        assert math.isclose(job["results"]["continual"]["train"]["lr"], 0.001 * protocol.continual_lr_scale)
+        assert job["results"]["pretrain"]["train"]["lr"] == 0.001
         for stage in ("eval0", "eval1"):
             lengths = [r["length"] for r in job["results"][stage]["perplexity"]]
             assert lengths == list(protocol.eval_lengths)
@@ -102,6 +105,10 @@ def test_plan_shares_runs_and_fills_the_protocol():
     yarn = rope.stage("continual-rope-yarn").argv
     assert yarn[yarn.index("--rope-scale") + 1] == "4" and yarn[yarn.index("--original-seq-len") + 1] == "512"
     assert rope.stage("pretrain").tokens == 3052 * 64 * 512 >= 100_000_000
+    for stage in ("pretrain", "continual-rope", "continual-rope-yarn"):  # argparse keeps the last --lr
+        argv = rope.stage(stage).argv
+        last_lr = float(argv[len(argv) - argv[::-1].index("--lr")])
+        assert math.isclose(last_lr, 1e-3 * (1 if stage == "pretrain" else arms.TOY_GPU.continual_lr_scale))
     assert "--phase-lr-scale" in tapa.stage("pretrain").argv
     sweep = plan.plan_jobs("lr-sweep", arms.TOY_GPU)
     assert len(sweep) == 12 and {j.arm for j in sweep} == {"rope", "nope", "tapa", "hybrid-tapa"}
@@ -215,3 +222,44 @@ def test_aggregate_refuses_mixed_protocols(tmp_path):
     theory_only = {**arms.TOY_GPU.to_dict(), "theory_len": None, "theory_sequences": None}
     assert study.protocol_fingerprint(theory_only) == arms.TOY_GPU.fingerprint()
     assert study.mean_std([2.0, 4.0, 6.0]) == (4.0, 2.0, 3)
+
+
+def test_fingerprint_parts_keep_old_jobs_comparable():
+    """A protocol recorded before continual_lr_scale existed hashes like one at its old value
+    (1.0); the pretraining id ignores the continual stage, the full id does not."""
+    new = arms.TOY_GPU.to_dict()
+    old = {k: v for k, v in new.items() if k != "continual_lr_scale"}
+    at_one = {**new, "continual_lr_scale": 1.0}
+    assert study.protocol_fingerprint(old) == study.protocol_fingerprint(at_one)
+    assert study.protocol_fingerprint(old) != study.protocol_fingerprint(new)
+    assert len({study.protocol_fingerprint(p, "pretrain") for p in (old, new, at_one)}) == 1
+    longer = {**new, "pretrain_steps": 1000}
+    assert study.protocol_fingerprint(longer, "pretrain") != study.protocol_fingerprint(new, "pretrain")
+    with pytest.raises(ValueError, match="part"):
+        study.protocol_fingerprint(new, "continual")
+
+
+def test_aggregate_splits_continual_variants_and_counts_a_seed_once(tmp_path):
+    """Jobs of one pretraining protocol under two continual stages: the zero-shot table takes
+    each (arm, lr, seed) once (the latest run), the continual tables one row per variant."""
+    old_protocol = {k: v for k, v in arms.TOY_GPU.to_dict().items() if k != "continual_lr_scale"}
+    jobs = [
+        synthetic_job("rope", "rope", 1e-3, 0, [8] * 6, [9] * 6, label="RoPE", protocol=old_protocol,
+                      date="2026-12-01T01:00:00"),
+        synthetic_job("rope", "rope", 1e-3, 0, [10] * 6, [7] * 6, label="RoPE",
+                      date="2026-12-02T01:00:00"),  # the same seed re-run, new continual stage
+        synthetic_job("rope", "rope", 1e-3, 1, [12] * 6, [5] * 6, label="RoPE",
+                      date="2026-12-02T02:00:00"),
+    ]
+    for index, job in enumerate(jobs):
+        (tmp_path / f"{index}.job.json").write_text(json.dumps(job))
+    study.aggregate([tmp_path], tmp_path / "out")
+    rows = {(r["stage"], r["label"], int(r["length"])): r
+            for r in csv.DictReader(open(tmp_path / "out" / "perplexity.csv"))}
+    zero = rows[("zero-shot", "RoPE", 512)]
+    assert int(zero["n"]) == 2 and math.isclose(float(zero["mean"]), 11.0)  # seed 0 counted once
+    old = rows[("continual", "RoPE [continual lr x1]", 512)]
+    new = rows[("continual", "RoPE [continual lr x0.1]", 512)]
+    assert (int(old["n"]), float(old["mean"])) == (1, 9.0) and (int(new["n"]), float(new["mean"])) == (2, 6.0)
+    readme = (tmp_path / "out" / "README.md").read_text()
+    assert "learning rate x1 or x0.1 the pretraining one" in readme

@@ -36,12 +36,25 @@ STAGE_NAMES = {"eval0": "zero-shot", "eval1": "continual"}
 
 # protocol fields that only plan or analyse runs: jobs that differ in them are comparable
 PLAN_ONLY = ("name", "sweep_lrs", "seeds", "theory_len", "theory_sequences")
+# the continual stage and what is measured after it: jobs that differ only here share their
+# pretraining numbers (zero-shot, learning-rate sweep, theory) but not their continual ones
+CONTINUAL_FIELDS = ("continual_len", "continual_batch", "continual_steps", "continual_tokens",
+                    "continual_flags", "continual_lr_scale", "passkey_lengths", "passkey_depths",
+                    "passkey_trials")
+# fields added after jobs were recorded, with the value those jobs ran with: that value hashes as
+# if the field were absent, so the older jobs keep their ids
+ADDED_LATER = {"continual_lr_scale": 1.0}
 
 
-def protocol_fingerprint(protocol: dict) -> str:
-    """Short hash of what a job's training and evaluation numbers depend on. Computed from the
-    protocol a job JSON records, so jobs written before a plan-only field existed still match."""
-    values = {k: v for k, v in protocol.items() if k not in PLAN_ONLY}
+def protocol_fingerprint(protocol: dict, part: str = "all") -> str:
+    """Short hash of what a job's numbers depend on: all of them (part="all") or the pretraining
+    and its evaluations only (part="pretrain"). Computed from the protocol a job JSON records, so
+    jobs written before a plan-only or later-added field existed still match."""
+    if part not in ("all", "pretrain"):
+        raise ValueError(f"part must be 'all' or 'pretrain', not {part!r}")
+    left_out = PLAN_ONLY + (CONTINUAL_FIELDS if part == "pretrain" else ())
+    values = {k: v for k, v in protocol.items()
+              if k not in left_out and not (k in ADDED_LATER and ADDED_LATER[k] == v)}
     return hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -71,6 +84,7 @@ def load_jobs(paths) -> list[dict]:
         if job.get("kind") != JOB_KIND:
             raise ValueError(f"not a study job JSON: {str(job)[:80]}")
         job["protocol_id"] = protocol_fingerprint(job["protocol"])  # today's rule, for old jobs too
+        job["pretrain_id"] = protocol_fingerprint(job["protocol"], "pretrain")
         key = (job["protocol_id"], job["job"])
         rank = (len(job["stages_done"]), job["date"])
         if key not in best or rank > (len(best[key]["stages_done"]), best[key]["date"]):
@@ -79,14 +93,52 @@ def load_jobs(paths) -> list[dict]:
 
 
 def select_protocol(jobs: list[dict], protocol_id: str | None = None) -> list[dict]:
-    ids = sorted({j["protocol_id"] for j in jobs})
+    """The jobs of one pretraining protocol (`protocol_id`: its pretrain id, or a job's full id);
+    they may differ in their continual stage (continual_variants)."""
+    ids = sorted({j["pretrain_id"] for j in jobs})
     if protocol_id is None and len(ids) > 1:
-        names = {i: next(j["protocol"]["name"] for j in jobs if j["protocol_id"] == i) for i in ids}
-        raise ValueError(f"the jobs come from {len(ids)} protocols {names}; pick one with --protocol-id")
-    chosen = [j for j in jobs if j["protocol_id"] == (protocol_id or ids[0])] if jobs else []
+        names = {i: next(j["protocol"]["name"] for j in jobs if j["pretrain_id"] == i) for i in ids}
+        raise ValueError(f"the jobs come from {len(ids)} pretraining protocols {names}; pick one "
+                         "with --protocol-id")
+    wanted = protocol_id or ids[0]
+    pretrain_id = next((j["pretrain_id"] for j in jobs if wanted in (j["pretrain_id"], j["protocol_id"])),
+                       None)
+    chosen = [j for j in jobs if j["pretrain_id"] == pretrain_id]
     if not chosen:
         raise ValueError(f"no jobs of protocol {protocol_id!r} (found {ids})")
     return chosen
+
+
+def pretrain_jobs(jobs: list[dict]) -> list[dict]:
+    """One job per (arm, lr, seed) for the pretraining numbers: a job re-run under another
+    continual stage trained its own model, but one seed is counted once (the latest run)."""
+    latest = {}
+    for job in jobs:
+        if "pretrain" in job["stages_done"]:
+            key = (job["arm"], job["lr"], job["seed"])
+            if key not in latest or job["date"] > latest[key]["date"]:
+                latest[key] = job
+    return [j for j in jobs if latest.get((j["arm"], j["lr"], j["seed"])) is j]
+
+
+def continual_variants(jobs: list[dict]) -> list[dict]:
+    """The jobs with a continual stage, for the continual tables; when they ran more than one
+    continual protocol, each arm is split by it ("rope-cl0.1", "RoPE [continual lr x0.1]")."""
+    mine = [j for j in jobs if j["results"].get("eval1") or j["results"].get("passkey")]
+    if len({j["protocol_id"] for j in mine}) < 2:
+        return mine
+    scales = defaultdict(set)
+    for job in mine:
+        scales[job["protocol"].get("continual_lr_scale", ADDED_LATER["continual_lr_scale"])].add(
+            job["protocol_id"])
+    out = []
+    for job in mine:
+        scale = job["protocol"].get("continual_lr_scale", ADDED_LATER["continual_lr_scale"])
+        tag = f"cl{scale:g}" + (f"-{job['protocol_id'][:6]}" if len(scales[scale]) > 1 else "")
+        out.append({**job, "arm": f"{job['arm']}-{tag}",
+                    "label": f"{job['label']} [continual lr x{scale:g}"
+                             + (f", {job['protocol_id'][:6]}]" if len(scales[scale]) > 1 else "]")})
+    return out
 
 
 def mean_std(values) -> tuple[float, float, int]:
@@ -319,43 +371,52 @@ def nice_log_ticks(low: float, high: float, most: int = 11) -> list[float]:
 
 def plot_perplexity(rows: list[dict], path: Path, *, title: str, train_len: int | None,
                     stride: int | None = None) -> Path:
-    """Perplexity vs length, log-log, one line per arm with one-std error bars over seeds."""
+    """Perplexity vs length, log-log, one line per arm with one-std error bars over seeds. When
+    the values span more than 4x (a collapsed arm), a second panel zooms in on the best ones."""
     from tapa.eval.plots import _pyplot
 
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(8, 5))
-    seen = defaultdict(int)
-    for arm in dict.fromkeys(r["arm"] for r in rows):
-        mine = sorted((r for r in rows if r["arm"] == arm), key=lambda r: r["length"])
-        family = mine[0]["family"]
-        index = seen[family]
-        seen[family] += 1
-        eval_time = "eval-time" in mine[0]["label"]
-        ax.errorbar([r["length"] for r in mine], [r["mean"] for r in mine],
-                    yerr=[0 if r["n"] < 2 else r["std"] for r in mine], capsize=3,
-                    color=_FAMILY_COLORS.get(family), marker=_MARKERS[index % len(_MARKERS)],
-                    linestyle="--" if eval_time else "-", alpha=1.0 - 0.15 * index,
-                    label=f"{mine[0]['label']} (n={max(r['n'] for r in mine)})")
-    lengths = sorted({r["length"] for r in rows})
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xticks(lengths, [_length_name(n) for n in lengths])
     low = min(r["mean"] - (r["std"] if r["n"] > 1 else 0) for r in rows)
     high = max(r["mean"] + (r["std"] if r["n"] > 1 else 0) for r in rows)
-    ticks = nice_log_ticks(max(low, 1e-3), high)
-    ax.set_yticks(ticks, [_fmt(t, 1).removesuffix(".0") for t in ticks])
-    ax.set_ylim(min(ticks[0], low / 1.02), max(ticks[-1], high * 1.02))
-    ax.minorticks_off()
-    if train_len:
-        ax.axvline(train_len, color="gray", linestyle=":", linewidth=1.2)
-        ax.annotate(f"trained at {_length_name(train_len)}", (train_len, 1.0),
-                    xycoords=("data", "axes fraction"), xytext=(3, -12), textcoords="offset points",
-                    fontsize=8, color="gray")
-    ax.set_xlabel("evaluation length (tokens)")
-    ax.set_ylabel("perplexity, lower is better (sliding window" + (f", stride {stride})" if stride else ")"))
-    ax.set_title(title, fontsize=10)
-    ax.grid(True, which="major", alpha=0.3)
-    ax.legend(fontsize=7, loc="best")
+    zoom = high > 4 * low
+    fig, axes = plt.subplots(1, 2 if zoom else 1, figsize=(14 if zoom else 8, 5), squeeze=False)
+    ranges = [(low, high)] + ([(low, 2.0 * low)] if zoom else [])
+    lengths = sorted({r["length"] for r in rows})
+    for ax, (bottom, top) in zip(axes[0], ranges):
+        seen = defaultdict(int)
+        for arm in dict.fromkeys(r["arm"] for r in rows):
+            mine = sorted((r for r in rows if r["arm"] == arm), key=lambda r: r["length"])
+            family = mine[0]["family"]
+            index = seen[family]
+            seen[family] += 1
+            eval_time = "eval-time" in mine[0]["label"]
+            ax.errorbar([r["length"] for r in mine], [r["mean"] for r in mine],
+                        yerr=[0 if r["n"] < 2 else r["std"] for r in mine], capsize=3,
+                        color=_FAMILY_COLORS.get(family), marker=_MARKERS[index % len(_MARKERS)],
+                        linestyle="--" if eval_time else "-", alpha=1.0 - 0.15 * index,
+                        label=f"{mine[0]['label']} (n={max(r['n'] for r in mine)})")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xticks(lengths, [_length_name(n) for n in lengths])
+        ticks = nice_log_ticks(max(bottom, 1e-3), top)
+        ax.set_yticks(ticks, [_fmt(t, 1).removesuffix(".0") for t in ticks])
+        if ax is axes[0][0]:
+            ax.set_ylim(min(ticks[0], bottom / 1.02), max(ticks[-1], top * 1.02))
+        else:
+            ax.set_ylim(bottom / 1.02, top)
+            ax.set_title(f"zoom: perplexity up to {top:.1f} (lines above leave the panel)", fontsize=9)
+        ax.minorticks_off()
+        if train_len:
+            ax.axvline(train_len, color="gray", linestyle=":", linewidth=1.2)
+            ax.annotate(f"trained at {_length_name(train_len)}", (train_len, 1.0),
+                        xycoords=("data", "axes fraction"), xytext=(3, -12), textcoords="offset points",
+                        fontsize=8, color="gray")
+        ax.set_xlabel("evaluation length (tokens)")
+        ax.grid(True, which="major", alpha=0.3)
+    axes[0][0].set_ylabel("perplexity, lower is better (sliding window"
+                          + (f", stride {stride})" if stride else ")"))
+    axes[0][0].legend(fontsize=7, loc="best")
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=130)
     plt.close(fig)
@@ -366,7 +427,8 @@ def plot_passkey(grid: dict, path: Path) -> Path:
     from tapa.eval.plots import plot_passkey_heatmap
 
     return plot_passkey_heatmap(grid, path, title=f"passkey: {grid['label']} (mean of {grid['seeds']} "
-                                                  f"seeds x {grid['trials']} trials)")
+                                                  f"seed{'s' if grid['seeds'] > 1 else ''} x "
+                                                  f"{grid['trials']} trials)")
 
 
 def theory_rows(jobs: list[dict]) -> list[dict]:
@@ -409,8 +471,12 @@ def _protocol_lines(jobs: list[dict]) -> list[str]:
     tokens = sorted({(j.get("corpus") or {}).get("train_tokens") for j in jobs} - {None})
     shas = sorted({(j.get("corpus") or {}).get("tokenizer_sha256", "")[:12] for j in jobs})
     epochs = sorted({round(j["pretrain_epochs"], 3) for j in jobs if "pretrain_epochs" in j})
+    scales = sorted({j["protocol"].get("continual_lr_scale", ADDED_LATER["continual_lr_scale"])
+                     for j in jobs}, reverse=True)
+    ids = sorted({j["protocol_id"] for j in jobs})
     return [
-        f"- Protocol `{protocol['name']}` (id {jobs[0]['protocol_id']}); model dim {model.get('dim')}, "
+        f"- Protocol `{protocol['name']}` (pretraining id {jobs[0]['pretrain_id']}; "
+        f"full id{'s' if len(ids) > 1 else ''} {', '.join(ids)}); model dim {model.get('dim')}, "
         f"{model.get('n_layers')} layers, {model.get('n_heads')} heads, vocab {model.get('vocab_size')}; "
         f"parameters {', '.join(f'{p:,}' for p in params)}.",
         f"- Corpus: {corpus.get('source', {}).get('source')} (site-packages "
@@ -421,7 +487,8 @@ def _protocol_lines(jobs: list[dict]) -> list[str]:
         f"({', '.join(map(str, epochs))} passes over the train split).",
         f"- Continual: L={protocol['continual_len']}, batch {protocol['continual_batch']}, "
         f"{protocol['continual_steps']} steps = {protocol['continual_tokens']:,} tokens, "
-        f"passkey mix (see the commands).",
+        f"passkey mix (see the commands); learning rate "
+        + " or ".join(f"x{s:g}" for s in scales) + " the pretraining one (fresh AdamW state).",
         f"- Evaluation: sliding window, stride {protocol['eval_stride']}, {protocol['eval_tokens']:,} "
         f"scored test tokens per length at {', '.join(map(_length_name, protocol['eval_lengths']))}.",
         f"- Passkey: lengths {', '.join(map(_length_name, protocol['passkey_lengths']))}, depths "
@@ -491,7 +558,8 @@ def aggregate(paths, out_dir: str | Path, *, protocol_id: str | None = None,
 
     write_csv(job_rows(jobs), out / "jobs.csv")
     written.append(out / "jobs.csv")
-    sweep = lr_sweep_rows(jobs)
+    pretrained, continued = pretrain_jobs(jobs), continual_variants(jobs)
+    sweep = lr_sweep_rows(pretrained)
     if sweep:
         write_csv(sweep, out / "lr_sweep.csv")
         written.append(out / "lr_sweep.csv")
@@ -500,7 +568,7 @@ def aggregate(paths, out_dir: str | Path, *, protocol_id: str | None = None,
     protocol, all_rows = jobs[0]["protocol"], []
     for stage, train_len in (("eval0", protocol["pretrain_len"]), ("eval1", protocol["continual_len"])):
         name = STAGE_NAMES[stage]
-        rows = perplexity_summary(jobs, stage)
+        rows = perplexity_summary(pretrained if stage == "eval0" else continued, stage)
         all_rows += rows
         tables[name] = perplexity_markdown(rows, f"{name} perplexity") if rows else "No results."
         save(f"perplexity_{name.replace('-', '_')}.md", tables[name])
@@ -511,7 +579,7 @@ def aggregate(paths, out_dir: str | Path, *, protocol_id: str | None = None,
     if all_rows:
         write_csv(all_rows, out / "perplexity.csv")
         written.append(out / "perplexity.csv")
-    grids = passkey_summary(jobs)
+    grids = passkey_summary(continued)
     tables["passkey"] = passkey_markdown(grids)
     save("passkey.md", tables["passkey"])
     if grids:
@@ -522,10 +590,11 @@ def aggregate(paths, out_dir: str | Path, *, protocol_id: str | None = None,
                    for di, d in enumerate(g["depths"])], out / "passkey.csv")
         written.append(out / "passkey.csv")
         written += [plot_passkey(g, out / f"passkey_{arm}.png") for arm, g in grids.items()]
-    theory = theory_rows(jobs)
+    theory = theory_rows(pretrained)
     if theory:
         write_csv(theory, out / "theory_trained.csv")
-        written += [out / "theory_trained.csv", plot_theory(theory, jobs, out / "theory_trained.png")]
+        written += [out / "theory_trained.csv",
+                    plot_theory(theory, pretrained, out / "theory_trained.png")]
     save("commands.md", commands_markdown(jobs))
     readme = "README.md" if not (out / "README.md").exists() else "README.skeleton.md"
     save(readme, readme_skeleton(jobs, tables, command))
