@@ -115,6 +115,31 @@ def test_generate_with_cache_equals_without(pe):
     assert len(set(cached.flatten().tolist())) > 3  # a real continuation, not one repeated token
 
 
+@pytest.mark.parametrize("implementation", ["dynamic", "static"])
+def test_hybrid_local_layers_cache_only_their_window(implementation):
+    """transformers' caches built from the config keep a local layer's last local_window tokens
+    only; a global layer keeps all; the logits match the uncached forward either way."""
+    from transformers import DynamicCache, StaticCache
+
+    model = tiny_model("tapa-hybrid", n_layers=4).double()
+    assert model.config.layer_types == ["sliding_attention", "full_attention"] * 2
+    assert model.config.sliding_window == 4 and tiny_model("tapa").config.sliding_window is None
+    ids = torch.stack(random_ids([19], seed=9))
+    cache = (DynamicCache(config=model.config) if implementation == "dynamic"
+             else StaticCache(config=model.config, max_cache_len=32))
+    with torch.no_grad():
+        logits = [model(ids[:, :11], cache=cache).logits]
+        logits += [model(ids[:, n:n + 1], cache=cache).logits for n in range(11, 19)]
+        whole = model(ids, use_cache=False).logits
+    torch.testing.assert_close(torch.cat(logits, dim=1), whole, rtol=1e-10, atol=1e-10)
+    held = [layer.keys.shape[2] for layer in cache.layers]
+    assert max(held[0], held[2]) <= 4 and min(held[1], held[3]) >= 19, held
+    with pytest.raises(ValueError, match="contradicts"):
+        TapaConfig(layer_pattern="LG", local_window=4, sliding_window=8)
+    with pytest.raises(ValueError, match="contradicts"):
+        TapaConfig(layer_types=["sliding_attention"] * 8)
+
+
 @pytest.mark.parametrize("pe", ["tapa", "rope", "nope", "tapa-hybrid"])
 def test_left_padded_batch_generates_as_each_sequence_alone(pe):
     model = tiny_model(pe, phase_matrix="full")

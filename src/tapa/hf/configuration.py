@@ -87,6 +87,31 @@ class TapaConfig(PreTrainedConfig):
     def head_dim(self) -> int:
         return self.dim // self.n_heads
 
+    # transformers' caches read these two: a "sliding_attention" layer's cache keeps only the last
+    # sliding_window tokens, so a hybrid's local layers stay bounded in generate(). Derived from
+    # layer_pattern and local_window, never stored; a value passed in must agree with them.
+    @property
+    def layer_types(self) -> list[str]:
+        cfg = self.model_config()
+        return ["sliding_attention" if cfg.layer_kind(i) == "local" else "full_attention"
+                for i in range(cfg.n_layers)]
+
+    @layer_types.setter
+    def layer_types(self, value) -> None:
+        if value is not None and list(value) != self.layer_types:
+            raise ValueError(f"layer_types={value!r} contradicts layer_pattern={self.layer_pattern!r} "
+                             f"(set layer_pattern instead)")
+
+    @property
+    def sliding_window(self) -> int | None:
+        return self.local_window if "sliding_attention" in self.layer_types else None
+
+    @sliding_window.setter
+    def sliding_window(self, value) -> None:
+        if value is not None and value != self.sliding_window:
+            raise ValueError(f"sliding_window={value!r} contradicts local_window={self.local_window!r} "
+                             f"and layer_pattern={self.layer_pattern!r} (set those instead)")
+
     def model_config(self) -> ModelConfig:
         """The `tapa.model.ModelConfig` this config describes (a fresh, validated copy)."""
         return ModelConfig.from_dict({name: getattr(self, name) for name in model_field_names()})

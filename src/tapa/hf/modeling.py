@@ -32,16 +32,20 @@ CACHE_OUTPUT_NAME = "cache" if "cache" in _OUTPUT_FIELDS else "past_key_values"
 
 class ModelCache:
     """A transformers `Cache` behind the model's cache interface (`tapa.model.cache`): transformers
-    holds (B, Hk, len, D) per layer; a static cache returns its whole buffer, of which the slots
-    filled so far are kept."""
+    holds (B, Hk, len, D) per layer and returns the keys the new tokens may see, oldest first.
+    A static cache that is not yet full returns its whole buffer (the filled slots are kept); a
+    sliding-window layer (a hybrid's local layers, TapaConfig.layer_types) returns only the last
+    tokens, which start at slot start + new - len."""
 
     def __init__(self, cache: Cache):
         self.cache = cache
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor, start: int):
         keys, values = self.cache.update(k.transpose(1, 2), v.transpose(1, 2), layer)
-        total = start + k.shape[1]
-        return keys.transpose(1, 2)[:, :total], values.transpose(1, 2)[:, :total], 0
+        total, held = start + k.shape[1], keys.shape[2]
+        if held >= total:  # every token from slot 0 (a static buffer: and empty slots after them)
+            return keys.transpose(1, 2)[:, :total], values.transpose(1, 2)[:, :total], 0
+        return keys.transpose(1, 2), values.transpose(1, 2), total - held
 
     def advance(self, new: int) -> None:
         """transformers' caches count their own length."""
