@@ -121,23 +121,27 @@ def pretrain_jobs(jobs: list[dict]) -> list[dict]:
     return [j for j in jobs if latest.get((j["arm"], j["lr"], j["seed"])) is j]
 
 
+def continual_scale(job: dict) -> float:
+    """The job's continual lr over its pretraining lr (1.0 for jobs recorded before the field)."""
+    return job["protocol"].get("continual_lr_scale", ADDED_LATER["continual_lr_scale"])
+
+
 def continual_variants(jobs: list[dict]) -> list[dict]:
     """The jobs with a continual stage, for the continual tables; when they ran more than one
     continual protocol, each arm is split by it ("rope-cl0.1", "RoPE [continual lr x0.1]")."""
     mine = [j for j in jobs if j["results"].get("eval1") or j["results"].get("passkey")]
     if len({j["protocol_id"] for j in mine}) < 2:
         return mine
-    scales = defaultdict(set)
+    ids_per_scale = defaultdict(set)
     for job in mine:
-        scales[job["protocol"].get("continual_lr_scale", ADDED_LATER["continual_lr_scale"])].add(
-            job["protocol_id"])
+        ids_per_scale[continual_scale(job)].add(job["protocol_id"])
     out = []
     for job in mine:
-        scale = job["protocol"].get("continual_lr_scale", ADDED_LATER["continual_lr_scale"])
-        tag = f"cl{scale:g}" + (f"-{job['protocol_id'][:6]}" if len(scales[scale]) > 1 else "")
-        out.append({**job, "arm": f"{job['arm']}-{tag}",
-                    "label": f"{job['label']} [continual lr x{scale:g}"
-                             + (f", {job['protocol_id'][:6]}]" if len(scales[scale]) > 1 else "]")})
+        scale = continual_scale(job)
+        # two continual protocols at one lr scale differ elsewhere: their ids tell them apart
+        which = f"-{job['protocol_id'][:6]}" if len(ids_per_scale[scale]) > 1 else ""
+        out.append({**job, "arm": f"{job['arm']}-cl{scale:g}{which}",
+                    "label": f"{job['label']} [continual lr x{scale:g}{which.replace('-', ', ')}]"})
     return out
 
 
@@ -471,8 +475,7 @@ def _protocol_lines(jobs: list[dict]) -> list[str]:
     tokens = sorted({(j.get("corpus") or {}).get("train_tokens") for j in jobs} - {None})
     shas = sorted({(j.get("corpus") or {}).get("tokenizer_sha256", "")[:12] for j in jobs})
     epochs = sorted({round(j["pretrain_epochs"], 3) for j in jobs if "pretrain_epochs" in j})
-    scales = sorted({j["protocol"].get("continual_lr_scale", ADDED_LATER["continual_lr_scale"])
-                     for j in jobs}, reverse=True)
+    scales = sorted({continual_scale(j) for j in jobs}, reverse=True)
     ids = sorted({j["protocol_id"] for j in jobs})
     return [
         f"- Protocol `{protocol['name']}` (pretraining id {jobs[0]['pretrain_id']}; "
