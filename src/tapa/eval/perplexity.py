@@ -134,11 +134,13 @@ def sliding_window_perplexity(model, tokens, *, window: int, stride: int = 256,
     for first in range(0, len(plan), per_batch):
         group = plan[first:first + per_batch]
         # windows are copied out one batch at a time: the split may be a large uint16 memmap
-        rows = torch.from_numpy(np.stack([tokens[begin:begin + window + 1] for begin, _ in group])
-                                .astype(np.int64)).to(device)
+        windows = [tokens[begin:begin + window + 1] for begin, _ in group]
+        if len(plan) > per_batch:  # a short last batch repeats its last window (scored once): one
+            windows += [windows[-1]] * (per_batch - len(group))  # shape per length for compiled attention
+        rows = torch.from_numpy(np.stack(windows).astype(np.int64)).to(device)
         with autocast_for(device):
             logits = model(rows[:, :-1])
-        nll = _token_nll(logits, rows[:, 1:]).double().cpu()
+        nll = _token_nll(logits, rows[:, 1:]).double().cpu()[:len(group)]
         position_loss += nll.sum(dim=0)
         for row, (_, offset) in zip(nll, group):
             nll_sum += float(row[offset:].sum())
