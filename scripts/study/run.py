@@ -46,8 +46,8 @@ sys.path.insert(0, str(HERE))
 from arms import FAMILIES, PROTOCOLS, STAGES, TINY_ESTIMATES, Estimates  # noqa: E402
 from plan import (Group, build_groups, check_flags, estimate_stage, parse_jobs,  # noqa: E402
                   parse_lr_map, plan_jobs, split_batches, stage_closure)
-from summarize import (corpus_summary, done_marker, job_summary, pack, read_json,  # noqa: E402
-                       write_json_atomic)
+from summarize import (corpus_summary, done_marker, finished_stages, job_summary, pack,  # noqa: E402
+                       read_json, write_json_atomic)
 
 
 def _now() -> str:
@@ -140,9 +140,10 @@ def run_worker(spec_path: Path) -> int:
     device = "cuda" if spec["device"] == "cuda" and torch.cuda.is_available() else "cpu"
     hardware = hardware_description(device)
     failed, status = set(), 0
+    finished = finished_stages(root, gid, spec["stages"])
     for stage in spec["stages"]:
         name, out, marker = stage["name"], Path(stage["out"]), done_marker(root, gid, stage["name"])
-        if marker.is_file():
+        if name in finished:
             print(f"== {name}: done in an earlier call", flush=True)
             continue
         if any(need in failed or not done_marker(root, gid, need).is_file() for need in stage["needs"]):
@@ -150,6 +151,11 @@ def run_worker(spec_path: Path) -> int:
             failed.add(name)
             continue
         argv = list(stage["argv"])
+        if marker.is_file():  # stale: finished with other flags, or it read a stage run again
+            print(f"== {name}: done in an earlier call with other flags or inputs; running it again",
+                  flush=True)
+            marker.unlink()
+            shutil.rmtree(out, ignore_errors=True)  # never resume a run trained with other flags
         if stage["kind"] in ("pretrain", "continual") and (out / "config.json").is_file():
             if has_checkpoint(out):
                 argv.append("--resume")  # an earlier call stopped it: continue from its checkpoint
@@ -267,7 +273,7 @@ def trained_fraction(stage) -> float:
 
 
 def group_state(root: Path, group: Group) -> str:
-    done = [s.name for s in group.stages if done_marker(root, group.id, s.name).is_file()]
+    done = finished_stages(root, group.id, group.stages)
     return "done" if len(done) == len(group.stages) else f"{len(done)}/{len(group.stages)} stages"
 
 
@@ -287,8 +293,9 @@ def schedule(args, protocol, estimates, groups, call, log, started: float) -> di
     level = min(args.concurrent, len(groups))  # processes sharing the GPU at most
 
     def pending_cost(group, rates):
+        finished = finished_stages(root, group.id, group.stages)
         return sum(estimate_stage(s, estimates, level, rates) * (1 - trained_fraction(s))
-                   for s in group.stages if not done_marker(root, group.id, s.name).is_file())
+                   for s in group.stages if s.name not in finished)
 
     # groups an earlier call left half-trained first (their checkpoints are here), then longest first
     pending = sorted(groups, key=lambda g: (not any(trained_fraction(s) for s in g.stages),

@@ -27,6 +27,22 @@ def done_marker(root: Path, group_id: str, stage_name: str) -> Path:
     return root / "runs" / group_id / "done" / f"{stage_name}.json"
 
 
+def finished_stages(root: Path, group_id: str, stages) -> set[str]:
+    """The names of the group's stages that are done with this plan's flags. A marker records the
+    argv that finished its stage (plus `--resume` when a later call finished it). One left by other
+    flags (the protocol changed between calls on a still-warm machine) is stale, and so is every
+    stage that read a stale or unfinished stage's output. `stages`: Stage objects or their dicts,
+    in plan order (a stage's needs come before it)."""
+    done = set()
+    for stage in stages:
+        stage = stage if isinstance(stage, dict) else vars(stage)
+        marker = read_json(done_marker(root, group_id, stage["name"]))
+        if (marker and [a for a in marker["argv"] if a != "--resume"] == list(stage["argv"])
+                and all(need in done for need in stage["needs"])):
+            done.add(stage["name"])
+    return done
+
+
 def read_json(path: Path):
     return json.loads(Path(path).read_text()) if Path(path).is_file() else None
 
@@ -117,11 +133,12 @@ def job_summary(job: Job, group: Group, stages: list[str], protocol: Protocol, r
                "stages_done": [], "commands": {}, "wall_seconds": {}, "stage_dates": {},
                "results": {}, **context}
     hardware = set()
+    finished = finished_stages(root, group.id, group.stages)
     for name in wanted:
         stage = group.stage(name)
-        marker = read_json(done_marker(root, group.id, name))
-        if stage is None or marker is None:
+        if stage is None or name not in finished:
             continue
+        marker = read_json(done_marker(root, group.id, name))
         kind = stage.kind
         summary["stages_done"].append(name)
         summary["commands"][kind] = stage.command()

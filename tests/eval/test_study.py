@@ -92,6 +92,28 @@ def test_runner_skips_finished_stages_and_respects_the_budget(study_root, capsys
     assert "not started" in capsys.readouterr().out
 
 
+def test_runner_reruns_stages_whose_flags_changed(study_root, capsys, monkeypatch):
+    """On a still-warm machine, a protocol change between calls (here the continual lr) re-runs
+    the stages whose flags changed and those that read them; the others stay done."""
+    import dataclasses
+
+    changed = dataclasses.replace(arms.TINY_CPU, continual_lr_scale=0.5)
+    monkeypatch.setitem(arms.PROTOCOLS, "tiny-cpu", changed)
+    out = study_root / "out3"
+    rc = run.main(["--protocol", "tiny-cpu", "--jobs", "nope:0.001:0", "--root", str(study_root),
+                   "--out", str(out), "--time-budget", "300", "--progress-every", "0"])
+    assert rc == 0
+    log = (study_root / "logs" / "nope-lr0.001-s0.log").read_text().split("##### call")[-1]
+    for name in ("pretrain", "eval0", "theory"):
+        assert f"== {name}: done in an earlier call\n" in log, name
+    for name in ("continual-nope", "eval1-nope", "passkey-nope"):
+        assert f"== {name}: done in an earlier call with other flags" in log, name
+    job = archive_jobs(out)["jobs/nope-lr0.001-s0.job.json"]
+    assert job["complete"] and job["protocol"]["continual_lr_scale"] == 0.5
+    assert math.isclose(job["results"]["continual"]["train"]["lr"], 0.0005)
+    capsys.readouterr()
+
+
 def test_plan_shares_runs_and_fills_the_protocol():
     jobs = plan.parse_jobs("rope:1e-3:0,rope-yarn:0.001:0,rope-eval-yarn:1e-3:0,tapa:1e-3:1")
     groups = plan.build_groups(jobs, arms.TOY_GPU, arms.STAGES, Path("/r"))
