@@ -173,6 +173,8 @@ def synthetic_job(arm, family, lr, seed, ppl0, ppl1=None, val=3.0, passkey=None,
     job = {"kind": "tapa-study-job", "job": f"{arm}:{lr:g}:{seed}", "arm": arm, "label": label or arm,
            "family": family, "lr": lr, "seed": seed, "protocol": protocol, "protocol_id": "p1",
            "stages_done": list(results), "complete": True, "results": results, "hardware": ["H200"],
+           "stages_requested": ["pretrain", "eval0"] + ([f"continual-{arm}", f"eval1-{arm}",
+                                                         f"passkey-{arm}"] if ppl1 else []),
            "stage_dates": {"pretrain": ["2026-12-01T00:00:00", "2026-12-01T00:05:00"]},
            "commands": {"pretrain": f"tapa train --lr {lr}"}, "date": "2026-12-01T00:06:00",
            "runner": {"call": "c1", "command": "python3 scripts/study/run.py --jobs ..."},
@@ -219,6 +221,9 @@ def test_aggregate_known_mean_and_std(tmp_path):
     cell = next(r for r in passkey if r["length"] == "2048" and r["depth"] == "0.0")
     assert math.isclose(float(cell["mean"]), 0.5) and math.isclose(float(cell["std"]), 0.5)
     assert "| tapa | 3 | 50% | 25% |" in (tmp_path / "out" / "passkey.md").read_text()
+    coverage = (tmp_path / "out" / "coverage.md").read_text()
+    assert "| tapa | 0.001 | 0,1,2 | 0,1,2 | 0,1,2 | n/a |" in coverage  # no theory stage asked for
+    assert "| RoPE | 0.001 | 0 (1/3) | - (0/3) | - (0/3) | - (0/3) |" in coverage
     for name in ("perplexity_zero_shot.png", "perplexity_continual.png", "passkey_tapa.png",
                  "README.md", "commands.md", "jobs.csv"):
         assert (tmp_path / "out" / name).stat().st_size > 0, name

@@ -10,6 +10,7 @@ Every number written comes from the job JSONs. Written to --out:
     perplexity_{zero_shot,continual}.md  and .png (log-log, error bars: one std over seeds)
     passkey.csv, passkey.md, passkey_<arm>.png   accuracy per length and depth, mean over seeds
     theory_trained.csv, .png          logit moments vs distance on trained weights (tapa.theory.trained)
+    coverage.md                       the seeds each arm has per measurement (what is still missing)
     commands.md                       every job's exact commands
     README.md                         a skeleton (protocol, hardware, dates, tables); an existing
                                       README.md is kept and the skeleton goes to README.skeleton.md
@@ -321,6 +322,34 @@ def passkey_markdown(grids: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
+def coverage_markdown(jobs: list[dict], wanted: int = 3) -> str:
+    """Which seeds each arm has, at its main lr, per measurement: what the study still lacks."""
+    pretrained, lrs = pretrain_jobs(jobs), main_lrs(jobs)
+    scales = sorted({continual_scale(j) for j in jobs if j["results"].get("eval1")}, reverse=True)
+    lines = ["| arm | lr | zero-shot | " + " | ".join(f"continual x{s:g}" for s in scales)
+             + " | passkey | theory |", "|---|---|---|" + "---|" * (len(scales) + 2)]
+
+    def seeds(mine, stage):
+        # jobs that asked for every stage of their arm (a continual stage: not sweep-only jobs)
+        full = [j for j in mine if any(n.startswith("continual") for n in j["stages_requested"])]
+        if full and not any(stage == n.split("-")[0] for j in full for n in j["stages_requested"]):
+            return "n/a"  # e.g. RoPE continued with YaRN has no zero-shot run of its own
+        found = sorted({j["seed"] for j in mine if j["results"].get(stage)})
+        text = ",".join(map(str, found)) or "-"
+        return text if len(found) >= wanted else f"{text} ({len(found)}/{wanted})"
+    for arm in arm_order(jobs):
+        mine = [j for j in jobs if j["arm"] == arm and j["lr"] == lrs[arm]]
+        label = mine[0]["label"]
+        cells = [seeds([j for j in pretrained if j in mine], "eval0")]
+        cells += [seeds([j for j in mine if continual_scale(j) == s], "eval1") for s in scales]
+        cells += [seeds(mine, "passkey"), seeds([j for j in pretrained if j in mine], "theory")]
+        lines.append(f"| {label} | {lrs[arm]:g} | " + " | ".join(cells) + " |")
+    note = (f"Seeds with each measurement at the arm's main lr; (k/{wanted}) marks fewer than {wanted}; "
+            "n/a: the arm has no such stage (it reads another arm's run); an arm with no job yet is "
+            "not listed.")
+    return "\n".join(lines + ["", note])
+
+
 def write_csv(rows: list[dict], path: Path) -> None:
     fields = list(dict.fromkeys(k for r in rows for k in r))
     with open(path, "w", newline="") as handle:
@@ -514,6 +543,7 @@ def readme_skeleton(jobs: list[dict], tables: dict[str, str], command: str) -> s
         "## Headline", "", "TODO (lead): what reproduces and what does not: the in-length gap to RoPE, "
         "flatness past the training length, TAPA vs NoPE, hybrid-TAPA vs hybrid-NoPE, with the seed "
         "spread.", "",
+        "## Coverage", "", tables["coverage"], "",
         "## Protocol", "", *_protocol_lines(jobs), "",
         "## Hardware and dates", "",
         f"- Hardware: {'; '.join(hardware)}.",
@@ -568,6 +598,8 @@ def aggregate(paths, out_dir: str | Path, *, protocol_id: str | None = None,
         written.append(out / "lr_sweep.csv")
     tables = {"lr": lr_sweep_markdown(sweep)}
     save("lr_sweep.md", tables["lr"])
+    tables["coverage"] = coverage_markdown(jobs)
+    save("coverage.md", tables["coverage"])
     protocol, all_rows = jobs[0]["protocol"], []
     for stage, train_len in (("eval0", protocol["pretrain_len"]), ("eval1", protocol["continual_len"])):
         name = STAGE_NAMES[stage]
