@@ -99,6 +99,8 @@ class Protocol:
     theory_sequences: int = 8
     sweep_lrs: tuple = (5e-4, 1e-3, 2e-3)
     seeds: tuple = (0, 1, 2)
+    # scheduling only: training tokens/s relative to the toy model's (Estimates.tokens_per_s)
+    rate_scale: float = 1.0
 
     @property
     def pretrain_tokens(self) -> int:
@@ -128,9 +130,11 @@ TOY_GPU = Protocol(
 
 # The scale step: dim 768, 12 layers, head_dim 128, one seed. The same 100M tokens: the
 # 124M model ran ~246k tokens/s at L=2048 alone (results/model-throughput-h200), so one run should
-# fit one call at --concurrent 1; lower --pretrain-steps if the first call says otherwise.
+# fit one call at --concurrent 1 (about 410 s of pretraining); lower --pretrain-steps if the first
+# call says otherwise. rate_scale: 246k / 700k, until scripts/study/gpu_compile_probe.sh measures it.
 SCALE_768 = dataclasses.replace(TOY_GPU, name="scale-768",
-                                model=("--dim", "768", "--n-layers", "12", "--n-heads", "6"))
+                                model=("--dim", "768", "--n-layers", "12", "--n-heads", "6"),
+                                rate_scale=0.35)
 
 # Seconds-long CPU version of every stage, for tests and a dry run of the machinery.
 TINY_CPU = Protocol(

@@ -2,7 +2,8 @@
 # Does `tapa train --compile` speed up the study's pretraining on an H200? (issue 11: the seed stage
 # needs ~24 jobs of ~250 s; a faster step shortens it). For RoPE, TAPA and the TAPA hybrid at the
 # study's shape (toy-gpu, L=512, batch 64), 400 steps with and without --compile, then the steady
-# tokens/s (the mean of the last 5 logged intervals) side by side. About 4 minutes in one call:
+# tokens/s (the mean of the last 5 logged intervals) side by side; and TAPA at the scale step's
+# size (dim 768, 12 layers), eager, for its rate. About 5 minutes in one call:
 #   device tool: run(command="bash scripts/study/gpu_compile_probe.sh", kind="nvidia-h200", timeout_s=600)
 # A CPU dry run of the script: RECIPE=tiny STEPS=30 DATA="--max-train-bytes 2000000" bash scripts/study/gpu_compile_probe.sh
 set -uo pipefail
@@ -13,9 +14,12 @@ mkdir -p "$OUT"
 data=${DATA:-$(python3 -c 'import sys; sys.path.insert(0, "scripts/study"); from arms import TOY_GPU; print(" ".join(TOY_GPU.data))')}
 recipe=${RECIPE:-toy-gpu} steps=${STEPS:-400}
 for arm in "rope:--pe rope --lr 1e-3" "tapa:--pe tapa --phase-lr-scale 0.1 --lr 2e-3" \
-           "hybrid-tapa:--pe tapa --layer-pattern LLLG --local-window 256 --phase-lr-scale 0.1 --lr 1e-3"; do
+           "hybrid-tapa:--pe tapa --layer-pattern LLLG --local-window 256 --phase-lr-scale 0.1 --lr 1e-3" \
+           "tapa-768:--pe tapa --phase-lr-scale 0.1 --lr 1e-3 --dim 768 --n-layers 12 --n-heads 6"; do
     name=${arm%%:*} flags=${arm#*:}
-    for mode in eager compile; do
+    modes="eager compile"
+    [ "$name" = tapa-768 ] && modes=eager  # the scale step's rate (arms.SCALE_768.rate_scale)
+    for mode in $modes; do
         extra=$([ "$mode" = compile ] && echo --compile)
         start=$(date +%s)
         # shellcheck disable=SC2086

@@ -112,6 +112,7 @@ def configure(args):
         protocol = dataclasses.replace(protocol, name=f"{protocol.name}-steps{args.pretrain_steps}",
                                        pretrain_steps=args.pretrain_steps)
     estimates = dataclasses.replace(TINY_ESTIMATES if protocol.device == "cpu" else Estimates())
+    estimates.tokens_per_s *= protocol.rate_scale
     if args.est_tokens_per_s:
         estimates.tokens_per_s = args.est_tokens_per_s
     if args.est_speedup:

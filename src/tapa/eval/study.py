@@ -36,7 +36,7 @@ STAGE_NAMES = {"eval0": "zero-shot", "eval1": "continual"}
 # reading
 
 # protocol fields that only plan or analyse runs: jobs that differ in them are comparable
-PLAN_ONLY = ("name", "sweep_lrs", "seeds", "theory_len", "theory_sequences")
+PLAN_ONLY = ("name", "sweep_lrs", "seeds", "theory_len", "theory_sequences", "rate_scale")
 # the continual stage and what is measured after it: jobs that differ only here share their
 # pretraining numbers (zero-shot, learning-rate sweep, theory) but not their continual ones
 CONTINUAL_FIELDS = ("continual_len", "continual_batch", "continual_steps", "continual_tokens",
