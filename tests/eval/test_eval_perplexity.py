@@ -85,13 +85,15 @@ def test_perplexity_matches_explicit_windows_on_a_real_model(pe):
                 count += 1
     shapes = []
     model.register_forward_pre_hook(lambda module, args: shapes.append(tuple(args[0].shape)))
-    result = sliding_window_perplexity(model, tokens, window=window, stride=stride, progress=False,
-                                       tokens_per_batch=48)  # 3 windows per batch: batching is exact
-    assert count == len(tokens) - 1 == result.tokens
-    assert result.loss == pytest.approx(nll_sum / count, rel=1e-5)
-    # 10 windows in batches of 3: the last batch is padded (its repeats are not scored), so a
-    # compiled attention sees one shape per length
-    assert result.windows == 10 and shapes == [(3, window)] * 4
+    for pad in (False, True):
+        shapes.clear()
+        result = sliding_window_perplexity(model, tokens, window=window, stride=stride, progress=False,
+                                           tokens_per_batch=48, pad_batches=pad)  # 3 windows a batch
+        assert count == len(tokens) - 1 == result.tokens
+        assert result.loss == pytest.approx(nll_sum / count, rel=1e-5)
+        # 10 windows in batches of 3: padded, the last batch repeats a window (not scored again),
+        # so a compiled attention sees one shape per length
+        assert result.windows == 10 and shapes == [(3, window)] * 3 + [(3 if pad else 1, window)]
     assert [b["start"] for b in result.buckets] == [0] and result.buckets[-1]["end"] == window
 
 

@@ -103,12 +103,15 @@ def _token_nll(logits: torch.Tensor, targets: torch.Tensor, chunk: int = 4096) -
 def sliding_window_perplexity(model, tokens, *, window: int, stride: int = 256,
                               max_tokens: int | None = None, bucket_edges: list[int] | None = None,
                               tokens_per_batch: int = 16384, progress: bool = True,
-                              rope_scale: float = 1.0, desc: str | None = None) -> PerplexityResult:
+                              rope_scale: float = 1.0, desc: str | None = None,
+                              pad_batches: bool | None = None) -> PerplexityResult:
     """Sliding-window perplexity of `model` on a 1-D token array at window length `window`.
 
     max_tokens caps the evaluation to the first max(max_tokens, window) + 1 tokens (a deterministic
     prefix). A stride larger than the window is capped at the window (non-overlapping windows).
-    Windows are batched up to `tokens_per_batch` tokens per forward pass. The caller
+    Windows are batched up to `tokens_per_batch` tokens per forward pass; with pad_batches (default:
+    on CUDA) a short last batch repeats its last window, scored once, so that every batch of one
+    length has one shape (a compiled attention then compiles once per length). The caller
     applies any eval-time positional scaling (see `perplexity_vs_length`); `rope_scale` is only
     recorded.
     """
@@ -126,6 +129,7 @@ def sliding_window_perplexity(model, tokens, *, window: int, stride: int = 256,
     position_loss = torch.zeros(window, dtype=torch.float64)
     nll_sum, scored, processed = 0.0, 0, 0
     per_batch = max(1, tokens_per_batch // window)
+    pad = (device.type == "cuda") if pad_batches is None else pad_batches
     tqdm = tqdm_class()
     bar = tqdm(total=len(plan), desc=desc or f"perplexity @ {window}", unit="window",
                disable=not progress, leave=False)
@@ -135,8 +139,8 @@ def sliding_window_perplexity(model, tokens, *, window: int, stride: int = 256,
         group = plan[first:first + per_batch]
         # windows are copied out one batch at a time: the split may be a large uint16 memmap
         windows = [tokens[begin:begin + window + 1] for begin, _ in group]
-        if len(plan) > per_batch:  # a short last batch repeats its last window (scored once): one
-            windows += [windows[-1]] * (per_batch - len(group))  # shape per length for compiled attention
+        if pad and len(plan) > per_batch:
+            windows += [windows[-1]] * (per_batch - len(group))
         rows = torch.from_numpy(np.stack(windows).astype(np.int64)).to(device)
         with autocast_for(device):
             logits = model(rows[:, :-1])
