@@ -133,6 +133,15 @@ def run_worker(spec_path: Path) -> int:
     spec = json.loads(spec_path.read_text())
     root, gid = Path(spec["root"]), spec["group"]
     import torch
+    import torch._dynamo
+
+    # Every stage of the group runs in this process: training, evaluations at 6 lengths (twice),
+    # theory, passkey. A hybrid's local layers compile FlexAttention once per input shape, and past
+    # dynamo's default recompile limit (8) tapa.positional.local sends new shapes to its slower
+    # chunked path: give this process room for the job's ~20 fixed shapes.
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, max(64, getattr(torch._dynamo.config, name)))
 
     from tapa.cli import main as tapa_main
     from tapa.eval.evaluate import hardware_description
