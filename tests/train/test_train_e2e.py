@@ -30,6 +30,16 @@ def test_pretrain_then_continual_at_twice_the_length(cache_dir, tmp_path, capsys
                  "--steps", "3", "--eval-every", "0", "--run-dir", str(cont)]) == 0
     config = json.loads((cont / "config.json").read_text())
     assert config["train"]["seq_len"] == 64 and config["init_from"].endswith("step_000030")
+    # a fresh optimizer at the pretraining peak lr undoes pretraining: by default the continual
+    # run takes the lr where the schedule ended (here the repeated recipe's lr 1e-3 x
+    # min_lr_ratio 0.1; without a recipe the source run's, below); --lr overrides
+    assert config["train"]["lr"] == pytest.approx(1e-4)
+    assert "continual run: peak lr 0.0001, where the pretraining schedule ended" in capsys.readouterr().out
+    chosen = tmp_path / "chosen-lr"
+    assert main(["train", *_common(cache_dir), "--init-from", str(pre), "--seq-len", "64", "--lr", "5e-3",
+                 "--steps", "1", "--eval-every", "0", "--run-dir", str(chosen)]) == 0
+    assert json.loads((chosen / "config.json").read_text())["train"]["lr"] == 5e-3
+    assert "continual run" not in capsys.readouterr().out
     assert main(["train", "--run-dir", str(cont), "--resume", "--steps", "4", "--no-progress"]) == 0
     config = json.loads((cont / "config.json").read_text())
     assert config["init_from"].endswith("step_000030") and records(cont)[-1]["step"] == 4
@@ -83,7 +93,9 @@ def test_init_from_takes_the_model_from_the_checkpoint(cache_dir, tmp_path):
                  "--run-dir", str(cont), "--no-progress", "--no-plot"]) == 0
     source, config = (json.loads((d / "config.json").read_text()) for d in (pre, cont))
     assert config["model"] == source["model"] and config["data"] == source["data"]
-    assert (config["train"]["lr"], config["train"]["seq_len"], config["train"]["steps"]) == (2e-3, 64, 1)
+    # the lr where the source's schedule ended: its 2e-3 x min_lr_ratio 0.1
+    assert config["train"]["lr"] == pytest.approx(2e-4)
+    assert (config["train"]["seq_len"], config["train"]["steps"]) == (64, 1)
     assert config["train"]["resume"] is False and config["init_from"].endswith("step_000002")
     assert config["train"]["name"] == source["train"]["name"] + "-continual"
     with pytest.raises(SystemExit, match="keeps the checkpoint's dim=32; got dim=64"):

@@ -97,7 +97,9 @@ class TrainConfig:
     keep_checkpoints: int = documented(2, "how many of the newest checkpoints to keep")
     init_from: str | None = documented(None, "continual pretraining: start from the weights of this "
                                          "run or checkpoint directory (its model config; flags "
-                                         "may change only what continual pretraining allows)")
+                                         "may change only what continual pretraining allows), "
+                                         "with a fresh optimizer at the lr where its schedule "
+                                         "ended (lr x min_lr_ratio) unless --lr is given")
     resume: bool = documented(False, "continue the run in run_dir from its latest checkpoint, "
                                  "exactly as if uninterrupted")
     passkey_fraction: float = documented(0.0, "share of training sequences replaced by passkey "
