@@ -224,7 +224,7 @@ def test_aggregate_known_mean_and_std(tmp_path):
     coverage = (tmp_path / "out" / "coverage.md").read_text()
     assert "| tapa | 0.001 | 0,1,2 | 0,1,2 | 0,1,2 | n/a |" in coverage  # no theory stage asked for
     assert "| RoPE | 0.001 | 0 (1/3) | - (0/3) | - (0/3) | - (0/3) |" in coverage
-    for name in ("perplexity_zero_shot.png", "perplexity_continual.png", "passkey_tapa.png",
+    for name in ("perplexity_zero_shot.png", "perplexity_continual.png", "passkey.png",
                  "README.md", "commands.md", "jobs.csv"):
         assert (tmp_path / "out" / name).stat().st_size > 0, name
     readme = (tmp_path / "out" / "README.md").read_text()

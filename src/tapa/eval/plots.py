@@ -169,12 +169,11 @@ def plot_position_loss(methods: list[dict], path: str | Path, *, title: str) -> 
     return _finish(plt, fig, ax, _titled(title, methods), path)
 
 
-def plot_passkey_heatmap(grid: dict, path: str | Path, *, title: str) -> Path:
-    """Accuracy heat map: key depth (rows) x context length (columns), each cell annotated."""
-    plt = _pyplot()
+def draw_passkey_heatmap(ax, grid: dict, *, title: str):
+    """Accuracy heat map on `ax`: key depth (rows) x context length (columns), each cell annotated;
+    the image (for a colorbar)."""
     lengths, depths = grid["lengths"], grid["depths"]
     accuracy = [[grid["accuracy"][li][di] for li in range(len(lengths))] for di in range(len(depths))]
-    fig, ax = plt.subplots(figsize=(1.2 + 0.9 * len(lengths), 1.2 + 0.5 * len(depths)))
     image = ax.imshow(accuracy, vmin=0.0, vmax=1.0, cmap="RdYlGn", aspect="auto")
     for di in range(len(depths)):
         for li in range(len(lengths)):
@@ -184,9 +183,32 @@ def plot_passkey_heatmap(grid: dict, path: str | Path, *, title: str) -> Path:
     ax.set_xlabel("context length (tokens)")
     ax.set_ylabel("key depth")
     ax.set_title(title, fontsize=10)
-    fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
-    fig.tight_layout()
+    return image
+
+
+def plot_passkey_heatmap(grid: dict, path: str | Path, *, title: str) -> Path:
+    """One accuracy heat map (draw_passkey_heatmap) in its own figure."""
+    return plot_passkey_heatmaps([(grid, title)], path)
+
+
+def plot_passkey_heatmaps(panels: list[tuple[dict, str]], path: str | Path, *, title: str = "",
+                          columns: int = 3) -> Path:
+    """Heat maps of several (grid, title) panels side by side, on one colour scale."""
+    plt = _pyplot()
+    first = panels[0][0]
+    cols = min(columns, len(panels))
+    rows = -(-len(panels) // cols)
+    width, height = 1.6 + 0.9 * len(first["lengths"]), 1.6 + 0.5 * len(first["depths"])
+    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False,
+                             layout="constrained")
+    for ax, (grid, panel_title) in zip(axes.flat, panels):
+        image = draw_passkey_heatmap(ax, grid, title=panel_title)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    fig.colorbar(image, ax=axes, shrink=min(1.0, 0.9 / rows ** 0.5))
+    if title:
+        fig.suptitle(title, fontsize=11)
     path = Path(path)
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
     return path

@@ -8,7 +8,7 @@ Every number written comes from the job JSONs. Written to --out:
     lr_sweep.csv, lr_sweep.md         per family and arm, each lr: final validation loss, zero-shot ppl
     perplexity.csv                    per stage, arm, length: mean, std (over seeds), n, the values
     perplexity_{zero_shot,continual}.md  and .png (log-log, error bars: one std over seeds)
-    passkey.csv, passkey.md, passkey_<arm>.png   accuracy per length and depth, mean over seeds
+    passkey.csv, passkey.md, passkey.png   accuracy per length and depth, mean over seeds
     theory_trained.csv, .png          logit moments vs distance on trained weights (tapa.theory.trained)
     coverage.md                       the seeds each arm has per measurement (what is still missing)
     commands.md                       every job's exact commands
@@ -318,7 +318,7 @@ def passkey_markdown(grids: dict[str, dict]) -> str:
                      + " | ".join(f"{a:.0%}" for a in per_length) + " |")
     first = next(iter(grids.values()))
     lines += ["", f"Accuracy averaged over {len(first['depths'])} depths, {first['trials']} trials "
-              "per cell and seed, then over seeds; per-depth grids in passkey.csv and the heat maps."]
+              "per cell and seed, then over seeds; per-depth grids in passkey.csv and passkey.png."]
     return "\n".join(lines)
 
 
@@ -456,12 +456,14 @@ def plot_perplexity(rows: list[dict], path: Path, *, title: str, train_len: int 
     return path
 
 
-def plot_passkey(grid: dict, path: Path) -> Path:
-    from tapa.eval.plots import plot_passkey_heatmap
+def plot_passkey(grids: dict[str, dict], path: Path) -> Path:
+    """Every arm's mean heat map in one figure, on one colour scale."""
+    from tapa.eval.plots import plot_passkey_heatmaps
 
-    return plot_passkey_heatmap(grid, path, title=f"passkey: {grid['label']} (mean of {grid['seeds']} "
-                                                  f"seed{'s' if grid['seeds'] > 1 else ''} x "
-                                                  f"{grid['trials']} trials)")
+    panels = [(g, f"{g['label']}\n({g['seeds']} seed{'s' if g['seeds'] > 1 else ''} x {g['trials']} trials)")
+              for g in grids.values()]
+    return plot_passkey_heatmaps(panels, path, title="passkey retrieval after the continual stage "
+                                                     "(accuracy, mean over seeds)")
 
 
 def theory_rows(jobs: list[dict]) -> list[dict]:
@@ -557,6 +559,7 @@ def readme_skeleton(jobs: list[dict], tables: dict[str, str], command: str) -> s
         "![continual](perplexity_continual.png)", "",
         "## Learning-rate sweep", "", tables["lr"], "",
         "## Passkey retrieval (after the continual stage)", "", tables["passkey"], "",
+        "![passkey](passkey.png)", "",
         "## Theory on trained weights", "",
         "The logit's mean and variance vs distance in the middle global layer of each pretrained "
         "model, on held-out text longer than training (`python3 -m tapa.theory.trained`), next to "
@@ -624,7 +627,7 @@ def aggregate(paths, out_dir: str | Path, *, protocol_id: str | None = None,
                    for arm, g in grids.items() for li, n in enumerate(g["lengths"])
                    for di, d in enumerate(g["depths"])], out / "passkey.csv")
         written.append(out / "passkey.csv")
-        written += [plot_passkey(g, out / f"passkey_{arm}.png") for arm, g in grids.items()]
+        written.append(plot_passkey(grids, out / "passkey.png"))
     theory = theory_rows(pretrained)
     if theory:
         write_csv(theory, out / "theory_trained.csv")
