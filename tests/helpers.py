@@ -22,3 +22,18 @@ def python_like_text(lines: int) -> str:
     """A deterministic Python-looking corpus of 2 * lines lines (independent of the interpreter)."""
     return "".join(f"def function_{i}(value):\n    return value * {i % 7} + {i % 13}  # line {i}\n"
                    for i in range(lines))
+
+
+def earlier_phase_layout(lm, weights: dict) -> dict:
+    """`weights` (a TapaLM's, bare or under a prefix such as transformers' "model.") as they were
+    stored before TAPA's phase rows became parameters of their own: one wq / wk per layer, each
+    head's amplitude then phase rows."""
+    old = {}
+    for name, tensor in weights.items():
+        if "_phase" in name:
+            continue
+        if name.endswith(("attn.wq.weight", "attn.wk.weight")):
+            layer = int(name.split("layers.")[1].split(".")[0])
+            tensor = lm.layers[layer].attn.projection_weight(name.split(".")[-2][1]).detach().clone()
+        old[name] = tensor
+    return old

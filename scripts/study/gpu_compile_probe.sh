@@ -29,11 +29,12 @@ for arm in "rope:--pe rope --lr 1e-3" "tapa:--pe tapa --phase-lr-scale 0.1 --lr 
         rc=$?
         tail -n 3 "$OUT/$name-$mode.log"
         python3 - "$name" "$mode" "$rc" "$(( $(date +%s) - start ))" "/tmp/compile_probe/$name-$mode" <<'PY' | tee -a "$OUT/summary.md"
-import json, sys
+import sys
 from pathlib import Path
+from tapa.train.rundir import read_metrics
 name, mode, rc, wall, run = sys.argv[1:]
-lines = (Path(run) / "metrics.jsonl").read_text().splitlines() if (Path(run) / "metrics.jsonl").is_file() else []
-rates = [json.loads(line)["tokens_per_s"] for line in lines][-5:]
+metrics = Path(run) / "metrics.jsonl"
+rates = [r["tokens_per_s"] for r in (read_metrics(metrics) if metrics.is_file() else [])][-5:]
 steady = sum(rates) / len(rates) if rates else float("nan")
 print(f"| {name} | {mode} | rc {rc} | {wall} s wall | {steady / 1e3:.0f}k tokens/s steady |")
 PY

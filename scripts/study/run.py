@@ -37,6 +37,7 @@ import subprocess
 import sys
 import time
 import traceback
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,6 +49,8 @@ from plan import (Group, build_groups, check_flags, estimate_stage, parse_jobs, 
                   parse_lr_map, plan_jobs, split_batches, stage_closure)
 from summarize import (corpus_summary, done_marker, finished_stages, job_summary, pack,  # noqa: E402
                        read_json, write_json_atomic)
+
+from tapa.train.rundir import read_metrics  # noqa: E402
 
 
 def _now() -> str:
@@ -260,9 +263,11 @@ def progress_line(root: Path, running: dict, protocol, elapsed: float, counts: s
         text = f"{gid}: {stage.name}"
         metrics = Path(stage.out) / "metrics.jsonl"
         if stage.kind in ("pretrain", "continual") and metrics.is_file():
-            lines = metrics.read_text().splitlines()
-            if lines:
-                last = json.loads(lines[-1])
+            with warnings.catch_warnings():  # the trainer may be writing the last line right now
+                warnings.simplefilter("ignore")
+                records = read_metrics(metrics)
+            if records:
+                last = records[-1]
                 steps = protocol.pretrain_steps if stage.kind == "pretrain" else protocol.continual_steps
                 total += last["tokens_per_s"]
                 text += (f" {last['step']}/{steps} {last['tokens_per_s'] / 1e3:.0f}k tok/s "

@@ -18,6 +18,7 @@ from arms import ARMS, Protocol
 from plan import Group, Job, job_stages
 
 from tapa.train.checkpoint import write_text_atomic
+from tapa.train.rundir import read_metrics
 
 JOB_KIND = "tapa-study-job"
 CURVE_POINTS = 100  # loss-curve points kept per training stage
@@ -66,8 +67,7 @@ def corpus_summary(manifest: dict, directory: str) -> dict:
 
 def _training_summary(run_dir: Path) -> dict:
     config = read_json(run_dir / "config.json") or {}
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    records = [json.loads(line) for line in lines if line]
+    records = read_metrics(run_dir / "metrics.jsonl")
     last = records[-1]
     val = [r for r in records if r.get("val_loss") is not None]
     every = max(1, len(records) // CURVE_POINTS)

@@ -2,6 +2,8 @@
 
 import torch
 
+from helpers import earlier_phase_layout
+
 from tapa.hf import TapaForCausalLM
 from tapa.model import ModelConfig, TapaLM
 
@@ -14,14 +16,7 @@ def test_export_of_the_earlier_layout_loads_with_identical_logits(tmp_path):
     lm = TapaLM(cfg).eval()
     TapaForCausalLM.from_tapa_lm(lm).save_pretrained(tmp_path)
     weights = load_file(str(tmp_path / "model.safetensors"))
-    old = {}  # the earlier layout: one wq / wk per layer, each head's amplitude then phase rows
-    for name, tensor in weights.items():
-        if "_phase" in name:
-            continue
-        if name.endswith(("attn.wq.weight", "attn.wk.weight")):
-            attn = lm.layers[int(name.split(".")[2])].attn
-            tensor = attn.projection_weight(name.split(".")[-2][1]).detach().clone()
-        old[name] = tensor
+    old = earlier_phase_layout(lm, weights)
     assert any(t.shape[0] == 64 for n, t in old.items() if n.endswith("wq.weight"))
     save_file(old, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
     loaded = TapaForCausalLM.from_pretrained(tmp_path).eval()

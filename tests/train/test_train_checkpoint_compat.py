@@ -7,6 +7,7 @@ import shutil
 
 import pytest
 import torch
+from helpers import earlier_phase_layout
 from safetensors.torch import load_file, save_file
 from trainkit import records, small_configs, one_thread  # noqa: F401 (autouse fixture)
 
@@ -14,21 +15,8 @@ from tapa.model.checkpoint import CheckpointError, file_sha256, load_model, reso
 from tapa.train.trainer import train
 
 
-def _old_layout(lm, weights: dict) -> dict:
-    """`weights` (TapaLM names) as the earlier layout stored them."""
-    old = {}
-    for name, tensor in weights.items():
-        if "_phase" in name:
-            continue
-        if name.endswith(("attn.wq.weight", "attn.wk.weight")):
-            attn = lm.layers[int(name.split(".")[1])].attn
-            tensor = attn.projection_weight(name.split(".")[-2][1]).detach().clone()
-        old[name] = tensor
-    return old
-
-
 def _rewrite_as_old(checkpoint, lm) -> None:
-    save_file(_old_layout(lm, load_file(checkpoint / "model.safetensors")),
+    save_file(earlier_phase_layout(lm, load_file(checkpoint / "model.safetensors")),
               checkpoint / "model.safetensors")
     optimizer = torch.load(checkpoint / "optimizer.pt", weights_only=True)
     for key in list(optimizer["state"]):

@@ -104,7 +104,7 @@ class TapaConfig(PreTrainedConfig):
 
     @property
     def sliding_window(self) -> int | None:
-        return self.local_window if "sliding_attention" in self.layer_types else None
+        return self.local_window if self.model_config().is_hybrid else None
 
     @sliding_window.setter
     def sliding_window(self, value) -> None:

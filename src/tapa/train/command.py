@@ -252,7 +252,7 @@ def run(args: argparse.Namespace) -> int:
         train_cfg, model_cfg, data_cfg = configs_from_args(args)
     except ValueError as err:
         raise SystemExit(f"tapa train: {err}") from err
-    if train_cfg.init_from and not train_cfg.resume and "lr" not in overrides_from_args(args)["train"]:
+    if train_cfg.init_from and not train_cfg.resume and not hasattr(args, "lr"):  # set by continual_lr
         print(f"continual run: peak lr {train_cfg.lr:g}, where the pretraining schedule ended "
               f"(its lr x min_lr_ratio); --lr sets another")
     if args.print_config:
