@@ -121,6 +121,22 @@ def test_exported_and_int_seqlens():
                        tapa_attention_with_kvcache(q, k_cache, v_cache, full))
 
 
+@pytest.mark.parametrize("impl", ["reference", "naive"])
+def test_reference_impls_never_take_the_kernel(monkeypatch, impl):
+    """impl "reference"/"naive" run per sequence even where the kernel would apply (on CUDA: here
+    simulated by a decode_kernel_applies that says yes to "auto"); found on the H200, where these
+    impls called a kernel they had not loaded."""
+    from tapa.ops import decode
+
+    real = decode.decode_kernel_applies
+    monkeypatch.setattr(decode, "decode_kernel_applies",
+                        lambda q, k, v, impl="auto": impl == "auto" or real(q, k, v, impl))
+    q, k, v, seqlens, starts = cache_case(2, 1, 2, 1, 9, torch.float64, seed=3)
+    exact, _ = expected(q, k, v, seqlens, starts)
+    out = tapa_attention_with_kvcache(q, k, v, seqlens, cache_starts=starts, impl=impl)
+    assert rel_rmse(out, exact) < 1e-12
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_auto_on_cuda_takes_the_kernel_where_it_applies(monkeypatch):

@@ -110,7 +110,7 @@ def tapa_attention_with_kvcache(
         if needs_grad:
             raise ValueError("impl='triton': the decode kernel has no backward pass; "
                              "use impl='auto' or 'reference' when gradients are needed")
-    use_kernel = impl == "triton" or decode_kernel_applies(q, k_cache, v_cache)
+    use_kernel = impl == "triton" or decode_kernel_applies(q, k_cache, v_cache, impl)
     if use_kernel:
         result = kernel.tapa_decode_attention(q, k_cache, v_cache, cache_seqlens, cache_starts=cache_starts,
                                               return_lse=True, check_lengths=False, **op_args)

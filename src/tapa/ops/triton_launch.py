@@ -72,9 +72,14 @@ class LaunchConfigs:
     taylor_tolerance: float | None = None  # None: the module's TAYLOR_TOLERANCE
 
 
+# Fixed when the kernels are defined (TRITON_INTERPRET is read then); a module constant, so that
+# torch.compile traces `interpreting()` (dynamo cannot take the type of a Triton kernel object).
+_INTERPRETING = type(kernels._fwd_kernel).__name__ == "InterpretedFunction"
+
+
 def interpreting() -> bool:
     """True when the kernels run under Triton's CPU interpreter (TRITON_INTERPRET=1)."""
-    return type(kernels._fwd_kernel).__name__ == "InterpretedFunction"
+    return _INTERPRETING
 
 
 # Set by `override_configs` (benchmark sweeps) to replace the choice below.
