@@ -288,6 +288,33 @@ def test_parse_variant_round_trip_and_errors(monkeypatch):
         triton_launch.default_configs(64, 64, torch.float16)
 
 
+def test_gpu_defaults_by_head_size_and_dtype(monkeypatch):
+    """The GPU defaults (results/kernel-h200/probe-2026-12-01): 16-bit D=128 takes dQ by atomics,
+    MUFU trig and the degree-3 far-tile series; 16-bit D=64 a 128x64 dQ kernel, 3 sin terms and the
+    same series; float32 none of them (its grades would show in float32 results)."""
+    monkeypatch.setattr(triton_launch, "_INTERPRETING", False)
+    monkeypatch.delenv(triton_launch.VARIANT_ENV, raising=False)
+    d128 = triton_launch.default_configs(128, 128, torch.bfloat16)
+    assert (d128.dq_atomic, d128.trig_poly, d128.taylor_order, d128.taylor_tolerance) == (True, False, 3, 1e-6)
+    assert triton_launch.default_configs(128, 128, torch.float16) == d128
+    d64 = triton_launch.default_configs(64, 64, torch.bfloat16)
+    assert (d64.dq, d64.trig_terms, d64.taylor_order, d64.dq_atomic) == (triton_launch.KernelConfig(128, 64, 8, 2), 3, 3, None)
+    for head_dim in (64, 128):
+        plain = triton_launch.default_configs(head_dim, head_dim, torch.float32)
+        assert (plain.dq_atomic, plain.trig_poly, plain.trig_terms, plain.taylor_order) == (None,) * 4
+
+
+def test_deterministic_mode_takes_the_dq_kernel():
+    atomic = triton_launch.with_variant(triton_launch.default_configs(32, 32, torch.float16), "dq_atomic=1")
+    assert triton_launch.dq_by_atomics(atomic)
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert not triton_launch.dq_by_atomics(atomic)
+    finally:
+        torch.use_deterministic_algorithms(was)
+
+
 def test_float32_keeps_float32_grade_trig():
     configs = triton_launch.with_variant(triton_launch.default_configs(32, 32, torch.float32),
                                          "trig_terms=3")

@@ -179,7 +179,7 @@ def offline_rows(variants: dict, head_dim: int = 128, max_distance: int = 16383)
     for label, changes in variants.items():
         configs = triton_launch.with_variant(
             triton_launch.default_configs(head_dim, head_dim, torch.bfloat16), changes)
-        dq_atomic = triton_launch.DQ_ATOMIC if configs.dq_atomic is None else configs.dq_atomic
+        dq_atomic = triton_launch.dq_by_atomics(configs)
         _, flags = triton_launch.logits_args(alpha=0.1, distance="power", phase="quadratic",
                                              phase_dim=head_dim // 2, dtype=torch.bfloat16,
                                              max_distance=max_distance, configs=configs)

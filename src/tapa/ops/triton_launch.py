@@ -39,8 +39,8 @@ VARIANT_ENV = "TAPA_KERNEL_VARIANT"
 # |t| < 2**22) needs only |q_P . k_P| / sqrt(d_P) < 2**19, and exp2(alpha * log2 d) loses at most
 # ln(8) ~ 2 ulp. The default alpha = 0.1 stays below it up to 2**24 tokens (f = 5.3).
 LONG_PHASE_FROM = 8.0
-# dQ by float32 atomics from the dK/dV kernel (True) or by a separate dQ kernel (False).
-# (The atomic path passes the interpreter tests; it has not yet run on a GPU.)
+# dQ by float32 atomics from the dK/dV kernel (True) or by a separate dQ kernel (False), where a
+# config does not choose. The 16-bit configs at D <= 128 choose it (see `_default_configs`).
 DQ_ATOMIC = False
 
 
@@ -211,9 +211,20 @@ def _default_configs(head_dim: int, v_dim: int, dtype: torch.dtype) -> LaunchCon
     width = max(head_dim, v_dim)
     if dtype == torch.float32:  # float32 operands take twice the registers and shared memory
         width *= 2
-    if width <= 128:  # the best measured combination at D=128 (NOTES.md); D=64 takes the same
-        return LaunchConfigs(KernelConfig(128, 64, 8, 3), KernelConfig(32, 128, 8, 2),
-                             KernelConfig(128, 16, 8, 2))
+    if width <= 128:  # the best measured blocks at D=128 (NOTES.md); D=64 takes the same
+        configs = LaunchConfigs(KernelConfig(128, 64, 8, 3), KernelConfig(32, 128, 8, 2),
+                                KernelConfig(128, 16, 8, 2))
+        if dtype in (torch.bfloat16, torch.float16):
+            # The H200 probe's winners, each group's best accurate variant combined and timed against
+            # this default in the same run (results/kernel-h200/probe-2026-12-01): fwd+bwd x0.69-0.72
+            # at D=128 (dQ by atomics, MUFU cos/sin, a degree-3 d ** alpha series on far tiles), and
+            # x0.85-0.88 at D=64 (a 128x64 dQ kernel, the 3-term sin polynomial, the same series).
+            # Their bf16 errors equal the default's; float32 keeps the longer series and polynomials.
+            far_series = dict(taylor_order=3, taylor_tolerance=1e-6)
+            if width <= 64:
+                return replace(configs, dq=KernelConfig(128, 64, 8, 2), trig_terms=3, **far_series)
+            return replace(configs, dq_atomic=True, trig_poly=False, **far_series)
+        return configs
     if width <= 256:
         return LaunchConfigs(KernelConfig(64, 64, 4, 2), KernelConfig(16, 64, 4, 2),
                              KernelConfig(64, 16, 4, 2))
@@ -224,6 +235,13 @@ def _default_configs(head_dim: int, v_dim: int, dtype: torch.dtype) -> LaunchCon
 def _chosen(configs: LaunchConfigs | None, name: str, default):
     value = None if configs is None else getattr(configs, name)
     return default if value is None else value
+
+
+def dq_by_atomics(configs: LaunchConfigs | None = None) -> bool:
+    """dQ by float32 atomics from the dK/dV kernel, whose summation order changes from run to run,
+    unless torch's deterministic mode is on (`torch.use_deterministic_algorithms`): then the
+    separate dQ kernel, bitwise reproducible."""
+    return bool(_chosen(configs, "dq_atomic", DQ_ATOMIC)) and not torch.are_deterministic_algorithms_enabled()
 
 
 def trig_poly(configs: LaunchConfigs | None = None) -> bool:
@@ -403,7 +421,7 @@ def backward(dout, dlse, q, k, v, out, lse, *, amp_dim, alpha, distance, phase, 
                                        k_offset, configs)
     grad_scales = [1 / math.sqrt(amp_dim), -2 * math.pi / math.sqrt(amp_dim)]
     dk, dv = torch.empty_like(k), torch.empty_like(v)
-    dq_atomic = DQ_ATOMIC if configs.dq_atomic is None else configs.dq_atomic
+    dq_atomic = dq_by_atomics(configs)
     # the atomics accumulate in float32 (like FlashAttention-2's dq_accum)
     dq = (torch.zeros(q.shape, dtype=torch.float32, device=q.device) if dq_atomic
           else torch.empty_like(q))
