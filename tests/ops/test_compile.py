@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -93,3 +94,44 @@ def test_kernels_compile_for_hopper():
                             env=env, timeout=300)
     assert result.returncode == 0, result.stderr[-4000:]
     assert "compiled for sm_90" in result.stdout
+
+
+LONG_PHASE_SCRIPT = """
+import sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from tapa.ops import triton_kernels
+
+kernel = triton_kernels._fwd_kernel
+constexprs = dict(AMP_DIM=16, HEAD_DIM=32, V_DIM=32, BLOCK_DA=16, BLOCK_DP=16, BLOCK_DV=32, BLOCK_M=64,
+                  BLOCK_N=32, CAUSAL=True, DIST_POWER=False, PHASE_QUAD=True, TRIG_POLY=True, TRIG_TERMS=6,
+                  TAYLOR_ORDER=6, PTX_ASM=True, LONG_PHASE=sys.argv[1] == "1", DOT_PRECISION="ieee",
+                  WARP_SPECIALIZE=False)
+signature = {name: "constexpr" if name in constexprs else "*fp32" if name[0].isupper()
+             else "i32" if name.startswith(("stride", "n_", "q_off", "k_off", "heads", "group")) else "fp32"
+             for name in kernel.arg_names}
+compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs),
+                          target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 2})
+print(compiled.asm["ptx"])
+"""
+
+
+@pytest.mark.skipif(torch.cuda.is_available() or not _ptxas_available(),
+                    reason="CPU-only check with triton's bundled ptxas")
+def test_long_phase_reduction_reads_the_rounded_phase():
+    """With LONG_PHASE the turn reduction must see t = fl(phi * fs): FP fusion would otherwise fuse
+    phi * fs into the reduction's `+ 1.5 * 2**23` (an fma on the magic constant), which left
+    |r| > 1/2 and NaN out of the polynomials on the H200 (linear distance, alpha = 2**72). The
+    short-phase path keeps the fusion (harmless below 2**22): the pattern is there to be found."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    fused_magic = re.compile(r"fma\.rn\.f32\s+%r\d+, %r\d+, %r\d+, 0f4B400000;")
+    ptx = {}
+    for long_phase in ("0", "1"):
+        result = subprocess.run([sys.executable, "-c", LONG_PHASE_SCRIPT, long_phase], capture_output=True,
+                                text=True, env=env, timeout=300)
+        assert result.returncode == 0, result.stderr[-4000:]
+        ptx[long_phase] = result.stdout
+    assert fused_magic.search(ptx["0"])
+    assert not fused_magic.search(ptx["1"])
+    assert "mul.rn.f32" in ptx["1"]

@@ -107,6 +107,25 @@ def _turns_fraction(t, LONG_PHASE: tl.constexpr):
 
 
 @triton.jit
+def _phase_product(x, fs, LONG_PHASE: tl.constexpr, PTX_ASM: tl.constexpr):
+    """t = x * fs, rounded to float32 before the turn reduction uses it when LONG_PHASE (GPU).
+
+    With FP fusion (Triton's default) the compiler contracts `x * fs + ROUND_MAGIC` and
+    `x * fs - round` into FMAs on the exact product. Below 2**22 that only makes r more exact, but
+    for a large product the first reduction then leaves r = x * fs - fl(x * fs), up to half an ulp
+    of t, and the second reduction of such an r can leave an integer as large as 2**24. The
+    polynomials overflow on it (NaN); the MUFU returns garbage. Seen on the H200 at
+    distance="linear", alpha = 2**72; results/kernel-h200/NOTES.md, Run 3. An explicit `mul.rn` is
+    opaque to LLVM and never fused by ptxas, so both reductions see the rounded t.
+    """
+    if LONG_PHASE and PTX_ASM:
+        return tl.inline_asm_elementwise("mul.rn.f32 $0, $1, $2;", "=r,r,r", [x, fs],
+                                         dtype=tl.float32, is_pure=True, pack=1)
+    else:
+        return x * fs
+
+
+@triton.jit
 def _exact_pow(d, alpha):
     """d ** alpha for d >= 1 to a few ulp at any size of the result.
 
@@ -265,9 +284,10 @@ def _tile_amplitude_and_phase(a_amp, b_amp, a_phase, b_phase, a_phase_sum, b_pha
     fs = _scaled_distance_weight(s, s_lo, s_hi, alpha, phase_scale, taylor_rho, b1, b2, b3, b4, b5, b6,
                                  DIST_POWER, TAYLOR_ORDER, PTX_ASM, LONG_PHASE)
     if PHASE_QUAD:
-        t = tl.dot(a_phase, tl.trans(b_phase), input_precision=DOT_PRECISION) * fs
+        phi = tl.dot(a_phase, tl.trans(b_phase), input_precision=DOT_PRECISION)
     else:
-        t = (a_phase_sum[:, None] + b_phase_sum[None, :]) * fs
+        phi = a_phase_sum[:, None] + b_phase_sum[None, :]
+    t = _phase_product(phi, fs, LONG_PHASE, PTX_ASM)
     qk_amp = tl.dot(a_amp, tl.trans(b_amp), input_precision=DOT_PRECISION)
     return qk_amp, _turns_fraction(t, LONG_PHASE), fs
 
