@@ -52,6 +52,11 @@ ARMS = {arm.name: arm for arm in (
     Arm("tapa-theta75", "TAPA, theta 0.75", "tapa", ("--pe", "tapa", "--theta", "0.75", *PHASE_LR)),
     Arm("tapa-linear", "TAPA, linear phase", "tapa", ("--pe", "tapa-linear-phase", *PHASE_LR)),
     Arm("hybrid-tapa", "TAPA hybrid (LLLG, w256)", "hybrid", ("--pe", "tapa", *HYBRID, *PHASE_LR)),
+    # the passkey lead of 2026-12-01: at continual lr x0.1 the TAPA globals' phase rows learn at 1% of
+    # the pretraining peak, and the TAPA hybrid barely learned passkey retrieval; here they learn
+    # at the continual lr itself (same pretraining run as hybrid-tapa)
+    Arm("hybrid-tapa-cphase", "TAPA hybrid (LLLG, w256), continual phase rows at 1x", "hybrid",
+        ("--pe", "tapa", *HYBRID, *PHASE_LR), continual=("--phase-lr-scale", "1.0"), zero_shot=False),
     Arm("hybrid-nope", "NoPE hybrid (LLLG, w256)", "hybrid", ("--pe", "nope", *HYBRID)),
     Arm("hybrid-rope", "RoPE hybrid (LLLG, w256)", "hybrid", ("--pe", "rope", *HYBRID)),
     Arm("hybrid-rope-eval-yarn", "RoPE hybrid (LLLG, w256) + eval-time YaRN", "hybrid",
