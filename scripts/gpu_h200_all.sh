@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU measurements of the project in one call on an H200 (device tool), one after another:
-# the attention-kernel benchmark, the model-throughput benchmark and the decode benchmark.
+# the ops' CUDA tests, the attention-kernel benchmark (with its bf16 and 64k long-range
+# accuracy checks), the model-throughput benchmark and the decode benchmark (under 10 minutes).
 # Results land in results/{kernel,model-throughput,decode}-h200/ and are packed into
 # $OUT/results.tar.gz. With 2+ GPUs, run scripts/multi_gpu_check.sh for the multi-GPU check.
 #   scripts/gpu_h200_all.sh
@@ -18,9 +19,15 @@ step() {  # step NAME SECONDS COMMAND...
     timeout "$limit" "$@" > "$LOG/$name.log" 2>&1
     echo "$name rc=$?" | tee -a "$LOG/rc.txt"
 }
-step attention 260 python -m tapa.bench.attention --head-dims 128 --causal causal --out results/kernel-h200
-step model 150 python -m tapa.cli bench model --out results/model-throughput-h200
-step decode 150 python -m tapa.cli bench decode --out results/decode-h200
+# the CUDA tests of the ops first: the defaults' accuracy (bf16, the 64k long-range rows) and the
+# long-phase fix (test_alpha_at_its_bound) on the GPU, before any timing is trusted
+PYTEST_ARGS=(-q -p no:cacheprovider -rfE --tb=short)
+python -c "import xdist" 2>/dev/null && PYTEST_ARGS+=(-n 8)
+step tests 150 python -m pytest tests/ops "${PYTEST_ARGS[@]}"
+step attention 240 python -m tapa.bench.attention --head-dims 128 --causal causal --out results/kernel-h200
+step model 120 python -m tapa.cli bench model --out results/model-throughput-h200
+step decode 80 python -m tapa.cli bench decode --out results/decode-h200
 tar czf "${OUT:-/tmp}/results.tar.gz" results/kernel-h200 results/model-throughput-h200 \
     results/decode-h200 "$LOG" 2>/dev/null
+grep -E "^(FAILED|ERROR)|passed|failed" "$LOG"/tests.log | tail -n 12
 tail -n 30 "$LOG"/attention.log "$LOG"/model.log "$LOG"/decode.log
