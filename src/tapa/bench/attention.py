@@ -53,7 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--skip-checks", action="store_true")
     parser.add_argument("--variants", nargs="+", default=[], metavar="[LABEL:]SPEC",
                         help="kernel variants to check and time next to the default, SPEC as "
-                             "triton_launch.parse_variant reads it, e.g. atomic:dq_atomic=1")
+                             "triton_launch.parse_variant reads it, e.g. dq-kernel:dq_atomic=0")
     parser.add_argument("--combine-best", action="store_true",
                         help="afterwards, combine the variants that beat the default (at the "
                              "largest N) and time that combination")

@@ -2,7 +2,7 @@
 next to the default kernel and the SDPA anchors in the same cases.
 
 A variant is `LABEL:SPEC` (or a bare SPEC, its own label) with SPEC as
-`tapa.ops.triton_launch.parse_variant` reads it, e.g. `atomic:dq_atomic=1` or
+`tapa.ops.triton_launch.parse_variant` reads it, e.g. `dq-kernel:dq_atomic=0` or
 `big-dkdv:dkdv=64x128/8/2,dq_atomic=1`. Nothing here changes a default.
 
 - `precompile`: Triton compiles each variant's kernels once per process, serially, which dominates a
