@@ -78,6 +78,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     what.add_argument("--pretrain-steps", type=int, default=None,
                       help="override the protocol's (recorded; such jobs are not protocol jobs)")
     what.add_argument("--train-flags", default="", help="extra flags for every tapa train, e.g. '--compile'")
+    what.add_argument("--skip-done", type=Path, default=None, metavar="DIR",
+                      help="leave out the jobs whose complete JSON of this protocol is in DIR "
+                           "(e.g. results/toy-study/jobs), so a plan runs only what is missing")
     how = parser.add_argument_group("how")
     how.add_argument("--root", type=Path, default=Path("/tmp/study"), help="runs, caches, logs")
     how.add_argument("--out", type=Path, default=None, help="where the archive goes (default ROOT/out)")
@@ -126,7 +129,28 @@ def configure(args):
         jobs = plan_jobs(args.plan, protocol, families=args.families, arms=args.arms,
                          lrs=parse_lr_map(args.lr), seeds=args.seeds)
     default = ["pretrain", "eval0"] if args.plan == "lr-sweep" else list(STAGES)
-    return protocol, estimates, jobs, stage_closure(args.stages or default)
+    stages = stage_closure(args.stages or default)
+    if args.skip_done:
+        done = done_jobs(args.skip_done, protocol.fingerprint(), stages)
+        skipped = [job.id for job in jobs if job.id in done]
+        jobs = [job for job in jobs if job.id not in done]
+        if skipped:
+            print(f"skipping {len(skipped)} job(s) done in {args.skip_done}: {', '.join(skipped)}")
+    return protocol, estimates, jobs, stages
+
+
+def done_jobs(folder: Path, protocol_id: str, stages) -> set[str]:
+    """Ids (arm:lr:seed) of the job JSONs in folder that are complete under this protocol's full
+    id and ran every stage kind asked for now."""
+    if not folder.is_dir():
+        raise SystemExit(f"--skip-done: no folder {folder}")
+    done = set()
+    for path in sorted(folder.glob("*.job.json")):
+        job = json.loads(path.read_text())
+        kinds = {name.split("-", 1)[0] for name in job.get("stages_done", [])}
+        if job.get("complete") and job.get("protocol_id") == protocol_id and set(stages) <= kinds:
+            done.add(job["job"])
+    return done
 
 
 # ---------------------------------------------------------------------------------------------

@@ -114,6 +114,28 @@ def test_runner_reruns_stages_whose_flags_changed(study_root, capsys, monkeypatc
     capsys.readouterr()
 
 
+def test_skip_done_leaves_out_only_complete_jobs_of_this_protocol(tmp_path, capsys):
+    """--skip-done: a plan runs what is missing. A job counts as done only when its JSON is
+    complete, of this protocol's full id, and ran every stage kind asked for now."""
+    full_id = arms.TOY_GPU.fingerprint()
+    stages = ["pretrain", "eval0", "theory", "continual-tapa", "eval1-tapa", "passkey-tapa"]
+    for name, job_id, protocol_id, complete, done in (
+            ("a", "tapa:0.002:2", full_id, True, stages),  # done
+            ("b", "tapa:0.002:3", "0123456789ab", True, stages),  # another protocol
+            ("c", "tapa:0.002:4", full_id, False, stages[:2]),  # stopped at the budget
+            ("d", "nope:0.001:2", full_id, True, stages[:2])):  # zero-shot only
+        (tmp_path / f"{name}.job.json").write_text(json.dumps(
+            dict(job=job_id, protocol_id=protocol_id, complete=complete, stages_done=done)))
+    assert run.done_jobs(tmp_path, full_id, arms.STAGES) == {"tapa:0.002:2"}
+    assert run.done_jobs(tmp_path, full_id, ["pretrain", "eval0"]) == {"tapa:0.002:2", "nope:0.001:2"}
+    args = run.parse_args(["--plan", "seeds", "--families", "tapa,nope", "--arms", "tapa,nope",
+                           "--lr", "tapa=0.002,nope=0.001", "--seeds", "2,3,4", "--skip-done", str(tmp_path)])
+    _, _, jobs, _ = run.configure(args)
+    assert {job.id for job in jobs} == {"tapa:0.002:3", "tapa:0.002:4", "nope:0.001:2", "nope:0.001:3",
+                                        "nope:0.001:4"}
+    assert "skipping 1 job(s)" in capsys.readouterr().out
+
+
 def test_plan_shares_runs_and_fills_the_protocol():
     jobs = plan.parse_jobs("rope:1e-3:0,rope-yarn:0.001:0,rope-eval-yarn:1e-3:0,tapa:1e-3:1")
     groups = plan.build_groups(jobs, arms.TOY_GPU, arms.STAGES, Path("/r"))
