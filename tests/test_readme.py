@@ -69,9 +69,12 @@ def test_readme_study_table_matches_the_study_results():
     assert checked >= 30
 
 
-def test_study_readme_coverage_is_the_aggregated_one():
-    """results/toy-study/README.md is hand-kept around generated tables: its coverage table must
-    be coverage.md's (re-aggregating after new jobs without updating the README fails here)."""
+def test_study_readme_tables_are_the_aggregated_ones():
+    """results/toy-study/README.md is hand-kept around generated tables: its coverage and seed
+    comparison tables must be coverage.md's and comparisons.md's (re-aggregating after new jobs
+    without updating the README fails here)."""
     study = Path(__file__).resolve().parents[1] / "results" / "toy-study"
-    table = (study / "coverage.md").read_text().strip().split("\n\n")[0]
-    assert table in (study / "README.md").read_text()
+    readme = (study / "README.md").read_text()
+    for name in ("coverage.md", "comparisons.md"):
+        table = (study / name).read_text().strip()
+        assert table.split("\n\n")[0 if name == "coverage.md" else 1] in readme, name

@@ -256,6 +256,33 @@ def test_aggregate_known_mean_and_std(tmp_path):
     assert (tmp_path / "out" / "README.skeleton.md").is_file()
 
 
+def test_comparisons_from_the_seeds(tmp_path):
+    """comparisons.csv: the pair (tapa, rope) with three seeds each, tapa lower at 512 and with
+    no spread difference elsewhere; p-values as tapa.eval.stats computes them from these seeds."""
+    from tapa.eval import stats
+
+    tapa = [[7, 8, 9, 10, 11, 10], [8, 8, 9, 10, 11, 20], [9, 8, 9, 10, 11, 30]]
+    rope = [[10, 50, 90, 100, 150, 200], [11, 50, 90, 100, 150, 200], [12, 51, 90, 100, 150, 200]]
+    (tmp_path / "in").mkdir()
+    for seed in range(3):
+        for arm, ppl in (("tapa", tapa[seed]), ("rope", rope[seed])):
+            job = synthetic_job(arm, arm, 1e-3, seed, ppl, label=arm.upper())
+            (tmp_path / "in" / f"{arm}{seed}.job.json").write_text(json.dumps(job))
+    study.aggregate([tmp_path / "in"], tmp_path / "out")
+    rows = {int(r["length"]): r for r in csv.DictReader(open(tmp_path / "out" / "comparisons.csv"))
+            if (r["a"], r["b"]) == ("tapa", "rope")}
+    assert sorted(rows) == [512, 1024, 2048, 4096, 8192, 16384]
+    first = rows[512]
+    t, df, p = stats.welch_t([7, 8, 9], [10, 11, 12])
+    assert math.isclose(float(first["welch_t"]), t) and math.isclose(float(first["p_welch"]), p)
+    assert math.isclose(t, 3 / math.sqrt(2 / 3)) and math.isclose(df, 4.0)
+    assert math.isclose(float(first["p_mann_whitney"]), 1 / 20)  # every tapa seed below every rope seed
+    assert math.isclose(float(first["ratio"]), 8 / 11)
+    assert float(rows[2048]["p_welch"]) != float(rows[2048]["p_welch"])  # no spread on either side: nan
+    markdown = (tmp_path / "out" / "comparisons.md").read_text()
+    assert f"| TAPA | ROPE | 512 | 3/3 | 8.00 | 11.00 | 0.727 | 3.67 (4.0) | {p:.3f} | 0.050 |" in markdown
+
+
 def test_aggregate_refuses_mixed_protocols(tmp_path):
     """Jobs whose recorded protocols differ in what the numbers depend on are not mixed; a
     plan-only difference (the theory settings, the seeds) keeps them comparable."""

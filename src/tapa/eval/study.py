@@ -11,6 +11,8 @@ Every number written comes from the job JSONs. Written to --out:
     passkey.csv, passkey.md, passkey.png   accuracy per length and depth, mean over seeds
     theory_trained.csv, .png          logit moments vs distance on trained weights (tapa.theory.trained)
     coverage.md                       the seeds each arm has per measurement (what is still missing)
+    comparisons.csv, comparisons.md   the study's questions as pairs of arms, per length (zero-shot):
+                                      one-sided Welch and exact Mann-Whitney p-values over seeds
     commands.md                       every job's exact commands
     README.md                         a skeleton (protocol, hardware, dates, tables); an existing
                                       README.md is kept and the skeleton goes to README.skeleton.md
@@ -206,21 +208,84 @@ def _length_name(length: int) -> str:
     return f"{length // 1024}k" if length >= 1024 and length % 1024 == 0 else str(length)
 
 
-def perplexity_summary(jobs: list[dict], stage: str) -> list[dict]:
-    """One row per arm (at its main lr) and length: mean, std, n, the per-seed values."""
-    lrs, rows = main_lrs(jobs), []
+def seed_perplexities(jobs: list[dict], stage: str) -> dict[str, dict]:
+    """arm -> {"job": one of its jobs, "lr": its main lr, "values": {length: [(seed, ppl), ...]}},
+    the arms in table order, each at its main lr, only those with results of `stage`."""
+    lrs, arms = main_lrs(jobs), {}
     for arm in arm_order(jobs):
         mine = [j for j in jobs if j["arm"] == arm and j["lr"] == lrs[arm] and j["results"].get(stage)]
-        lengths = sorted({n for j in mine for n in perplexities(j, stage)})
-        for length in lengths:
-            values = [(j["seed"], perplexities(j, stage)[length]) for j in mine
-                      if length in perplexities(j, stage)]
+        if not mine:
+            continue
+        values = defaultdict(list)
+        for job in mine:
+            for length, ppl in perplexities(job, stage).items():
+                values[length].append((job["seed"], ppl))
+        arms[arm] = {"job": mine[0], "lr": lrs[arm], "values": {n: sorted(values[n]) for n in sorted(values)}}
+    return arms
+
+
+def perplexity_summary(jobs: list[dict], stage: str) -> list[dict]:
+    """One row per arm (at its main lr) and length: mean, std, n, the per-seed values."""
+    rows = []
+    for arm, found in seed_perplexities(jobs, stage).items():
+        first = found["job"]
+        for length, values in found["values"].items():
             mean, std, n = mean_std(v for _, v in values)
-            rows.append({"stage": STAGE_NAMES[stage], "arm": arm, "label": mine[0]["label"],
-                         "family": mine[0]["family"], "lr": lrs[arm], "length": length, "n": n,
+            rows.append({"stage": STAGE_NAMES[stage], "arm": arm, "label": first["label"],
+                         "family": first["family"], "lr": found["lr"], "length": length, "n": n,
                          "mean": mean, "std": std,
-                         "values": ";".join(f"s{s}={v:.4f}" for s, v in sorted(values))})
+                         "values": ";".join(f"s{s}={v:.4f}" for s, v in values)})
     return rows
+
+
+# the study's questions as pairs of arms: is the first one's perplexity lower than the second's?
+COMPARISONS = (
+    ("hybrid-tapa", "hybrid-nope", "TAPA's own part inside the hybrid (vs NoPE globals)"),
+    ("hybrid-tapa", "hybrid-rope-eval-yarn", "hybrid globals: TAPA vs RoPE with eval-time YaRN"),
+    ("tapa", "rope-eval-yarn", "plain TAPA vs RoPE with eval-time YaRN"),
+    ("tapa", "rope", "plain TAPA vs RoPE"),
+    ("tapa", "nope", "plain TAPA vs NoPE"),
+)
+
+
+def comparison_rows(jobs: list[dict], stage: str = "eval0") -> list[dict]:
+    """For each pair of COMPARISONS that has results, at each length: the seeds, means, the
+    relative difference, and (with 2+ seeds a side) Welch's t-test and the exact Mann-Whitney
+    test, one-sided: is the first arm's perplexity lower (`tapa.eval.stats`)?"""
+    from tapa.eval.stats import mann_whitney_exact, welch_t
+
+    found, rows = seed_perplexities(jobs, stage), []
+    for first, second, question in COMPARISONS:
+        if first not in found or second not in found:
+            continue
+        a_all, b_all = found[first]["values"], found[second]["values"]
+        for length in sorted(set(a_all) & set(b_all)):
+            a, b = [v for _, v in a_all[length]], [v for _, v in b_all[length]]
+            row = {"stage": STAGE_NAMES[stage], "question": question, "a": first, "b": second,
+                   "length": length, "n_a": len(a), "n_b": len(b), "mean_a": mean_std(a)[0],
+                   "mean_b": mean_std(b)[0], "ratio": mean_std(a)[0] / mean_std(b)[0],
+                   "welch_t": math.nan, "welch_df": math.nan, "p_welch": math.nan, "p_mann_whitney": math.nan}
+            if len(a) >= 2 and len(b) >= 2:
+                row["welch_t"], row["welch_df"], row["p_welch"] = welch_t(a, b)
+                row["p_mann_whitney"] = mann_whitney_exact(a, b)[1]
+            rows.append(row)
+    return rows
+
+
+def comparison_markdown(rows: list[dict], labels: dict[str, str]) -> str:
+    if not rows:
+        return "No pair of compared arms has results yet."
+    lines = ["**Seed comparisons** (one-sided: is A's perplexity lower than B's? p from Welch's "
+             "t-test and from the exact Mann-Whitney test; only with 2+ seeds a side)", "",
+             "| A | B | length | n (A/B) | mean A | mean B | A / B | Welch t (df) | p Welch | p Mann-Whitney |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        welch = f"{r['welch_t']:.2f} ({r['welch_df']:.1f})" if r["welch_t"] == r["welch_t"] else ""
+        cells = [labels.get(r["a"], r["a"]), labels.get(r["b"], r["b"]), _length_name(r["length"]),
+                 f"{r['n_a']}/{r['n_b']}", _fmt(r["mean_a"]), _fmt(r["mean_b"]), f"{r['ratio']:.3f}", welch,
+                 _fmt(r["p_welch"], 3), _fmt(r["p_mann_whitney"], 3)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def perplexity_markdown(rows: list[dict], title: str) -> str:
@@ -555,6 +620,7 @@ def readme_skeleton(jobs: list[dict], tables: dict[str, str], command: str) -> s
         "Every job's exact `tapa` commands: `commands.md`.", "",
         "## Zero-shot perplexity (after pretraining)", "", tables["zero-shot"], "",
         "![zero-shot](perplexity_zero_shot.png)", "",
+        tables["comparisons"], "",
         "## After the continual stage", "", tables["continual"], "",
         "![continual](perplexity_continual.png)", "",
         "## Learning-rate sweep", "", tables["lr"], "",
@@ -617,6 +683,12 @@ def aggregate(paths, out_dir: str | Path, *, protocol_id: str | None = None,
     if all_rows:
         write_csv(all_rows, out / "perplexity.csv")
         written.append(out / "perplexity.csv")
+    comparisons = comparison_rows(pretrained, "eval0")
+    tables["comparisons"] = comparison_markdown(comparisons, {j["arm"]: j["label"] for j in pretrained})
+    save("comparisons.md", tables["comparisons"])
+    if comparisons:
+        write_csv(comparisons, out / "comparisons.csv")
+        written.append(out / "comparisons.csv")
     grids = passkey_summary(continued)
     tables["passkey"] = passkey_markdown(grids)
     save("passkey.md", tables["passkey"])
