@@ -50,6 +50,7 @@ from plan import (Group, build_groups, check_flags, estimate_stage, parse_jobs, 
 from summarize import (corpus_summary, done_marker, finished_stages, job_summary, pack,  # noqa: E402
                        read_json, write_json_atomic)
 
+from tapa.eval.study import load_jobs  # noqa: E402
 from tapa.train.rundir import read_metrics  # noqa: E402
 
 
@@ -140,15 +141,17 @@ def configure(args):
 
 
 def done_jobs(folder: Path, protocol_id: str, stages) -> set[str]:
-    """Ids (arm:lr:seed) of the job JSONs in folder that are complete under this protocol's full
-    id and ran every stage kind asked for now."""
+    """Ids (arm:lr:seed) of the job JSONs in folder (read as the aggregate reads them, ids by
+    today's fingerprint rule) that are complete under this protocol's full id and ran every stage
+    kind asked for now."""
     if not folder.is_dir():
         raise SystemExit(f"--skip-done: no folder {folder}")
+    if not any(folder.rglob("*.job.json")):
+        return set()
     done = set()
-    for path in sorted(folder.glob("*.job.json")):
-        job = json.loads(path.read_text())
-        kinds = {name.split("-", 1)[0] for name in job.get("stages_done", [])}
-        if job.get("complete") and job.get("protocol_id") == protocol_id and set(stages) <= kinds:
+    for job in load_jobs([folder]):
+        kinds = {name.split("-", 1)[0] for name in job["stages_done"]}
+        if job["complete"] and job["protocol_id"] == protocol_id and set(stages) <= kinds:
             done.add(job["job"])
     return done
 

@@ -17,6 +17,7 @@ This module imports nothing from the rest of tapa, so every layer may use it.
 
 from __future__ import annotations
 
+import csv
 import fnmatch
 import hashlib
 import os
@@ -107,6 +108,18 @@ def replacing_outputs(path: str | os.PathLike, outputs: Sequence[str]) -> Iterat
         raise
     finally:
         shutil.rmtree(aside, ignore_errors=True)
+
+
+def write_csv(path: str | os.PathLike, rows: Sequence[dict]) -> None:
+    """rows as CSV, one column per key any row has (in first-seen order; a missing key is empty).
+    No rows: no file."""
+    if not rows:
+        return
+    columns = list(dict.fromkeys(key for row in rows for key in row))
+    with open(path, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=columns, restval="")
+        writer.writeheader()
+        writer.writerows(rows)
 
 
 def file_sha256(path: Path) -> str:

@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("triton")
 
 from tapa.bench import attention, attention_variants, kernel_report  # noqa: E402
-from tapa.ops.triton_launch import KernelConfig  # noqa: E402
+from tapa.ops.triton_launch import KernelConfig, variant_text  # noqa: E402
 
 
 def _rows(times: dict, head_dim=128, n=16384, round_=None):
@@ -30,7 +30,7 @@ def _rows(times: dict, head_dim=128, n=16384, round_=None):
 def test_parse_labels_and_errors():
     variants = attention_variants.parse(["atomic:dq_atomic=1", "trig_terms=4"])
     assert variants == {"atomic": {"dq_atomic": True}, "trig_terms=4": {"trig_terms": 4}}
-    assert attention_variants.spec_text({"fwd": KernelConfig(128, 64, 8, 3), "dq_atomic": True}) == \
+    assert variant_text({"fwd": KernelConfig(128, 64, 8, 3), "dq_atomic": True}) == \
         "fwd=128x64/8/3,dq_atomic=1"
     for bad in (["a:dq_atomic=1", "a:trig_terms=4"], ["best:dq_atomic=1"], ["default:trig_terms=4"],
                 ["x:fwd=12x64"]):

@@ -118,14 +118,18 @@ def test_skip_done_leaves_out_only_complete_jobs_of_this_protocol(tmp_path, caps
     """--skip-done: a plan runs what is missing. A job counts as done only when its JSON is
     complete, of this protocol's full id, and ran every stage kind asked for now."""
     full_id = arms.TOY_GPU.fingerprint()
+    other = {**arms.TOY_GPU.to_dict(), "pretrain_steps": 10}
     stages = ["pretrain", "eval0", "theory", "continual-tapa", "eval1-tapa", "passkey-tapa"]
-    for name, job_id, protocol_id, complete, done in (
-            ("a", "tapa:0.002:2", full_id, True, stages),  # done
-            ("b", "tapa:0.002:3", "0123456789ab", True, stages),  # another protocol
-            ("c", "tapa:0.002:4", full_id, False, stages[:2]),  # stopped at the budget
-            ("d", "nope:0.001:2", full_id, True, stages[:2])):  # zero-shot only
-        (tmp_path / f"{name}.job.json").write_text(json.dumps(
-            dict(job=job_id, protocol_id=protocol_id, complete=complete, stages_done=done)))
+    for name, job_id, protocol, complete, done in (
+            ("a", "tapa:0.002:2", None, True, stages),  # done
+            ("b", "tapa:0.002:3", other, True, stages),  # another protocol
+            ("c", "tapa:0.002:4", None, False, stages[:2]),  # stopped at the budget
+            ("d", "nope:0.001:2", None, True, stages[:2])):  # zero-shot only
+        arm, lr, seed = job_id.split(":")
+        job = synthetic_job(arm, arm, float(lr), int(seed), [10] * 6, complete=complete, stages_done=done)
+        if protocol is not None:
+            job["protocol"] = protocol
+        (tmp_path / f"{name}.job.json").write_text(json.dumps(job))
     assert run.done_jobs(tmp_path, full_id, arms.STAGES) == {"tapa:0.002:2"}
     assert run.done_jobs(tmp_path, full_id, ["pretrain", "eval0"]) == {"tapa:0.002:2", "nope:0.001:2"}
     args = run.parse_args(["--plan", "seeds", "--families", "tapa,nope", "--arms", "tapa,nope",

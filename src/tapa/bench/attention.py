@@ -24,7 +24,8 @@ from pathlib import Path
 
 import torch
 
-from tapa.bench.kernel_report import write_csv
+from tapa._paths import write_csv
+from tapa.bench.kernel_report import first_line
 from tapa.ops import tapa_attention
 from tapa.ops.reference import chunked_tapa_attention, naive_tapa_attention
 
@@ -206,7 +207,7 @@ def _time_one(fn, q, k, v, dout, causal):
         torch.cuda.synchronize()
         peak = (torch.cuda.max_memory_allocated() - base) / 2**20
     except Exception as err:  # noqa: BLE001  (a backward variant that fails: keep the forward)
-        print(f"  backward failed: {str(err).splitlines()[0][:200] if str(err) else type(err)}",
+        print(f"  backward failed: {first_line(err)}",
               file=sys.stderr)
     for t in grads:
         t.grad = None
@@ -220,6 +221,7 @@ def timing_rows(seq_lens, head_dims, causal_modes, tokens, heads, theta, referen
     with its ratio to the default kernel (x_tapa)."""
     from tqdm import tqdm
 
+    from tapa.bench.attention_variants import variant_configs
     from tapa.ops import triton_launch
 
     impls = _impls(theta)
@@ -243,14 +245,13 @@ def timing_rows(seq_lens, head_dims, causal_modes, tokens, heads, theta, referen
                 print(f"  {name} N={n} D={head_dim} causal={causal}: {err}".splitlines()[0],
                       file=sys.stderr)
         for label, changes in (variants or {}).items():
-            configs = triton_launch.with_variant(
-                triton_launch.default_configs(head_dim, head_dim, torch.bfloat16), changes)
             try:
-                with triton_launch.override_configs(configs):  # the backward runs inside too
+                # the backward runs inside too
+                with triton_launch.override_configs(variant_configs(changes, head_dim)):
                     measured[f"tapa:{label}"] = _time_one(impls["tapa"], q, k, v, dout, causal)
             except Exception as err:  # noqa: BLE001  (a variant that does not compile or fit)
                 print(f"  variant {label} N={n} D={head_dim}: failed: "
-                      f"{str(err).splitlines()[0][:200] if str(err) else type(err)}", file=sys.stderr)
+                      f"{first_line(err)}", file=sys.stderr)
         for name, (times, peak) in measured.items():
             for pass_name in PASSES:
                 ms = times[pass_name]
@@ -312,7 +313,7 @@ def sweep(n=16384, head_dim=128, tokens=65536, heads=16):
             print(f"  {what:3s} {change}: {ms:8.3f} ms "
                   f"{flops * factor / ms / 1e9:6.1f} TFLOP/s", flush=True)
         except Exception as err:  # a candidate that does not compile or fit
-            print(f"  {what} {change}: failed: {str(err).splitlines()[0][:200]}", flush=True)
+            print(f"  {what} {change}: failed: {first_line(err)}", flush=True)
 
 
 # ---------------------------------------------------------------------------------------------

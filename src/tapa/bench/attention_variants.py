@@ -24,6 +24,9 @@ from pathlib import Path
 
 import torch
 
+from tapa._paths import write_csv
+from tapa.bench.kernel_report import first_line
+
 BAR = 1.5  # kernel error <= BAR x the same-dtype reference's (issue 13), on out and gradients
 GATED = ("out", "dq", "dk", "dv")
 MIN_GAIN = 0.01
@@ -50,14 +53,8 @@ def parse(items: list[str]) -> dict[str, dict]:
     return variants
 
 
-def spec_text(changes: dict) -> str:
-    """The spec of a changes dict, in parse_variant's form."""
-    from tapa.ops.triton_launch import variant_text
-
-    return variant_text(changes)
-
-
-def _configs(changes: dict, head_dim: int):
+def variant_configs(changes: dict, head_dim: int):
+    """The bf16 launch configs of a variant: the default's at head_dim with `changes` applied."""
     from tapa.ops import triton_launch
 
     return triton_launch.with_variant(
@@ -74,7 +71,7 @@ def _compile_task(task) -> str | None:
     try:
         from tapa.ops import tapa_attention, triton_launch
 
-        with triton_launch.override_configs(_configs(changes, head_dim)):
+        with triton_launch.override_configs(variant_configs(changes, head_dim)):
             for causal in modes:
                 q, k, v = (torch.randn(1, 256, heads, head_dim, device="cuda",
                                        dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
@@ -83,7 +80,7 @@ def _compile_task(task) -> str | None:
         torch.cuda.synchronize()
         return None
     except Exception as err:  # noqa: BLE001  (reported; the timing reports it again)
-        return f"{type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}"
+        return f"{type(err).__name__}: {first_line(err)}"
 
 
 def precompile(variants: dict, head_dims, modes, heads: int, theta: float, jobs: int) -> None:
@@ -131,7 +128,7 @@ def accuracy_rows(variants: dict, n: int, head_dim: int, theta: float, heads: in
             found = accuracy_errors(n, head_dim, causal=True, theta=theta, variant=changes,
                                     heads=heads, kv_heads=heads)
         except Exception as err:  # noqa: BLE001  (a variant that does not compile: no timing trust)
-            print(f"  variant {label}: accuracy check failed: {str(err).splitlines()[0][:200]}",
+            print(f"  variant {label}: accuracy check failed: {first_line(err)}",
                   file=sys.stderr)
             found = [dict(tensor=name, kernel=math.nan, reference=math.nan, ratio=math.nan,
                           check=f"N={n} D={head_dim} causal=True bfloat16") for name in GATED]
@@ -189,13 +186,15 @@ def time_combination(rows, variants, variant_errors, state, args, modes, on_case
     --combine-head-dims; returns rows with the new ones (marked round 2) appended."""
     from tapa.bench.attention import timing_rows
 
+    from tapa.ops.triton_launch import variant_text
+
     combined, chosen = combine_best(rows, variants, meets_bar(variant_errors),
                                     max(args.head_dims), max(args.seq_lens))
     state["combined"] = (combined, chosen)
     if not combined:
         print(f"combination: no accurate variant beats the default by {MIN_GAIN:.0%}", flush=True)
         return rows
-    print(f"combination {COMBINED}: {spec_text(combined)} (from {chosen})", flush=True)
+    print(f"combination {COMBINED}: {variant_text(combined)} (from {chosen})", flush=True)
     best = {COMBINED: combined}
     state["variants"] = {**variants, **best}
     head_dims = args.combine_head_dims or args.head_dims
@@ -224,9 +223,11 @@ def markdown(rows: list[dict], variants: dict, error_rows: list[dict], combined=
     """The variants' accuracy and timing tables (empty without variants)."""
     if not variants:
         return ""
+    from tapa.ops.triton_launch import variant_text
+
     lines = ["## Kernel variants (bf16; `x default` = variant time / default kernel time in the "
              "same case and round)", ""]
-    lines += [f"- `{label}`: `{spec_text(changes)}`" for label, changes in variants.items()]
+    lines += [f"- `{label}`: `{variant_text(changes)}`" for label, changes in variants.items()]
     if combined is not None:
         changes, chosen = combined
         lines.append(f"- combination `{COMBINED}` from {chosen or 'nothing'} (each group's best "
@@ -271,7 +272,7 @@ def write_kernel_report(out: Path, quiet: bool = False) -> list[dict]:
 
     rows = kernel_report.kernel_rows(out / "sass",
                                      frozenset({"fwd", "dkdv", "dq", "dkdv_atomic_dq"}))
-    kernel_report.write_csv(out / "attention_kernels.csv", rows)
+    write_csv(out / "attention_kernels.csv", rows)
     (out / "attention_kernels.md").write_text(
         "# Compiled TAPA kernels: registers, spills (local bytes / 4), shared bytes, SASS census\n\n"
         + kernel_report.markdown(rows))

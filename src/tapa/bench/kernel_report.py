@@ -12,12 +12,13 @@ Without cuobjdump the same census runs on the PTX.
 from __future__ import annotations
 
 import collections
-import csv
 import re
 import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+
+from tapa._paths import write_csv
 
 CENSUS = ("HGMMA", "HMMA", "MUFU", "FFMA", "FMUL", "FADD", "FMNMX", "FSEL", "FSETP", "F2F", "F2FP",
           "I2F", "I2FP", "F2I", "LDL", "STL", "LDS", "STS", "LDSM", "STSM", "LDG", "STG", "LDGSTS",
@@ -42,12 +43,23 @@ def find_cuobjdump() -> str | None:
     return shutil.which("cuobjdump")
 
 
-def sass_of(cubin: bytes, cuobjdump: str) -> str:
+def first_line(err: BaseException, limit: int = 200) -> str:
+    """An exception's first message line, cut to `limit` characters (its type when it has none)."""
+    lines = str(err).splitlines()
+    return lines[0][:limit] if lines else type(err).__name__
+
+
+def _cuobjdump(cubin: bytes, cuobjdump: str, flag: str) -> str:
+    """cuobjdump's output (-sass, -res-usage) for a cubin."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as handle:
         handle.write(cubin)
         handle.flush()
-        return subprocess.run([cuobjdump, "-sass", handle.name], capture_output=True, text=True,
+        return subprocess.run([cuobjdump, flag, handle.name], capture_output=True, text=True,
                               check=True, timeout=120).stdout
+
+
+def sass_of(cubin: bytes, cuobjdump: str) -> str:
+    return _cuobjdump(cubin, cuobjdump, "-sass")
 
 
 def sass_opcodes(sass: str) -> collections.Counter:
@@ -80,7 +92,7 @@ def _census(compiled, cuobjdump) -> tuple[str, collections.Counter, str | None, 
             text = sass_of(asm["cubin"], cuobjdump)
             result = ("sass", sass_opcodes(text), text, None)
         except (OSError, subprocess.SubprocessError) as err:
-            result = ("none", collections.Counter(), None, str(err).splitlines()[0][:200])
+            result = ("none", collections.Counter(), None, first_line(err))
     if result[2] is None and "ptx" in asm:
         result = ("ptx", ptx_opcodes(asm["ptx"]), asm["ptx"], result[3])
     _census_cache[id(compiled)] = result
@@ -114,16 +126,6 @@ def kernel_rows(dump_dir: Path | None = None, dump_kernels: frozenset = frozense
     return rows
 
 
-def write_csv(path: Path, rows: list[dict]) -> None:
-    if not rows:
-        return
-    columns = list(dict.fromkeys(key for row in rows for key in row))
-    with open(path, "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=columns, restval="")
-        writer.writeheader()
-        writer.writerows(rows)
-
-
 def markdown(rows: list[dict]) -> str:
     """A short table: kernel, config, flags that differ between rows, registers, spills, census."""
     if not rows:
@@ -148,11 +150,7 @@ _FLOAT32_POINTERS = {"Lse", "Delta", "DLse"}
 
 
 def _resource_usage(cubin: bytes, cuobjdump: str) -> dict:
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as handle:
-        handle.write(cubin)
-        handle.flush()
-        text = subprocess.run([cuobjdump, "-res-usage", handle.name], capture_output=True, text=True,
-                              check=True, timeout=60).stdout
+    text = _cuobjdump(cubin, cuobjdump, "-res-usage")
     found = {key: re.search(rf"{key}:(\d+)", text) for key in ("REG", "STACK")}
     return {key.lower(): int(match.group(1)) if match else None for key, match in found.items()}
 
@@ -172,13 +170,13 @@ def offline_rows(variants: dict, head_dim: int = 128, max_distance: int = 16383)
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    from tapa.bench.attention_variants import variant_configs
     from tapa.ops import triton_kernels, triton_launch
 
     cuobjdump = find_cuobjdump()
     rows = []
     for label, changes in variants.items():
-        configs = triton_launch.with_variant(
-            triton_launch.default_configs(head_dim, head_dim, torch.bfloat16), changes)
+        configs = variant_configs(changes, head_dim)
         dq_atomic = triton_launch.dq_by_atomics(configs)
         _, flags = triton_launch.logits_args(alpha=0.1, distance="power", phase="quadratic",
                                              phase_dim=head_dim // 2, dtype=torch.bfloat16,
@@ -214,7 +212,7 @@ def offline_rows(variants: dict, head_dim: int = 128, max_distance: int = 16383)
                                           options=dict(num_warps=config.num_warps,
                                                        num_stages=config.num_stages))
             except Exception as err:  # noqa: BLE001  (e.g. out of shared memory: a finding)
-                rows.append(dict(row, error=str(err).splitlines()[0][:120]))
+                rows.append(dict(row, error=first_line(err, 120)))
                 continue
             row.update(_resource_usage(compiled.asm["cubin"], cuobjdump), shared=compiled.metadata.shared)
             counts = sass_opcodes(sass_of(compiled.asm["cubin"], cuobjdump))

@@ -24,7 +24,6 @@ script's logic. Also runnable as `python -m tapa.bench.local`.
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime
 import platform
 import statistics
@@ -35,6 +34,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from tapa._paths import write_csv
 from tapa.positional.local import dense_local_attention, local_attention
 
 TARGET = dict(n=32768, window=256, ratio=0.15)
@@ -213,14 +213,6 @@ def timing_rows(n, measured, impls, *, batch, heads, head_dim):
 # Output
 
 
-def _write_csv(path, rows):
-    fields = list(dict.fromkeys(key for row in rows for key in row))
-    with open(path, "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=fields, restval="")
-        writer.writeheader()
-        writer.writerows(rows)
-
-
 def target_line(rows, anchor):
     hit = [r for r in rows if r["n"] == TARGET["n"] and r["window"] == TARGET["window"]]
     if not hit:
@@ -337,7 +329,7 @@ def run(args) -> int:
         for r in check_rows:
             print(f"  {r['check']} {r['tensor']}: local {r['local']:.3e}, same-dtype dense "
                   f"{r['reference']:.3e}, ratio {r['ratio']:.2f}", flush=True)
-        _write_csv(args.out / "local_check.csv", check_rows)
+        write_csv(args.out / "local_check.csv", check_rows)
         worst = max(r["local"] for r in check_rows)
         if worst > MAX_CHECK_ERROR:
             raise SystemExit(f"tapa bench local: relative error {worst:.3g} vs float64: the local "
@@ -359,7 +351,7 @@ def run(args) -> int:
         if device.type == "cuda":
             torch.cuda.empty_cache()
         # after every length, so that a run cut short keeps what it measured
-        _write_csv(args.out / "local.csv", rows)
+        write_csv(args.out / "local.csv", rows)
         (args.out / "local.md").write_text(markdown(rows, check_rows, header, anchor))
     _plot(rows, args.out / "local.png", anchor)
     print(markdown(rows, check_rows, header, anchor))

@@ -22,13 +22,15 @@ Each arm is reported at its main lr: the lr with the most seeds (ties: the lowes
 from __future__ import annotations
 
 import argparse
-import csv
 import hashlib
 import json
 import math
 import tarfile
 from collections import defaultdict
 from pathlib import Path
+
+from tapa._paths import write_csv
+from tapa.eval.plots import length_label
 
 JOB_KIND = "tapa-study-job"
 STAGE_NAMES = {"eval0": "zero-shot", "eval1": "continual"}
@@ -204,10 +206,6 @@ def _cell(mean: float, std: float, n: int) -> str:
     return _fmt(mean) + (f" ± {_fmt(std)}" if n > 1 else "")
 
 
-def _length_name(length: int) -> str:
-    return f"{length // 1024}k" if length >= 1024 and length % 1024 == 0 else str(length)
-
-
 def seed_perplexities(jobs: list[dict], stage: str) -> dict[str, dict]:
     """arm -> {"job": one of its jobs, "lr": its main lr, "values": {length: [(seed, ppl), ...]}},
     the arms in table order, each at its main lr, only those with results of `stage`."""
@@ -261,9 +259,10 @@ def comparison_rows(jobs: list[dict], stage: str = "eval0") -> list[dict]:
         a_all, b_all = found[first]["values"], found[second]["values"]
         for length in sorted(set(a_all) & set(b_all)):
             a, b = [v for _, v in a_all[length]], [v for _, v in b_all[length]]
+            mean_a, mean_b = mean_std(a)[0], mean_std(b)[0]
             row = {"stage": STAGE_NAMES[stage], "question": question, "a": first, "b": second,
-                   "length": length, "n_a": len(a), "n_b": len(b), "mean_a": mean_std(a)[0],
-                   "mean_b": mean_std(b)[0], "ratio": mean_std(a)[0] / mean_std(b)[0],
+                   "length": length, "n_a": len(a), "n_b": len(b), "mean_a": mean_a,
+                   "mean_b": mean_b, "ratio": mean_a / mean_b,
                    "welch_t": math.nan, "welch_df": math.nan, "p_welch": math.nan, "p_mann_whitney": math.nan}
             if len(a) >= 2 and len(b) >= 2:
                 row["welch_t"], row["welch_df"], row["p_welch"] = welch_t(a, b)
@@ -281,7 +280,7 @@ def comparison_markdown(rows: list[dict], labels: dict[str, str]) -> str:
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         welch = f"{r['welch_t']:.2f} ({r['welch_df']:.1f})" if r["welch_t"] == r["welch_t"] else ""
-        cells = [labels.get(r["a"], r["a"]), labels.get(r["b"], r["b"]), _length_name(r["length"]),
+        cells = [labels.get(r["a"], r["a"]), labels.get(r["b"], r["b"]), length_label(r["length"]),
                  f"{r['n_a']}/{r['n_b']}", _fmt(r["mean_a"]), _fmt(r["mean_b"]), f"{r['ratio']:.3f}", welch,
                  _fmt(r["p_welch"], 3), _fmt(r["p_mann_whitney"], 3)]
         lines.append("| " + " | ".join(cells) + " |")
@@ -292,7 +291,7 @@ def perplexity_markdown(rows: list[dict], title: str) -> str:
     lengths = sorted({r["length"] for r in rows})
     arms = list(dict.fromkeys(r["arm"] for r in rows))
     lines = [f"**{title}** (mean ± std over seeds; n seeds; lr)", "",
-             "| arm | n | lr | " + " | ".join(_length_name(n) for n in lengths) + " |",
+             "| arm | n | lr | " + " | ".join(length_label(n) for n in lengths) + " |",
              "|---|---|---|" + "---|" * len(lengths)]
     for arm in arms:
         mine = {r["length"]: r for r in rows if r["arm"] == arm}
@@ -338,7 +337,7 @@ def lr_sweep_markdown(rows: list[dict]) -> str:
         return "No arm ran at more than one learning rate."
     lengths = sorted({int(k[4:]) for r in rows for k in r if k.startswith("ppl_")})
     lines = ["| family | arm | lr | seeds | final val loss | "
-             + " | ".join(f"ppl {_length_name(n)}" for n in lengths) + " |",
+             + " | ".join(f"ppl {length_label(n)}" for n in lengths) + " |",
              "|---|---|---|---|---|" + "---|" * len(lengths)]
     for row in rows:
         mark = " **(best)**" if row["best"] else ""
@@ -375,7 +374,7 @@ def passkey_markdown(grids: dict[str, dict]) -> str:
     if not grids:
         return "No passkey results."
     lengths = next(iter(grids.values()))["lengths"]
-    lines = ["| arm | seeds | " + " | ".join(_length_name(n) for n in lengths) + " |",
+    lines = ["| arm | seeds | " + " | ".join(length_label(n) for n in lengths) + " |",
              "|---|---|" + "---|" * len(lengths)]
     for grid in grids.values():
         per_length = [sum(row) / len(row) for row in grid["accuracy"]]
@@ -413,14 +412,6 @@ def coverage_markdown(jobs: list[dict], wanted: int = 3) -> str:
             "n/a: the arm has no such stage (it reads another arm's run); an arm with no job yet is "
             "not listed.")
     return "\n".join(lines + ["", note])
-
-
-def write_csv(rows: list[dict], path: Path) -> None:
-    fields = list(dict.fromkeys(k for r in rows for k in r))
-    with open(path, "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=fields)
-        writer.writeheader()
-        writer.writerows(rows)
 
 
 def job_rows(jobs: list[dict]) -> list[dict]:
@@ -495,7 +486,7 @@ def plot_perplexity(rows: list[dict], path: Path, *, title: str, train_len: int 
                         label=f"{mine[0]['label']} (n={max(r['n'] for r in mine)})")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
-        ax.set_xticks(lengths, [_length_name(n) for n in lengths])
+        ax.set_xticks(lengths, [length_label(n) for n in lengths])
         ticks = nice_log_ticks(max(bottom, 1e-3), top)
         ax.set_yticks(ticks, [_fmt(t, 1).removesuffix(".0") for t in ticks])
         if ax is axes[0][0]:
@@ -506,7 +497,7 @@ def plot_perplexity(rows: list[dict], path: Path, *, title: str, train_len: int 
         ax.minorticks_off()
         if train_len:
             ax.axvline(train_len, color="gray", linestyle=":", linewidth=1.2)
-            ax.annotate(f"trained at {_length_name(train_len)}", (train_len, 1.0),
+            ax.annotate(f"trained at {length_label(train_len)}", (train_len, 1.0),
                         xycoords=("data", "axes fraction"), xytext=(3, -12), textcoords="offset points",
                         fontsize=8, color="gray")
         ax.set_xlabel("evaluation length (tokens)")
@@ -589,8 +580,8 @@ def _protocol_lines(jobs: list[dict]) -> list[str]:
         f"passkey mix (see the commands); learning rate "
         + " or ".join(f"x{s:g}" for s in scales) + " the pretraining one (fresh AdamW state).",
         f"- Evaluation: sliding window, stride {protocol['eval_stride']}, {protocol['eval_tokens']:,} "
-        f"scored test tokens per length at {', '.join(map(_length_name, protocol['eval_lengths']))}.",
-        f"- Passkey: lengths {', '.join(map(_length_name, protocol['passkey_lengths']))}, depths "
+        f"scored test tokens per length at {', '.join(map(length_label, protocol['eval_lengths']))}.",
+        f"- Passkey: lengths {', '.join(map(length_label, protocol['passkey_lengths']))}, depths "
         f"{', '.join(f'{d:g}' for d in protocol['passkey_depths'])}, {protocol['passkey_trials']} "
         "trials per cell, corpus filler.",
         f"- Learning rates swept: {', '.join(f'{lr:g}' for lr in protocol['sweep_lrs'])}; seeds "
@@ -658,12 +649,12 @@ def aggregate(paths, out_dir: str | Path, *, protocol_id: str | None = None,
         (out / name).write_text(text + "\n")
         written.append(out / name)
 
-    write_csv(job_rows(jobs), out / "jobs.csv")
+    write_csv(out / "jobs.csv", job_rows(jobs))
     written.append(out / "jobs.csv")
     pretrained, continued = pretrain_jobs(jobs), continual_variants(jobs)
     sweep = lr_sweep_rows(pretrained)
     if sweep:
-        write_csv(sweep, out / "lr_sweep.csv")
+        write_csv(out / "lr_sweep.csv", sweep)
         written.append(out / "lr_sweep.csv")
     tables = {"lr": lr_sweep_markdown(sweep)}
     save("lr_sweep.md", tables["lr"])
@@ -681,28 +672,29 @@ def aggregate(paths, out_dir: str | Path, *, protocol_id: str | None = None,
                                            title=f"{name} perplexity vs length", train_len=train_len,
                                            stride=protocol["eval_stride"]))
     if all_rows:
-        write_csv(all_rows, out / "perplexity.csv")
+        write_csv(out / "perplexity.csv", all_rows)
         written.append(out / "perplexity.csv")
     comparisons = comparison_rows(pretrained, "eval0")
     tables["comparisons"] = comparison_markdown(comparisons, {j["arm"]: j["label"] for j in pretrained})
     save("comparisons.md", tables["comparisons"])
     if comparisons:
-        write_csv(comparisons, out / "comparisons.csv")
+        write_csv(out / "comparisons.csv", comparisons)
         written.append(out / "comparisons.csv")
     grids = passkey_summary(continued)
     tables["passkey"] = passkey_markdown(grids)
     save("passkey.md", tables["passkey"])
     if grids:
-        write_csv([{"arm": arm, "label": g["label"], "lr": g["lr"], "seeds": g["seeds"],
+        write_csv(out / "passkey.csv",
+                  [{"arm": arm, "label": g["label"], "lr": g["lr"], "seeds": g["seeds"],
                     "trials": g["trials"], "length": n, "depth": d, "mean": g["accuracy"][li][di],
                     "std": g["std"][li][di]}
                    for arm, g in grids.items() for li, n in enumerate(g["lengths"])
-                   for di, d in enumerate(g["depths"])], out / "passkey.csv")
+                   for di, d in enumerate(g["depths"])])
         written.append(out / "passkey.csv")
         written.append(plot_passkey(grids, out / "passkey.png"))
     theory = theory_rows(pretrained)
     if theory:
-        write_csv(theory, out / "theory_trained.csv")
+        write_csv(out / "theory_trained.csv", theory)
         written += [out / "theory_trained.csv",
                     plot_theory(theory, pretrained, out / "theory_trained.png")]
     save("commands.md", commands_markdown(jobs))

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from tapa._paths import check_output_dir, replacing_outputs
+from tapa._paths import check_output_dir, file_sha256, replacing_outputs
 from tapa.hf.checkpoint import MODEL_FILES, TOKENIZER_FILES, write_pretrained
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -32,7 +32,6 @@ def run_tokenizer(run_config: dict) -> Path:
     """The tokenizer.json of the run's token cache, checked against the run's sha256; ValueError
     saying why when it cannot be found."""
     from tapa.data import DataConfig, find_corpus
-    from tapa._paths import file_sha256
 
     if "data" not in run_config:
         raise ValueError(f"the checkpoint is not inside a run directory, so its tokenizer is unknown; "

@@ -17,6 +17,8 @@ otherwise `tapa_attention` on each sequence's valid slice, which is exact and di
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from tapa.ops.checks import (
@@ -27,8 +29,10 @@ from tapa.ops.checks import (
 )
 
 
+@functools.cache
 def _decode_kernel():
-    """The split-KV decode kernel's module, or None without triton."""
+    """The split-KV decode kernel's module, or None without triton (looked up once: this runs at
+    every decoding step)."""
     try:
         from tapa.ops import decode_kernel
     except ImportError:

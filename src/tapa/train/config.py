@@ -26,7 +26,7 @@ except ModuleNotFoundError:  # pragma: no cover - Python 3.10
 from tapa._config import check_types, documented, from_dict
 from tapa.data import DataConfig
 from tapa.model import ModelConfig
-from tapa.positional.kinds import KINDS, ROPE_FAMILY
+from tapa.positional.kinds import ROPE_FAMILY
 
 PRECISIONS = ("auto", "fp32", "bf16")
 PARALLEL_MODES = ("auto", "none", "ddp", "fsdp")
@@ -259,10 +259,6 @@ def default_run_dir(train_cfg: TrainConfig, model_cfg: ModelConfig) -> Path:
 # ---------------------------------------------------------------------------------------------
 # Continual pretraining and resume: what may change
 
-def _rope_family(pe: str) -> bool:
-    return pe in KINDS and KINDS[pe].family == "rope"
-
-
 def continual_model_config(base: ModelConfig, requested: dict) -> ModelConfig:
     """The model config of a continual run: the checkpoint's `base`, with the `requested` values
     (from a recipe or the command line) applied where they may change.
@@ -279,7 +275,7 @@ def continual_model_config(base: ModelConfig, requested: dict) -> ModelConfig:
             continue
         if field in CONTINUAL_MUTABLE:
             values[field] = value
-        elif field == "pe" and _rope_family(base.pe) and _rope_family(value):
+        elif field == "pe" and base.pe in ROPE_FAMILY and value in ROPE_FAMILY:
             values[field] = value
         else:
             raise ValueError(
