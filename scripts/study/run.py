@@ -46,7 +46,7 @@ sys.path.insert(0, str(HERE))
 
 from arms import FAMILIES, PROTOCOLS, STAGES, TINY_ESTIMATES, Estimates  # noqa: E402
 from plan import (Group, build_groups, check_flags, estimate_stage, parse_jobs,  # noqa: E402
-                  parse_lr_map, plan_jobs, split_batches, stage_closure)
+                  job_stages, parse_lr_map, plan_jobs, split_batches, stage_closure)
 from summarize import (corpus_summary, done_marker, finished_stages, job_summary, pack,  # noqa: E402
                        read_json, write_json_atomic)
 
@@ -143,15 +143,18 @@ def configure(args):
 def done_jobs(folder: Path, protocol_id: str, stages) -> set[str]:
     """Ids (arm:lr:seed) of the job JSONs in folder (read as the aggregate reads them, ids by
     today's fingerprint rule) that are complete under this protocol's full id and ran every stage
-    kind asked for now."""
+    the job would run if asked for these stages now (an eval-time arm has no theory stage of its
+    own, so it is done without one)."""
     if not folder.is_dir():
         raise SystemExit(f"--skip-done: no folder {folder}")
     if not any(folder.rglob("*.job.json")):
         return set()
     done = set()
     for job in load_jobs([folder]):
-        kinds = {name.split("-", 1)[0] for name in job["stages_done"]}
-        if job["complete"] and job["protocol_id"] == protocol_id and set(stages) <= kinds:
+        if not job["complete"] or job["protocol_id"] != protocol_id:
+            continue
+        (planned,) = parse_jobs(job["job"])
+        if set(job_stages(planned, stages)) <= set(job["stages_done"]):
             done.add(job["job"])
     return done
 

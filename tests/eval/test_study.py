@@ -124,14 +124,19 @@ def test_skip_done_leaves_out_only_complete_jobs_of_this_protocol(tmp_path, caps
             ("a", "tapa:0.002:2", None, True, stages),  # done
             ("b", "tapa:0.002:3", other, True, stages),  # another protocol
             ("c", "tapa:0.002:4", None, False, stages[:2]),  # stopped at the budget
-            ("d", "nope:0.001:2", None, True, stages[:2])):  # zero-shot only
+            ("d", "nope:0.001:2", None, True, stages[:2]),  # zero-shot only
+            # an eval-time arm reads its owner's run: no theory stage of its own, yet done
+            ("e", "rope-eval-yarn:0.001:2", None, True,
+             ["pretrain", "eval0", "continual-rope", "eval1-rope", "passkey-rope"]),
+            ("f", "rope-eval-yarn:0.001:3", None, True, ["pretrain", "eval0"])):
         arm, lr, seed = job_id.split(":")
         job = synthetic_job(arm, arm, float(lr), int(seed), [10] * 6, complete=complete, stages_done=done)
         if protocol is not None:
             job["protocol"] = protocol
         (tmp_path / f"{name}.job.json").write_text(json.dumps(job))
-    assert run.done_jobs(tmp_path, full_id, arms.STAGES) == {"tapa:0.002:2"}
-    assert run.done_jobs(tmp_path, full_id, ["pretrain", "eval0"]) == {"tapa:0.002:2", "nope:0.001:2"}
+    assert run.done_jobs(tmp_path, full_id, arms.STAGES) == {"tapa:0.002:2", "rope-eval-yarn:0.001:2"}
+    assert run.done_jobs(tmp_path, full_id, ["pretrain", "eval0"]) == {
+        "tapa:0.002:2", "nope:0.001:2", "rope-eval-yarn:0.001:2", "rope-eval-yarn:0.001:3"}
     args = run.parse_args(["--plan", "seeds", "--families", "tapa,nope", "--arms", "tapa,nope",
                            "--lr", "tapa=0.002,nope=0.001", "--seeds", "2,3,4", "--skip-done", str(tmp_path)])
     _, _, jobs, _ = run.configure(args)
@@ -343,3 +348,15 @@ def test_aggregate_splits_continual_variants_and_counts_a_seed_once(tmp_path):
     assert (int(old["n"]), float(old["mean"])) == (1, 9.0) and (int(new["n"]), float(new["mean"])) == (2, 6.0)
     readme = (tmp_path / "out" / "README.md").read_text()
     assert "learning rate x1 or x0.1 the pretraining one" in readme
+
+
+def test_plot_survives_a_collapsed_seed_and_many_arms_of_one_family(tmp_path):
+    """Two shapes the study met: a std wider than the mean (one seed collapsed at 16k, the others
+    did not), which a log axis cannot draw down to zero, and 8 arms of one family (the continual
+    stage's variants), where the per-arm alpha ran below 0. Both raised inside matplotlib."""
+    pytest.importorskip("matplotlib")
+    rows = [{"arm": f"tapa-{i}", "family": "tapa", "label": f"TAPA {i}", "length": n,
+             "mean": 94.0 if n == 16384 else 9.0, "std": 120.0 if n == 16384 else 0.5, "n": 3}
+            for i in range(8) for n in (512, 2048, 16384)]
+    path = study.plot_perplexity(rows, tmp_path / "p.png", title="t", train_len=512)
+    assert path.stat().st_size > 0

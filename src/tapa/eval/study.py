@@ -465,11 +465,21 @@ def plot_perplexity(rows: list[dict], path: Path, *, title: str, train_len: int 
     from tapa.eval.plots import _pyplot
 
     plt = _pyplot()
-    low = min(r["mean"] - (r["std"] if r["n"] > 1 else 0) for r in rows)
-    high = max(r["mean"] + (r["std"] if r["n"] > 1 else 0) for r in rows)
+
+    def spread(r: dict) -> tuple[float, float]:
+        """The error bar below and above the mean. On a log axis a bar cannot reach zero, so one
+        std wider than the mean (a seed that collapsed, another that did not) is cut at mean/10
+        below; above it stays one std."""
+        std = r["std"] if r["n"] > 1 else 0.0
+        return min(std, 0.9 * r["mean"]), std
+
+    low = min(r["mean"] - spread(r)[0] for r in rows)
+    high = max(r["mean"] + spread(r)[1] for r in rows)
     zoom = high > 4 * low
     fig, axes = plt.subplots(1, 2 if zoom else 1, figsize=(14 if zoom else 8, 5), squeeze=False)
-    ranges = [(low, high)] + ([(low, 2.0 * low)] if zoom else [])
+    best = min(r["mean"] for r in rows)  # the zoom shows the points within 2x the best mean
+    zoom_low = min(r["mean"] - spread(r)[0] for r in rows if r["mean"] <= 2.0 * best)
+    ranges = [(low, high)] + ([(zoom_low, 2.0 * best)] if zoom else [])
     lengths = sorted({r["length"] for r in rows})
     for ax, (bottom, top) in zip(axes[0], ranges):
         seen = defaultdict(int)
@@ -480,9 +490,9 @@ def plot_perplexity(rows: list[dict], path: Path, *, title: str, train_len: int 
             seen[family] += 1
             eval_time = "eval-time" in mine[0]["label"]
             ax.errorbar([r["length"] for r in mine], [r["mean"] for r in mine],
-                        yerr=[0 if r["n"] < 2 else r["std"] for r in mine], capsize=3,
+                        yerr=[[spread(r)[0] for r in mine], [spread(r)[1] for r in mine]], capsize=3,
                         color=_FAMILY_COLORS.get(family), marker=_MARKERS[index % len(_MARKERS)],
-                        linestyle="--" if eval_time else "-", alpha=1.0 - 0.15 * index,
+                        linestyle="--" if eval_time else "-", alpha=max(0.4, 1.0 - 0.15 * index),
                         label=f"{mine[0]['label']} (n={max(r['n'] for r in mine)})")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
