@@ -21,7 +21,7 @@ step() {  # step NAME SECONDS COMMAND...
 }
 # the CUDA tests of the ops first: the defaults' accuracy (bf16, the 64k long-range rows) and the
 # long-phase fix (test_alpha_at_its_bound) on the GPU, before any timing is trusted
-PYTEST_ARGS=(-q -p no:cacheprovider -rfE --tb=short)
+PYTEST_ARGS=(-p no:cacheprovider -rfE --tb=short)  # pyproject adds -q; -qq would drop the count
 python -c "import xdist" 2>/dev/null && PYTEST_ARGS+=(-n 8)
 step tests 150 python -m pytest tests/ops "${PYTEST_ARGS[@]}"
 step attention 240 python -m tapa.bench.attention --head-dims 128 --causal causal --out results/kernel-h200
