@@ -117,6 +117,35 @@ def test_decode_bad_input():
         decode_kernel.tapa_decode_attention(q.expand(2, 40, 4, 32), k, v, lengths)
 
 
+def test_a_decoding_loop_checks_each_call_signature_once(monkeypatch):
+    """The checks and launch arithmetic run once per call signature (shapes, strides, dtypes,
+    settings), not at every decoding step; the cached launch gives the uncached result, and any
+    change of signature, valid or not, is checked again."""
+    q, k, v, lengths, starts = random_case(2, 1, 4, 2, 32, 150, torch.float32, seed=4)
+    decode_kernel._PLANS.clear()
+    checks = []
+    real_check = decode_kernel._check
+    monkeypatch.setattr(decode_kernel, "_check", lambda *a: (checks.append(a[5:]), real_check(*a)))
+    first = decode_kernel.tapa_decode_attention(q, k, v, lengths, cache_starts=starts, num_splits=5)
+    steps = [decode_kernel.tapa_decode_attention(q, k, v, lengths - i, cache_starts=starts, num_splits=5)
+             for i in range(3)]  # a loop: new length values, same signature
+    assert len(checks) == 1 and torch.equal(steps[0], first)
+    decode_kernel._PLANS.clear()
+    for i in (1, 2):  # the cached launch computes what a fresh one does
+        assert torch.equal(steps[i], decode_kernel.tapa_decode_attention(q, k, v, lengths - i,
+                                                                         cache_starts=starts, num_splits=5))
+    decode_kernel.tapa_decode_attention(q, k, v, lengths, alpha=0.2)  # another setting: checked
+    assert checks[-1][1] == 0.2
+    with pytest.raises(ValueError, match="alpha"):
+        decode_kernel.tapa_decode_attention(q, k, v, lengths, alpha=float("nan"))
+    with pytest.raises(ValueError, match="alpha"):
+        decode_kernel.tapa_decode_attention(q, k, v, lengths, alpha=True)  # == 1, but not a number
+    with pytest.raises(ValueError, match="dtype"):
+        decode_kernel.tapa_decode_attention(q, k, v.half(), lengths)
+    with pytest.raises(ValueError, match="cache_seqlens"):
+        decode_kernel.tapa_decode_attention(q, k, v, lengths[:1])
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

@@ -21,6 +21,7 @@ as in FlashAttention); float32 inputs use IEEE float32 dots.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -219,6 +220,97 @@ def _check(q, k_cache, v_cache, cache_seqlens, cache_starts, theta, alpha, dista
                          f"for the decode kernel, got q {tuple(q.shape)}, kv heads {k_cache.shape[2]}")
 
 
+def _meta(t) -> tuple | None:
+    """What every check and launch argument reads of a tensor: not its values."""
+    if not isinstance(t, torch.Tensor):
+        return None if t is None else (type(t),)
+    return tuple(t.shape), t.stride(), t.dtype, t.device
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """A decode call's checked launch, everything but the tensors: built once per call signature
+    (shapes, strides, dtypes, device, TAPA settings, splits), so a decoding loop pays for the
+    argument checks and the launch arithmetic once, not at every step."""
+
+    out_shape: tuple
+    lse_shape: tuple
+    part_shape: tuple | None  # None: one split, the split kernel writes out and lse itself
+    split_tail: tuple  # the split kernel's arguments after its 7 tensors (strides, sizes, scalars)
+    split_flags: dict
+    split_grid: tuple
+    merge_tail: tuple
+    merge_flags: dict
+    merge_grid: tuple
+
+
+_PLANS: dict[tuple, _Plan] = {}
+_MAX_PLANS = 256
+
+
+def _contiguous_strides(shape) -> tuple:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= size
+    return tuple(reversed(strides))
+
+
+def _plan(q, k_cache, v_cache, cache_seqlens, cache_starts, theta, alpha, distance, phase,
+          num_splits) -> _Plan:
+    key = (_meta(q), _meta(k_cache), _meta(v_cache), _meta(cache_seqlens), _meta(cache_starts),
+           type(theta), theta, type(alpha), alpha, distance, phase, num_splits, interpreting())
+    try:
+        plan = _PLANS.get(key)
+    except TypeError:  # an unhashable setting: the checks below name it
+        plan, key = None, None
+    if plan is not None:
+        return plan
+    _check(q, k_cache, v_cache, cache_seqlens, cache_starts, theta, alpha, distance, phase)
+    batch, q_len, heads, head_dim = q.shape
+    capacity, kv_heads, v_dim = k_cache.shape[1], k_cache.shape[2], v_cache.shape[3]
+    group = heads // kv_heads
+    rows = group * q_len
+    amp_dim, phase_dim = split_dims(head_dim, theta)
+    block_dv = _pow2(v_dim)
+    # the interpreter (tests) aligns splits finely, so small caches still get many ragged splits
+    align = SPLIT_ALIGN if q.is_cuda else 16
+    if num_splits is None:
+        num_splits = default_num_splits(batch, kv_heads, capacity, q.device, align)
+    keys_per_split = triton.cdiv(triton.cdiv(capacity, num_splits), align) * align
+    num_splits = triton.cdiv(capacity, keys_per_split)
+
+    out_shape, lse_shape = (batch, q_len, heads, v_dim), (batch, heads, q_len)
+    out_strides, lse_strides = _contiguous_strides(out_shape), _contiguous_strides(lse_shape)
+    if num_splits == 1:
+        part_shape = None
+        part_strides = (*out_strides[:3], 0, out_strides[3])
+        part_lse_strides = (*lse_strides, 0)
+    else:
+        part_shape = (batch, kv_heads, num_splits, rows, v_dim)
+        part_strides = _contiguous_strides(part_shape)
+        part_lse_strides = _contiguous_strides(part_shape[:4])
+    # every slot may hold a query, so the largest distance is the capacity's
+    logit_scalars, logit_flags = logits_args(alpha=alpha, distance=distance, phase=phase, phase_dim=phase_dim,
+                                             dtype=q.dtype, max_distance=capacity - 1)
+    split_tail = (*q.stride(), *k_cache.stride(), *v_cache.stride(), *part_strides, *part_lse_strides,
+                  kv_heads, q_len, group, head_dim, v_dim, amp_dim, keys_per_split,
+                  keys_per_split.bit_length(), 1.0 / math.sqrt(amp_dim), *logit_scalars)
+    split_flags = dict(HAS_STARTS=cache_starts is not None, FINAL=part_shape is None, **logit_flags,
+                       BLOCK_M=_pow2(rows), BLOCK_D=_pow2(head_dim), BLOCK_DV=block_dv)
+    merge_tail = () if part_shape is None else (
+        *part_strides, *part_lse_strides, *out_strides, *lse_strides, kv_heads, num_splits, q_len, group, v_dim)
+    merge_flags = dict(BLOCK_S=_pow2(num_splits, minimum=2), BLOCK_DV=block_dv,
+                       num_warps=4 if num_splits * block_dv <= 4096 else 8)
+    plan = _Plan(out_shape, lse_shape, part_shape, split_tail, split_flags, (batch * kv_heads, num_splits),
+                 merge_tail, merge_flags, (batch * kv_heads, rows))
+    if key is not None:
+        if len(_PLANS) >= _MAX_PLANS:
+            _PLANS.clear()
+        _PLANS[key] = plan
+    return plan
+
+
 def tapa_decode_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -243,53 +335,23 @@ def tapa_decode_attention(
     with return_lse also lse (B, H, Nq) float32. check_lengths=False skips the value checks of
     the lengths, which cost a device sync.
     """
-    _check(q, k_cache, v_cache, cache_seqlens, cache_starts, theta, alpha, distance, phase)
-    batch, q_len, heads, head_dim = q.shape
-    capacity, kv_heads, v_dim = k_cache.shape[1], k_cache.shape[2], v_cache.shape[3]
+    plan = _plan(q, k_cache, v_cache, cache_seqlens, cache_starts, theta, alpha, distance, phase,
+                 num_splits)
     if check_lengths:
-        check_cache_lengths(q_len, capacity, cache_seqlens, cache_starts)
-    group = heads // kv_heads
-    rows = group * q_len
-    amp_dim, phase_dim = split_dims(head_dim, theta)
-    block_d, block_dv = _pow2(head_dim), _pow2(v_dim)
-    # the interpreter (tests) aligns splits finely, so small caches still get many ragged splits
-    align = SPLIT_ALIGN if q.is_cuda else 16
-    if num_splits is None:
-        num_splits = default_num_splits(batch, kv_heads, capacity, q.device, align)
-    keys_per_split = triton.cdiv(triton.cdiv(capacity, num_splits), align) * align
-    num_splits = triton.cdiv(capacity, keys_per_split)
-
-    out = torch.empty(batch, q_len, heads, v_dim, dtype=q.dtype, device=q.device)
-    lse = torch.empty(batch, heads, q_len, dtype=torch.float32, device=q.device)
-    final = num_splits == 1
-    if final:
+        check_cache_lengths(q.shape[1], k_cache.shape[1], cache_seqlens, cache_starts)
+    out = torch.empty(plan.out_shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty(plan.lse_shape, dtype=torch.float32, device=q.device)
+    if plan.part_shape is None:
         part, part_lse = out, lse
-        part_strides = (out.stride(0), out.stride(1), out.stride(2), 0, out.stride(3))
-        lse_strides = (lse.stride(0), lse.stride(1), lse.stride(2), 0)
     else:
-        part = torch.empty(batch, kv_heads, num_splits, rows, v_dim, dtype=torch.float32, device=q.device)
-        part_lse = torch.empty(batch, kv_heads, num_splits, rows, dtype=torch.float32, device=q.device)
-        part_strides, lse_strides = part.stride(), part_lse.stride()
+        part = torch.empty(plan.part_shape, dtype=torch.float32, device=q.device)
+        part_lse = torch.empty(plan.part_shape[:4], dtype=torch.float32, device=q.device)
     starts = cache_starts if cache_starts is not None else cache_seqlens  # unused when HAS_STARTS=False
-    # every slot may hold a query, so the largest distance is the capacity's
-    logit_scalars, logit_flags = logits_args(alpha=alpha, distance=distance, phase=phase, phase_dim=phase_dim,
-                                             dtype=q.dtype, max_distance=capacity - 1)
-    args = (q, k_cache, v_cache, cache_seqlens, starts, part, part_lse,
-            *q.stride(), *k_cache.stride(), *v_cache.stride(), *part_strides, *lse_strides,
-            kv_heads, q_len, group, head_dim, v_dim, amp_dim, keys_per_split,
-            keys_per_split.bit_length(), 1.0 / math.sqrt(amp_dim), *logit_scalars)
-    flags = dict(HAS_STARTS=cache_starts is not None, FINAL=final, **logit_flags,
-                 BLOCK_M=_pow2(rows), BLOCK_D=block_d, BLOCK_DV=block_dv)
-    grid = (batch * kv_heads, num_splits)
+    args = (q, k_cache, v_cache, cache_seqlens, starts, part, part_lse, *plan.split_tail)
     if q.is_cuda:
-        _tuned_split_kernel[grid](*args, **flags)
+        _tuned_split_kernel[plan.split_grid](*args, **plan.split_flags)
     else:  # the Triton interpreter: one fixed configuration
-        _split_kernel[grid](*args, **flags, BLOCK_N=64)
-    if not final:
-        _merge_kernel[(batch * kv_heads, rows)](
-            part, part_lse, out, lse, *part.stride(), *part_lse.stride(), *out.stride(), *lse.stride(),
-            kv_heads, num_splits, q_len, group, v_dim,
-            BLOCK_S=_pow2(num_splits, minimum=2), BLOCK_DV=block_dv,
-            num_warps=4 if num_splits * block_dv <= 4096 else 8,
-        )
+        _split_kernel[plan.split_grid](*args, **plan.split_flags, BLOCK_N=64)
+    if plan.part_shape is not None:
+        _merge_kernel[plan.merge_grid](part, part_lse, out, lse, *plan.merge_tail, **plan.merge_flags)
     return (out, lse) if return_lse else out
