@@ -64,3 +64,28 @@ def test_profile_step_writes_the_floor_report(tmp_path):
                  "GPU kernels", "| 1 |", "Profiler, top CPU ops"):
         assert part in report, part
     assert "tapa_decode_attention" in (tmp_path / "decode_profile_cprofile.txt").read_text()
+
+
+def test_graph_columns_compare_replays_with_replays(tmp_path):
+    """--graphs: TAPA's graph replay against the fastest SDPA replay (never an eager time), and
+    n/a where a side was not captured; decode.md shows both tables."""
+    from tapa.bench import decode as bench
+
+    times = {"tapa": 0.12, "sdpa_flash": 0.02, "sdpa_auto": 0.017,
+             "tapa_graph": 0.018, "sdpa_flash_graph": 0.012, "sdpa_auto_graph": 0.015}
+    columns = bench.graph_columns(times)
+    assert columns["best_sdpa_graph"] == "flash" and columns["graph_ratio"] == pytest.approx(1.5)
+    assert bench.graph_columns({"tapa": 0.1, "sdpa_auto": 0.02})["graph_ratio"] is None
+    assert bench.graph_columns({"tapa_graph": 0.1, "sdpa_auto": 0.02})["graph_ratio"] is None
+    rows = [{"batch": 1, "cache": 4096, "tapa_ms": 0.12, "sdpa_auto_ms": 0.017, "best_sdpa": "auto",
+             "ratio": 0.12 / 0.017, "tapa_gbps": 100.0, **columns},
+            {"batch": 8, "cache": 4096, "tapa_ms": 0.2, "sdpa_auto_ms": 0.05, "best_sdpa": "auto",
+             "ratio": 4.0, "tapa_gbps": 200.0, **bench.graph_columns({"tapa": 0.2})}]
+    bench.write_results(tmp_path, rows, errors={"kernel": 1e-3, "reference": 1e-3}, command="test",
+                        device_name="test", smoke=False, shapes=dict(heads=4, kv_heads=2, head_dim=32),
+                        dtype=torch.bfloat16)
+    report = (tmp_path / "decode.md").read_text()
+    assert "| 1 | 4096 | 0.0180 | flash | 0.0120 | 1.50 |" in report
+    assert "| 8 | 4096 | n/a | n/a | n/a | n/a (no capture) |" in report
+    assert "As graphs: 0 of 1 captured shapes within 1.2x." in report
+    assert "graph_ratio" in open(tmp_path / "decode.csv").readline()

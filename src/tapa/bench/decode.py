@@ -18,6 +18,10 @@ and allocations per step (torch.profiler), host time per call against device tim
 CUDA-graph replay of the same step), the host pieces (argument checks, kernel constants), a
 cProfile of the Python wrapper, and the step time by number of splits (1 = one launch).
 Writes decode_profile.md and decode_profile_cprofile.txt.
+
+--graphs also times every step, TAPA's and each SDPA backend's, as a CUDA-graph replay and adds
+those ratios to decode.csv/decode.md: the cost of the step with the launch path taken out, as
+serving stacks (vLLM, SGLang, torch.compile's reduce-overhead) run decode steps.
 """
 
 from __future__ import annotations
@@ -52,6 +56,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="output directory (default: %(default)s)")
     parser.add_argument("--smoke", action="store_true",
                         help="tiny shapes on CPU via the Triton interpreter: tests the script, not speed")
+    parser.add_argument("--graphs", action="store_true",
+                        help="also time every step as a CUDA-graph replay (how serving stacks run decode "
+                             "steps: no launch or Python cost), TAPA against SDPA")
     parser.add_argument("--profile", action="store_true",
                         help="also profile one decode step at --profile-batch x --profile-cache")
     parser.add_argument("--profile-batch", type=int, default=1)
@@ -119,15 +126,22 @@ def check_accuracy(kernel, *, device, dtype, heads, kv_heads, head_dim, theta, c
     return errors
 
 
-def bench_shape(kernel, timer, *, batch, cache, heads, kv_heads, head_dim, theta, dtype, device):
-    """{variant: ms} for one step at (batch, cache)."""
+def bench_shape(kernel, timer, *, batch, cache, heads, kv_heads, head_dim, theta, dtype, device,
+                graphs=False):
+    """{variant: ms} for one step at (batch, cache); with graphs also {variant + "_graph": ms},
+    the same step replayed from a CUDA graph (left out where the capture fails)."""
     q = torch.randn(batch, 1, heads, head_dim, device=device, dtype=dtype)
     k_cache = torch.randn(batch, kv_heads, cache, head_dim, device=device, dtype=dtype)
     v_cache = torch.randn(batch, kv_heads, cache, head_dim, device=device, dtype=dtype)
     lengths = torch.full((batch,), cache, dtype=torch.int32, device=device)
     k_view, v_view = k_cache.transpose(1, 2), v_cache.transpose(1, 2)
-    times = {"tapa": timer(lambda: kernel.tapa_decode_attention(
-        q, k_view, v_view, lengths, theta=theta, check_lengths=False))}
+    steps = {}
+
+    def tapa_step():
+        return kernel.tapa_decode_attention(q, k_view, v_view, lengths, theta=theta, check_lengths=False)
+
+    times = {"tapa": timer(tapa_step)}
+    steps["tapa"] = tapa_step
     q_sdpa = q.transpose(1, 2)  # (B, H, 1, D)
     from torch.nn.attention import sdpa_kernel
 
@@ -143,9 +157,15 @@ def bench_shape(kernel, timer, *, batch, cache, heads, kv_heads, head_dim, theta
                 raise
             continue
         times[f"sdpa_{name}"] = timer(step)
+        steps[f"sdpa_{name}"] = step
     if device.type == "cuda":  # whatever torch picks by itself (an anchor even if none above runs)
-        times["sdpa_auto"] = timer(lambda: F.scaled_dot_product_attention(q_sdpa, k_cache, v_cache,
-                                                                          enable_gqa=True))
+        steps["sdpa_auto"] = lambda: F.scaled_dot_product_attention(q_sdpa, k_cache, v_cache, enable_gqa=True)
+        times["sdpa_auto"] = timer(steps["sdpa_auto"])
+    if graphs:
+        for name, step in steps.items():
+            graph_ms = _graph_ms(step, timer)
+            if graph_ms is not None:
+                times[f"{name}_graph"] = graph_ms
     del q, k_cache, v_cache
     return times
 
@@ -297,11 +317,25 @@ def _gpu_name(device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({platform.processor() or 'unknown'}), Triton interpreter"
 
 
+def graph_columns(times: dict) -> dict:
+    """The CUDA-graph columns of a row: TAPA's replay time, the fastest SDPA replay and their
+    ratio (None where a side could not be captured, e.g. on CPU)."""
+    sdpa = {name[:-6]: ms for name, ms in times.items() if name.startswith("sdpa_") and name.endswith("_graph")}
+    tapa = times.get("tapa_graph")
+    if tapa is None or not sdpa:
+        return {"tapa_graph_ms": tapa, "best_sdpa_graph": None, "graph_ratio": None}
+    best = min(sdpa, key=sdpa.get)
+    return {"tapa_graph_ms": tapa, "best_sdpa_graph": best[5:], "best_sdpa_graph_ms": sdpa[best],
+            "graph_ratio": tapa / sdpa[best]}
+
+
 def write_results(out: Path, rows: list[dict], *, errors: dict, command: str, device_name: str,
                   smoke: bool, shapes: dict, dtype: torch.dtype) -> None:
     out.mkdir(parents=True, exist_ok=True)
     sdpa_columns = sorted({key for row in rows for key in row if key.startswith("sdpa_")})
-    columns = ["batch", "cache", "tapa_ms", *sdpa_columns, "best_sdpa", "ratio", "tapa_gbps"]
+    graph_columns_ = [c for c in ("tapa_graph_ms", "best_sdpa_graph", "best_sdpa_graph_ms", "graph_ratio")
+                      if any(c in row for row in rows)]
+    columns = ["batch", "cache", "tapa_ms", *sdpa_columns, "best_sdpa", "ratio", "tapa_gbps", *graph_columns_]
     with open(out / "decode.csv", "w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=columns)
         writer.writeheader()
@@ -332,6 +366,20 @@ def write_results(out: Path, rows: list[dict], *, errors: dict, command: str, de
     worst = max(rows, key=lambda r: r["ratio"])
     lines += ["", f"Worst ratio {worst['ratio']:.2f} at batch {worst['batch']}, cache {worst['cache']}; "
               f"{sum(r['ratio'] <= TARGET_RATIO for r in rows)} of {len(rows)} shapes within {TARGET_RATIO}x."]
+    if graph_columns_:
+        lines += ["", "**As CUDA-graph replays** (`--graphs`: each step captured once and replayed, as "
+                  "serving stacks run decode steps; no launch or Python cost on either side):", "",
+                  "| batch | cache | TAPA ms | best SDPA | SDPA ms | ratio |", "|---|---|---|---|---|---|"]
+        captured = [r for r in rows if r.get("graph_ratio") is not None]
+        for row in rows:
+            if row.get("graph_ratio") is None:
+                lines.append(f"| {row['batch']} | {row['cache']} | n/a | n/a | n/a | n/a (no capture) |")
+            else:
+                lines.append(f"| {row['batch']} | {row['cache']} | {row['tapa_graph_ms']:.4f} | "
+                             f"{row['best_sdpa_graph']} | {row['best_sdpa_graph_ms']:.4f} | {row['graph_ratio']:.2f} |")
+        if captured:
+            lines += ["", f"As graphs: {sum(r['graph_ratio'] <= TARGET_RATIO for r in captured)} of "
+                      f"{len(captured)} captured shapes within {TARGET_RATIO}x."]
     (out / "decode.md").write_text("\n".join(lines) + "\n")
     _plot(out, rows)
 
@@ -395,8 +443,9 @@ def run(args) -> int:
     for batch in batches:
         for cache in tqdm(caches, desc=f"batch {batch}", disable=None):
             times = bench_shape(kernel, timer, batch=batch, cache=cache, theta=args.theta, dtype=dtype,
-                                device=device, **shapes)
-            sdpa = {name: ms for name, ms in times.items() if name.startswith("sdpa_")}
+                                device=device, graphs=args.graphs, **shapes)
+            sdpa = {name: ms for name, ms in times.items() if name.startswith("sdpa_")
+                    and not name.endswith("_graph")}
             if not sdpa:
                 raise SystemExit(f"no SDPA backend ran batch {batch}, cache {cache}")
             best = min(sdpa, key=sdpa.get)
@@ -405,9 +454,15 @@ def run(args) -> int:
                    **{f"{name}_ms": ms for name, ms in sdpa.items()},
                    "best_sdpa": best[5:], "ratio": times["tapa"] / sdpa[best],
                    "tapa_gbps": cache_bytes / (times["tapa"] * 1e-3) / 1e9}
+            graph_line = ""
+            if args.graphs:
+                row.update(graph_columns(times))
+                if row["graph_ratio"] is not None:
+                    graph_line = (f"; as CUDA graphs: tapa {row['tapa_graph_ms']:.4f} ms, "
+                                  f"ratio {row['graph_ratio']:.2f}")
             rows.append(row)
             print(f"batch {batch:3d} cache {cache:7d}: tapa {times['tapa']:.4f} ms, best sdpa "
-                  f"({best[5:]}) {sdpa[best]:.4f} ms, ratio {row['ratio']:.2f}", flush=True)
+                  f"({best[5:]}) {sdpa[best]:.4f} ms, ratio {row['ratio']:.2f}{graph_line}", flush=True)
             if device.type == "cuda":
                 torch.cuda.empty_cache()
             # after every shape, so that a run cut short keeps what it measured
