@@ -130,6 +130,8 @@ def test_a_decoding_loop_checks_each_call_signature_once(monkeypatch):
     steps = [decode_kernel.tapa_decode_attention(q, k, v, lengths - i, cache_starts=starts, num_splits=5)
              for i in range(3)]  # a loop: new length values, same signature
     assert len(checks) == 1 and torch.equal(steps[0], first)
+    (plan,) = decode_kernel._PLANS.values()  # later steps launch the kernel with the kept config
+    assert plan.split_config is not None and "BLOCK_N" in plan.split_config
     decode_kernel._PLANS.clear()
     for i in (1, 2):  # the cached launch computes what a fresh one does
         assert torch.equal(steps[i], decode_kernel.tapa_decode_attention(q, k, v, lengths - i,
