@@ -70,11 +70,11 @@ def test_readme_study_table_matches_the_study_results():
 
 
 def test_study_readme_tables_are_the_aggregated_ones():
-    """results/toy-study/README.md is hand-kept around generated tables: its coverage and seed
-    comparison tables must be coverage.md's and comparisons.md's (re-aggregating after new jobs
-    without updating the README fails here)."""
+    """results/toy-study/README.md is hand-kept around generated tables: its coverage, seed
+    comparison and theory tables must be coverage.md's, comparisons.md's and theory_trained.md's
+    (re-aggregating after new jobs without updating the README fails here)."""
     study = Path(__file__).resolve().parents[1] / "results" / "toy-study"
     readme = (study / "README.md").read_text()
-    for name in ("coverage.md", "comparisons.md"):
+    for name in ("coverage.md", "comparisons.md", "theory_trained.md"):
         table = (study / name).read_text().strip()
         assert table.split("\n\n")[0 if name == "coverage.md" else 1] in readme, name

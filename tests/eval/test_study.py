@@ -360,3 +360,26 @@ def test_plot_survives_a_collapsed_seed_and_many_arms_of_one_family(tmp_path):
             for i in range(8) for n in (512, 2048, 16384)]
     path = study.plot_perplexity(rows, tmp_path / "p.png", title="t", train_len=512)
     assert path.stat().st_size > 0
+
+
+def test_theory_table_reads_each_seed_at_the_main_lr():
+    """theory_trained.md: per seed, the moments at distance 1 and at the bins nearest 1/128 ...
+    1 of the largest distance, and the variance change between the second and the last bin;
+    a run at another lr is left out."""
+    distances = [0.0, 1.0, 2.0, 26.0, 200.0, 850.0, 3400.0]
+
+    def rows(seed, lr, variances):
+        return [{"arm": "tapa", "label": "TAPA", "lr": lr, "seed": seed, "layer": 4, "kind": "tapa",
+                 "estimate": "trained", "distance": d, "mean": 1.0 / (1 + d), "var": var}
+                for d, var in zip(distances, variances)]
+
+    jobs = [synthetic_job("tapa", "tapa", 1e-3, seed, [10] * 6) for seed in (0, 1)]
+    jobs.append(synthetic_job("tapa", "tapa", 5e-4, 0, [12] * 6))
+    table = study.theory_markdown(rows(0, 1e-3, [5, 6, 6, 8, 7, 6, 4]) + rows(1, 1e-3, [5, 6, 6, 10, 9, 8, 8])
+                                  + rows(0, 5e-4, [1] * 7), jobs)
+    assert "| d=1 | d=26 | d=200 | d=850 | d=3400 |" in table
+    assert "| TAPA | 0 | 4 | 0.50 / 6.00 | 0.04 / 8.00 | 0.00 / 7.00 | 0.00 / 6.00 | 0.00 / 4.00 | -50% |" in table
+    assert "| TAPA | 1 | 4 |" in table and "-20% |" in table
+    assert table.count("| TAPA |") == 2  # the 5e-4 run is not the main lr
+    assert "TAPA -35% ± 21% (n=2)" in table
+    assert study.theory_markdown([], jobs) == ""

@@ -9,7 +9,7 @@ Every number written comes from the job JSONs. Written to --out:
     perplexity.csv                    per stage, arm, length: mean, std (over seeds), n, the values
     perplexity_{zero_shot,continual}.md  and .png (log-log, error bars: one std over seeds)
     passkey.csv, passkey.md, passkey.png   accuracy per length and depth, mean over seeds
-    theory_trained.csv, .png          logit moments vs distance on trained weights (tapa.theory.trained)
+    theory_trained.csv, .md, .png     logit moments vs distance on trained weights (tapa.theory.trained)
     coverage.md                       the seeds each arm has per measurement (what is still missing)
     comparisons.csv, comparisons.md   the study's questions as pairs of arms, per length (zero-shot):
                                       one-sided Welch and exact Mann-Whitney p-values over seeds
@@ -25,6 +25,7 @@ import argparse
 import hashlib
 import json
 import math
+import statistics
 import tarfile
 from collections import defaultdict
 from pathlib import Path
@@ -546,6 +547,43 @@ def theory_rows(jobs: list[dict]) -> list[dict]:
     return rows
 
 
+THEORY_FRACTIONS = (1 / 128, 1 / 16, 1 / 4, 1.0)  # of the largest distance, after distance 1
+
+
+def theory_markdown(rows: list[dict], jobs: list[dict]) -> str:
+    """Per arm (at its main lr) and seed: the trained logit's mean / variance at distance 1 and at
+    the distance bins nearest 1/128, 1/16, 1/4 and all of the largest, and the variance's change
+    from the second of those to the last: whether the moments decay past training, seed by seed."""
+    lrs = main_lrs(jobs)
+    curves: dict[tuple, dict[float, tuple]] = defaultdict(dict)
+    for row in rows:
+        if row["estimate"] == "trained" and row["lr"] == lrs.get(row["arm"]):
+            key = (row["arm"], row["label"], row["seed"], row["layer"])
+            curves[key][float(row["distance"])] = (float(row["mean"]), float(row["var"]))
+    if not curves:
+        return ""
+    distances = sorted(next(iter(curves.values())))
+    largest = distances[-1]
+    picks = [1.0] + [min(distances, key=lambda d: abs(d - f * largest)) for f in THEORY_FRACTIONS]
+    header = " | ".join(f"d={d:.0f}" for d in picks)
+    lines = ["**Logit mean / variance vs distance on trained weights** (the middle global layer; "
+             "8 test sequences of the theory length; per seed)", "",
+             f"| arm | seed | layer | {header} | variance, d={picks[1]:.0f} to d={picks[-1]:.0f} |",
+             "|---|---|---|" + "---|" * len(picks) + "---|"]
+    changes = defaultdict(list)
+    for (arm, label, seed, layer), curve in sorted(curves.items(), key=lambda kv: (kv[0][0], kv[0][2])):
+        if not all(d in curve for d in picks):
+            continue
+        change = curve[picks[-1]][1] / curve[picks[1]][1] - 1.0
+        changes[label].append(change)
+        cells = " | ".join(f"{curve[d][0]:.2f} / {curve[d][1]:.2f}" for d in picks)
+        lines.append(f"| {label} | {seed} | {layer} | {cells} | {change:+.0%} |")
+    lines += ["", "Variance change per arm (mean ± std over seeds): " + "; ".join(
+        f"{label} {statistics.mean(c):+.0%}" + (f" ± {statistics.stdev(c):.0%}" if len(c) > 1 else "")
+        + f" (n={len(c)})" for label, c in changes.items()) + "."]
+    return "\n".join(lines)
+
+
 def plot_theory(rows: list[dict], jobs: list[dict], path: Path) -> Path:
     """tapa.theory.trained's panels for each arm at its main lr, first seed."""
     from tapa.theory.trained import plot
@@ -631,7 +669,7 @@ def readme_skeleton(jobs: list[dict], tables: dict[str, str], command: str) -> s
         "The logit's mean and variance vs distance in the middle global layer of each pretrained "
         "model, on held-out text longer than training (`python3 -m tapa.theory.trained`), next to "
         "the iid theory: `theory_trained.csv`, `theory_trained.png`.", "",
-        "![theory](theory_trained.png)", "",
+        "![theory](theory_trained.png)", "", tables["theory"], "",
     ]
     return "\n".join(parts)
 
@@ -703,7 +741,9 @@ def aggregate(paths, out_dir: str | Path, *, protocol_id: str | None = None,
         written.append(out / "passkey.csv")
         written.append(plot_passkey(grids, out / "passkey.png"))
     theory = theory_rows(pretrained)
+    tables["theory"] = theory_markdown(theory, pretrained)
     if theory:
+        save("theory_trained.md", tables["theory"])
         write_csv(out / "theory_trained.csv", theory)
         written += [out / "theory_trained.csv",
                     plot_theory(theory, pretrained, out / "theory_trained.png")]
