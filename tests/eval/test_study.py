@@ -374,10 +374,13 @@ def test_theory_table_reads_each_seed_at_the_main_lr():
                 for d, var in zip(distances, variances)]
 
     jobs = [synthetic_job("tapa", "tapa", 1e-3, seed, [10] * 6) for seed in (0, 1)]
+    for job in jobs:  # the setup the table names comes from the jobs that ran the theory stage
+        job["results"]["theory"] = {"rows": []}
+        job["protocol"].update(theory_sequences=3, theory_len=64)
     jobs.append(synthetic_job("tapa", "tapa", 5e-4, 0, [12] * 6))
     table = study.theory_markdown(rows(0, 1e-3, [5, 6, 6, 8, 7, 6, 4]) + rows(1, 1e-3, [5, 6, 6, 10, 9, 8, 8])
                                   + rows(0, 5e-4, [1] * 7), jobs)
-    assert "| d=1 | d=26 | d=200 | d=850 | d=3400 |" in table
+    assert "| d=1 | d=26 | d=200 | d=850 | d=3400 |" in table and "3 test sequences of 64 tokens" in table
     assert "| TAPA | 0 | 4 | 0.50 / 6.00 | 0.04 / 8.00 | 0.00 / 7.00 | 0.00 / 6.00 | 0.00 / 4.00 | -50% |" in table
     assert "| TAPA | 1 | 4 |" in table and "-20% |" in table
     assert table.count("| TAPA |") == 2  # the 5e-4 run is not the main lr

@@ -146,6 +146,14 @@ def test_a_decoding_loop_checks_each_call_signature_once(monkeypatch):
         decode_kernel.tapa_decode_attention(q, k, v.half(), lengths)
     with pytest.raises(ValueError, match="cache_seqlens"):
         decode_kernel.tapa_decode_attention(q, k, v, lengths[:1])
+    for bad in (0, -1, 2.0, True):  # a float 2.0 equals 2 (cached above): still refused
+        with pytest.raises(ValueError, match="num_splits"):
+            decode_kernel.tapa_decode_attention(q, k, v, lengths, cache_starts=starts, num_splits=bad)
+    from tapa.ops import triton_launch  # a plan made under other kernel settings is not reused
+    calls = len(checks)
+    monkeypatch.setattr(triton_launch, "TRIG_TERMS", 4)
+    decode_kernel.tapa_decode_attention(q, k, v, lengths, cache_starts=starts, num_splits=5)
+    assert len(checks) == calls + 1
 
 
 @pytest.mark.cuda

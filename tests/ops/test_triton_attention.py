@@ -341,7 +341,7 @@ def _lse_error_bound(q, k, configs, *, theta=0.5, alpha=0.1, distance="power", p
     from tapa.ops.reference import distance_weight, split_dims
     from tapa.ops.triton_logits import TRIG_COEFFICIENTS
 
-    group = q.shape[2] // k.shape[2]
+    dtype, group = q.dtype, q.shape[2] // k.shape[2]
     k = k.double().repeat_interleave(group, dim=2)
     q = q.double()
     amp_dim, phase_dim = split_dims(q.shape[-1], theta)
@@ -354,7 +354,7 @@ def _lse_error_bound(q, k, configs, *, theta=0.5, alpha=0.1, distance="power", p
     weight = distance_weight(torch.tensor(float(max_distance), dtype=torch.float64), alpha, distance)
     max_turns = weight * phi / phase_dim ** 0.5
     if triton_launch.trig_poly(configs):
-        trig_error = TRIG_COEFFICIENTS[triton_launch.trig_terms(configs, q.dtype)][2]
+        trig_error = TRIG_COEFFICIENTS[triton_launch.trig_terms(configs, dtype)][2]
     else:  # PTX ISA: cos.approx/sin.approx.f32, max absolute error 2**-20.5 on [-pi, pi]
         trig_error = 2.0 ** -20
     tolerance = configs.taylor_tolerance or triton_launch.TAYLOR_TOLERANCE

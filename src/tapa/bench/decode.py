@@ -201,6 +201,8 @@ def _graph_ms(step, timer):
             step()
         return timer(graph.replay)
     except RuntimeError as err:  # a step that cannot be captured is itself a finding
+        if _is_device_fault(err):  # a kernel fault poisons the context: never swallow it
+            raise
         print(f"CUDA graph capture of the decode step failed: {str(err).splitlines()[0]}", file=sys.stderr)
         return None
 

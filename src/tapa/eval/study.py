@@ -564,20 +564,25 @@ def theory_markdown(rows: list[dict], jobs: list[dict]) -> str:
         return ""
     distances = sorted(next(iter(curves.values())))
     largest = distances[-1]
-    picks = [1.0] + [min(distances, key=lambda d: abs(d - f * largest)) for f in THEORY_FRACTIONS]
+    picks = list(dict.fromkeys([1.0] + [min(distances, key=lambda d: abs(d - f * largest))
+                                        for f in THEORY_FRACTIONS]))
     header = " | ".join(f"d={d:.0f}" for d in picks)
-    lines = ["**Logit mean / variance vs distance on trained weights** (the middle global layer; "
-             "8 test sequences of the theory length; per seed)", "",
+    setups = {(j["protocol"].get("theory_sequences"), j["protocol"].get("theory_len")) for j in jobs
+              if j["results"].get("theory")}
+    setup = ("{} test sequences of {} tokens".format(*setups.pop()) if len(setups) == 1
+             else "test sequences of the theory length")
+    lines = [f"**Logit mean / variance vs distance on trained weights** (the middle global layer; "
+             f"{setup}; per seed)", "",
              f"| arm | seed | layer | {header} | variance, d={picks[1]:.0f} to d={picks[-1]:.0f} |",
              "|---|---|---|" + "---|" * len(picks) + "---|"]
     changes = defaultdict(list)
     for (arm, label, seed, layer), curve in sorted(curves.items(), key=lambda kv: (kv[0][0], kv[0][2])):
-        if not all(d in curve for d in picks):
-            continue
-        change = curve[picks[-1]][1] / curve[picks[1]][1] - 1.0
-        changes[label].append(change)
-        cells = " | ".join(f"{curve[d][0]:.2f} / {curve[d][1]:.2f}" for d in picks)
-        lines.append(f"| {label} | {seed} | {layer} | {cells} | {change:+.0%} |")
+        cells = " | ".join(f"{curve[d][0]:.2f} / {curve[d][1]:.2f}" if d in curve else "n/a" for d in picks)
+        change = None
+        if len(picks) > 1 and picks[1] in curve and picks[-1] in curve and curve[picks[1]][1] > 0:
+            change = curve[picks[-1]][1] / curve[picks[1]][1] - 1.0
+            changes[label].append(change)
+        lines.append(f"| {label} | {seed} | {layer} | {cells} | {'n/a' if change is None else f'{change:+.0%}'} |")
     lines += ["", "Variance change per arm (mean ± std over seeds): " + "; ".join(
         f"{label} {statistics.mean(c):+.0%}" + (f" ± {statistics.stdev(c):.0%}" if len(c) > 1 else "")
         + f" (n={len(c)})" for label, c in changes.items()) + "."]

@@ -259,10 +259,20 @@ def _contiguous_strides(shape) -> tuple:
     return tuple(reversed(strides))
 
 
+def _settings() -> tuple:
+    """The module-level settings a plan's launch arguments read (the kernels' trig and distance
+    series, the split alignment): a plan made under other settings is not reused."""
+    from tapa.ops import triton_launch as launch
+
+    return (launch.TRIG_POLY, launch.TRIG_TERMS, launch.TAYLOR_ORDER, launch.TAYLOR_TOLERANCE,
+            launch.LONG_PHASE_FROM, SPLIT_ALIGN, interpreting())
+
+
 def _plan(q, k_cache, v_cache, cache_seqlens, cache_starts, theta, alpha, distance, phase,
           num_splits) -> _Plan:
     key = (_meta(q), _meta(k_cache), _meta(v_cache), _meta(cache_seqlens), _meta(cache_starts),
-           type(theta), theta, type(alpha), alpha, distance, phase, num_splits, interpreting())
+           type(theta), theta, type(alpha), alpha, distance, phase, type(num_splits), num_splits,
+           _settings())
     try:
         plan = _PLANS.get(key)
     except TypeError:  # an unhashable setting: the checks below name it
@@ -270,6 +280,9 @@ def _plan(q, k_cache, v_cache, cache_seqlens, cache_starts, theta, alpha, distan
     if plan is not None:
         return plan
     _check(q, k_cache, v_cache, cache_seqlens, cache_starts, theta, alpha, distance, phase)
+    if num_splits is not None and (not isinstance(num_splits, int) or isinstance(num_splits, bool)
+                                   or num_splits < 1):
+        raise ValueError(f"num_splits must be a positive int or None, got {num_splits!r}")
     batch, q_len, heads, head_dim = q.shape
     capacity, kv_heads, v_dim = k_cache.shape[1], k_cache.shape[2], v_cache.shape[3]
     group = heads // kv_heads
