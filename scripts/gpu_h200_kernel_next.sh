@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Issue 13, the calls after Run 4 in one (under 7 minutes; results/kernel-h200/PLAN.md):
+#   decode_tests  the decode kernel's CUDA path first: the kept autotuned config (a launch plan per
+#                 call signature) has only run in the interpreter
+#   fwd64         the occupancy probe's winner, a 4-warp 64x64 forward, next to the default at every
+#                 N, D = 128 and 64 (it becomes the default only if it wins at every N)
+#   decode        tapa bench decode with --graphs (TAPA and SDPA as CUDA-graph replays) and the
+#                 batch-1 floor profile, after the host-side changes
+#   device tool: run(command="bash scripts/gpu_h200_kernel_next.sh", kind="nvidia-h200")
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 TQDM_DISABLE=1
+OUT=${OUT:-/tmp/kernel_next_out}
+WORK=/tmp/kernel_next
+rm -rf "$WORK" && mkdir -p "$WORK" "$OUT"
+START=$(date +%s)
+step() {  # step NAME SECONDS COMMAND...
+    local name=$1 limit=$2 t0
+    shift 2
+    t0=$(date +%s)
+    echo "== $name (limit ${limit}s, at +$((t0 - START))s)"
+    timeout --kill-after=5 "$limit" "$@" > "$WORK/$name.log" 2>&1
+    echo "$name rc=$? seconds=$(($(date +%s) - t0))" | tee -a "$WORK/steps.txt"
+}
+PYTEST_ARGS=(-p no:cacheprovider -rfE --tb=short)  # pyproject adds -q
+step decode_tests 90 python3 -m pytest tests/ops/test_decode_kernel.py tests/ops/test_decode.py \
+    tests/bench/test_bench_decode.py "${PYTEST_ARGS[@]}"
+step fwd64 170 python3 -m tapa.bench.attention --head-dims 128 64 --causal causal \
+    --seq-lens 1024 4096 16384 65536 --long-range-len 0 --reference-len 0 --compile-jobs 4 \
+    --out "$WORK/fwd64" --variants "fwd64:fwd=64x64/4/2"
+step decode 150 python3 -m tapa.cli bench decode --graphs --profile --out "$WORK/decode"
+tar czf "$OUT/kernel_next.tar.gz" -C /tmp kernel_next
+echo "done at +$(($(date +%s) - START))s"
+grep -E "^(FAILED|ERROR)|passed|failed" "$WORK/decode_tests.log" | cut -c1-300 | tail -10
+grep -A 40 "^| variant | D" "$WORK/fwd64/attention.md" | head -40
+tail -n 32 "$WORK/decode/decode.md"
