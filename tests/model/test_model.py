@@ -173,3 +173,26 @@ def test_bf16_autocast_on_gpu(pe):
         loss = model.loss(ids[:, :-1], ids[:, 1:])
     loss.backward()
     assert torch.isfinite(loss)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU interpreter check of the CPU-built model")
+def test_unpadded_decoding_takes_the_kernel_without_a_length_sync(monkeypatch):
+    """A global TAPA layer's decode step builds its cache lengths itself (every row full), so it
+    skips the value check of the lengths: that check is a device sync per layer and per step."""
+    pytest.importorskip("triton")
+    from tapa.eval.passkey_eval import greedy_generate
+    from tapa.ops import decode as decode_op
+    from tapa.ops import decode_kernel
+
+    synced, kernel_calls = [], []
+    monkeypatch.setattr(decode_op, "check_cache_lengths", lambda *a: synced.append(a))
+    real = decode_kernel.tapa_decode_attention
+    monkeypatch.setattr(decode_kernel, "tapa_decode_attention",
+                        lambda *a, **k: kernel_calls.append(1) or real(*a, **k))
+    torch.manual_seed(2)
+    fast = TapaLM(tiny_config(pe="tapa", attn_impl="triton")).eval()
+    exact = TapaLM(tiny_config(pe="tapa", attn_impl="reference")).eval()
+    exact.load_state_dict(fast.state_dict())
+    ids = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(3))
+    assert torch.equal(greedy_generate(fast, ids, 5), greedy_generate(exact, ids, 5))
+    assert kernel_calls and not synced

@@ -293,9 +293,11 @@ class Attention(nn.Module):
         padding_ok = ctx.key_mask is None or ctx.left_pad is not None
         if padding_ok and decode_kernel_applies(q, k, v, cfg.attn_impl):  # few new tokens, no grad
             lengths = torch.full((q.shape[0],), k.shape[1], dtype=torch.int32, device=q.device)
-            # a left-padded row's queries at padded slots see no key: their outputs are never used
+            # The lengths are valid by construction (every row holds all k.shape[1] >= Nq slots), so
+            # their value check, a device sync per layer and step, is skipped. A left-padded row's
+            # queries at padded slots see no key: their outputs are never used.
             return tapa_attention_with_kvcache(q, k, v, lengths, cache_starts=ctx.left_pad, impl="triton",
-                                               check_lengths=ctx.left_pad is None, **op_args)
+                                               check_lengths=False, **op_args)
         if ctx.key_mask is None:
             return tapa_attention(q, k, v, causal=True, q_offset=ctx.start, k_offset=key_slots,
                                   impl=cfg.attn_impl, **op_args)
