@@ -386,3 +386,27 @@ def test_theory_table_reads_each_seed_at_the_main_lr():
     assert table.count("| TAPA |") == 2  # the 5e-4 run is not the main lr
     assert "TAPA -35% ± 21% (n=2)" in table
     assert study.theory_markdown([], jobs) == ""
+
+
+def test_training_curves_plot_the_owner_runs_at_the_main_lr(tmp_path, monkeypatch):
+    """training_curves.png: one panel per arm that owns its pretraining run, one line per seed at
+    the arm's main lr; an eval-time arm (the same run) and another lr add nothing; no curves, no plot."""
+    pytest.importorskip("matplotlib")
+    jobs = [synthetic_job("tapa", "tapa", 1e-3, seed, [10] * 6) for seed in (0, 1)]
+    jobs.append(synthetic_job("tapa", "tapa", 5e-4, 0, [12] * 6))
+    jobs.append(synthetic_job("rope-eval-yarn", "rope", 1e-3, 0, [9] * 6))
+    for job in jobs:
+        job["group"] = f"tapa-lr{job['lr']:g}-s{job['seed']}" if job["arm"] == "tapa" else "rope-lr0.001-s0"
+        job["results"]["pretrain"]["curve"] = {
+            "fields": ["step", "loss", "val_loss"],
+            "points": [[step, 6.0 / step ** 0.3 + job["seed"] * 0.05, None] for step in range(50, 1001, 50)]}
+    assert study.plot_training_curves([], tmp_path / "none.png") is None
+    seen = []
+    import matplotlib.axes
+
+    real_plot = matplotlib.axes.Axes.plot
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot",
+                        lambda self, *a, **k: (seen.append(k.get("label")), real_plot(self, *a, **k))[1])
+    path = study.plot_training_curves(jobs, tmp_path / "curves.png")
+    assert path.stat().st_size > 0
+    assert seen == ["seed 0 (val 3.000)", "seed 1 (val 3.000)"]  # the main lr's two seeds only

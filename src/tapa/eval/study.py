@@ -10,6 +10,7 @@ Every number written comes from the job JSONs. Written to --out:
     perplexity_{zero_shot,continual}.md  and .png (log-log, error bars: one std over seeds)
     passkey.csv, passkey.md, passkey.png   accuracy per length and depth, mean over seeds
     theory_trained.csv, .md, .png     logit moments vs distance on trained weights (tapa.theory.trained)
+    training_curves.png               pretraining loss vs step, per arm and seed
     coverage.md                       the seeds each arm has per measurement (what is still missing)
     comparisons.csv, comparisons.md   the study's questions as pairs of arms, per length (zero-shot):
                                       one-sided Welch and exact Mann-Whitney p-values over seeds
@@ -547,6 +548,51 @@ def theory_rows(jobs: list[dict]) -> list[dict]:
     return rows
 
 
+def plot_training_curves(jobs: list[dict], path: Path) -> Path | None:
+    """Pretraining loss vs step, one panel per arm that owns its pretraining run (at its main lr),
+    one line per seed, labelled with the seed's final validation loss: where seeds part ways."""
+    from tapa.eval.plots import _pyplot
+
+    lrs = main_lrs(jobs)
+    runs = defaultdict(list)
+    for job in jobs:
+        curve = job["results"].get("pretrain", {}).get("curve")
+        owner = job.get("group", "").rsplit("-lr", 1)[0]
+        if curve and job["arm"] == owner and job["lr"] == lrs.get(job["arm"]):
+            fields = curve["fields"]
+            points = [dict(zip(fields, point)) for point in curve["points"]]
+            runs[job["label"]].append((job["seed"], job["results"]["pretrain"].get("final_val_loss"),
+                                       [(q["step"], q["loss"]) for q in points if q.get("loss") is not None]))
+    if not runs:
+        return None
+    plt = _pyplot()
+    columns = min(3, len(runs))
+    rows_ = math.ceil(len(runs) / columns)
+    fig, axes = plt.subplots(rows_, columns, figsize=(4.6 * columns, 3.3 * rows_), squeeze=False,
+                             sharex=True, sharey=True)
+    finals = [loss for seeds in runs.values() for _, _, curve in seeds for _, loss in curve[-3:]]
+    low = min(finals)
+    for ax, (label, seeds) in zip(axes.flat, runs.items()):
+        for seed, val, curve in sorted(seeds, key=lambda s: s[0]):
+            ax.plot([c[0] for c in curve], [c[1] for c in curve], linewidth=1.0,
+                    label=f"seed {seed}" + (f" (val {val:.3f})" if val is not None else ""))
+        ax.set_title(label, fontsize=9)
+        ax.set_ylim(low * 0.97, low * 2.0)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    for ax in axes.flat[len(runs):]:
+        ax.axis("off")
+    for ax in axes[-1]:
+        ax.set_xlabel("pretraining step")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("training loss")
+    fig.suptitle("pretraining loss per seed (main lr of each arm)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 THEORY_FRACTIONS = (1 / 128, 1 / 16, 1 / 4, 1.0)  # of the largest distance, after distance 1
 
 
@@ -668,6 +714,7 @@ def readme_skeleton(jobs: list[dict], tables: dict[str, str], command: str) -> s
         "## After the continual stage", "", tables["continual"], "",
         "![continual](perplexity_continual.png)", "",
         "## Learning-rate sweep", "", tables["lr"], "",
+        "![training curves](training_curves.png)", "",
         "## Passkey retrieval (after the continual stage)", "", tables["passkey"], "",
         "![passkey](passkey.png)", "",
         "## Theory on trained weights", "",
@@ -745,6 +792,9 @@ def aggregate(paths, out_dir: str | Path, *, protocol_id: str | None = None,
                    for di, d in enumerate(g["depths"])])
         written.append(out / "passkey.csv")
         written.append(plot_passkey(grids, out / "passkey.png"))
+    curves_png = plot_training_curves(pretrained, out / "training_curves.png")
+    if curves_png:
+        written.append(curves_png)
     theory = theory_rows(pretrained)
     tables["theory"] = theory_markdown(theory, pretrained)
     if theory:
