@@ -7,19 +7,7 @@
 #   device tool: run(command="bash scripts/gpu_h200_kernel_followup.sh", kind="nvidia-h200")
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 TQDM_DISABLE=1
-OUT=${OUT:-/tmp/kernel_followup_out}
-WORK=/tmp/kernel_followup
-rm -rf "$WORK" && mkdir -p "$WORK" "$OUT"
-START=$(date +%s)
-step() {  # step NAME SECONDS COMMAND...
-    local name=$1 limit=$2 t0
-    shift 2
-    t0=$(date +%s)
-    echo "== $name (limit ${limit}s, at +$((t0 - START))s)"
-    timeout --kill-after=5 "$limit" "$@" > "$WORK/$name.log" 2>&1
-    echo "$name rc=$? seconds=$(($(date +%s) - t0))" | tee -a "$WORK/steps.txt"
-}
+source scripts/device_steps.sh kernel_followup
 BEST="best:dq_atomic=1,trig_poly=0,taylor_order=3,taylor_tolerance=1e-6"
 step best 140 python3 -m tapa.bench.attention --head-dims 128 64 --causal causal \
     --seq-lens 4096 16384 65536 --long-range-len 0 --reference-len 0 --compile-jobs 4 \

@@ -9,19 +9,7 @@
 #   device tool: run(command="bash scripts/gpu_h200_kernel_next.sh", kind="nvidia-h200")
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 TQDM_DISABLE=1
-OUT=${OUT:-/tmp/kernel_next_out}
-WORK=/tmp/kernel_next
-rm -rf "$WORK" && mkdir -p "$WORK" "$OUT"
-START=$(date +%s)
-step() {  # step NAME SECONDS COMMAND...
-    local name=$1 limit=$2 t0
-    shift 2
-    t0=$(date +%s)
-    echo "== $name (limit ${limit}s, at +$((t0 - START))s)"
-    timeout --kill-after=5 "$limit" "$@" > "$WORK/$name.log" 2>&1
-    echo "$name rc=$? seconds=$(($(date +%s) - t0))" | tee -a "$WORK/steps.txt"
-}
+source scripts/device_steps.sh kernel_next
 PYTEST_ARGS=(-p no:cacheprovider -rfE --tb=short)  # pyproject adds -q
 step decode_tests 90 python3 -m pytest tests/ops/test_decode_kernel.py tests/ops/test_decode.py \
     tests/bench/test_bench_decode.py "${PYTEST_ARGS[@]}"
