@@ -15,7 +15,7 @@ interpreter (wall-clock timing; numbers meaningless) to test this script's logic
 
 --profile looks for the per-step floor at one shape (--profile-batch, --profile-cache): launches
 and allocations per step (torch.profiler), host time per call against device time (eager, and a
-CUDA-graph replay of the same step), the host pieces (argument checks, kernel constants), a
+CUDA-graph replay of the same step), the host pieces (the launch plan lookup, allocations), a
 cProfile of the Python wrapper, and the step time by number of splits (1 = one launch).
 Writes decode_profile.md and decode_profile_cprofile.txt.
 
@@ -27,7 +27,6 @@ serving stacks (vLLM, SGLang, torch.compile's reduce-overhead) run decode steps.
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime
 import os
 import platform
@@ -38,6 +37,8 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+from tapa._paths import write_csv
 
 TARGET_RATIO = 1.2
 SDPA_BACKENDS = ("flash", "efficient", "cudnn")
@@ -128,8 +129,8 @@ def check_accuracy(kernel, *, device, dtype, heads, kv_heads, head_dim, theta, c
 
 def bench_shape(kernel, timer, *, batch, cache, heads, kv_heads, head_dim, theta, dtype, device,
                 graphs=False):
-    """{variant: ms} for one step at (batch, cache); with graphs also {variant + "_graph": ms},
-    the same step replayed from a CUDA graph (left out where the capture fails)."""
+    """({variant: ms}, {variant: ms}) for one step at (batch, cache): the eager step, and with
+    graphs the same step replayed from a CUDA graph (variants that cannot be captured left out)."""
     q = torch.randn(batch, 1, heads, head_dim, device=device, dtype=dtype)
     k_cache = torch.randn(batch, kv_heads, cache, head_dim, device=device, dtype=dtype)
     v_cache = torch.randn(batch, kv_heads, cache, head_dim, device=device, dtype=dtype)
@@ -161,13 +162,20 @@ def bench_shape(kernel, timer, *, batch, cache, heads, kv_heads, head_dim, theta
     if device.type == "cuda":  # whatever torch picks by itself (an anchor even if none above runs)
         steps["sdpa_auto"] = lambda: F.scaled_dot_product_attention(q_sdpa, k_cache, v_cache, enable_gqa=True)
         times["sdpa_auto"] = timer(steps["sdpa_auto"])
+    graph_times = {}
     if graphs:
         for name, step in steps.items():
             graph_ms = _graph_ms(step, timer)
             if graph_ms is not None:
-                times[f"{name}_graph"] = graph_ms
+                graph_times[name] = graph_ms
     del q, k_cache, v_cache
-    return times
+    return times, graph_times
+
+
+def fastest_sdpa(times: dict) -> str | None:
+    """The SDPA variant ("sdpa_<backend>") with the lowest time, None if none ran."""
+    sdpa = {name: ms for name, ms in times.items() if name.startswith("sdpa_")}
+    return min(sdpa, key=sdpa.get) if sdpa else None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -243,10 +251,6 @@ def profile_step(kernel, timer, *, batch, cache, heads, kv_heads, head_dim, thet
     import io
     import pstats
 
-    from tapa.ops.checks import check_kvcache_args
-    from tapa.ops.reference import split_dims
-    from tapa.ops.triton_launch import logits_args
-
     q = torch.randn(batch, 1, heads, head_dim, device=device, dtype=dtype)
     k_cache = torch.randn(batch, kv_heads, cache, head_dim, device=device, dtype=dtype)
     v_cache = torch.randn(batch, kv_heads, cache, head_dim, device=device, dtype=dtype)
@@ -261,12 +265,9 @@ def profile_step(kernel, timer, *, batch, cache, heads, kv_heads, head_dim, thet
     calls = 3 if smoke else 300
     result = dict(batch=batch, cache=cache, host_ms=_host_ms(step, calls), eager_ms=timer(step))
     result["graph_ms"] = _graph_ms(step, timer)
-    amp_dim, phase_dim = split_dims(head_dim, theta)
-    pieces = {
-        "check_kvcache_args": lambda: check_kvcache_args(q, k_view, v_view, lengths, None, theta=theta,
-                                                         alpha=0.1, distance="power", phase="quadratic"),
-        "logits_args": lambda: logits_args(alpha=0.1, distance="power", phase="quadratic",
-                                           phase_dim=phase_dim, dtype=dtype, max_distance=cache - 1),
+    pieces = {  # the checks and launch arithmetic run once per call signature; a step looks them up
+        "launch plan lookup (checks, launch arguments)": lambda: kernel._plan(
+            q, k_view, v_view, lengths, None, theta, 0.1, "power", "quadratic", None),
         "torch.empty x4 (out, lse, partials)": lambda: [torch.empty(batch, 1, heads, head_dim, device=device)
                                                         for _ in range(4)],
     }
@@ -292,7 +293,7 @@ def write_profile(out: Path, result: dict, *, sdpa: dict, command: str, device_n
     def ms(value):
         return "n/a" if value is None else f"{value:.4f}"
 
-    best = min(sdpa, key=sdpa.get) if sdpa else None
+    best = fastest_sdpa(sdpa)
     lines = [f"# Decode step floor: batch {result['batch']}, cache {result['cache']}", "",
              f"- command: `{command}`", f"- device: {device_name}",
              f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}", "",
@@ -319,29 +320,21 @@ def _gpu_name(device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({platform.processor() or 'unknown'}), Triton interpreter"
 
 
-def graph_columns(times: dict) -> dict:
+def graph_columns(graph_times: dict) -> dict:
     """The CUDA-graph columns of a row: TAPA's replay time, the fastest SDPA replay and their
     ratio (None where a side could not be captured, e.g. on CPU)."""
-    sdpa = {name[:-6]: ms for name, ms in times.items() if name.startswith("sdpa_") and name.endswith("_graph")}
-    tapa = times.get("tapa_graph")
-    if tapa is None or not sdpa:
+    tapa, best = graph_times.get("tapa"), fastest_sdpa(graph_times)
+    if tapa is None or best is None:
         return {"tapa_graph_ms": tapa, "best_sdpa_graph": None, "graph_ratio": None}
-    best = min(sdpa, key=sdpa.get)
-    return {"tapa_graph_ms": tapa, "best_sdpa_graph": best[5:], "best_sdpa_graph_ms": sdpa[best],
-            "graph_ratio": tapa / sdpa[best]}
+    return {"tapa_graph_ms": tapa, "best_sdpa_graph": best[5:], "best_sdpa_graph_ms": graph_times[best],
+            "graph_ratio": tapa / graph_times[best]}
 
 
 def write_results(out: Path, rows: list[dict], *, errors: dict, command: str, device_name: str,
                   smoke: bool, shapes: dict, dtype: torch.dtype) -> None:
     out.mkdir(parents=True, exist_ok=True)
     sdpa_columns = sorted({key for row in rows for key in row if key.startswith("sdpa_")})
-    graph_columns_ = [c for c in ("tapa_graph_ms", "best_sdpa_graph", "best_sdpa_graph_ms", "graph_ratio")
-                      if any(c in row for row in rows)]
-    columns = ["batch", "cache", "tapa_ms", *sdpa_columns, "best_sdpa", "ratio", "tapa_gbps", *graph_columns_]
-    with open(out / "decode.csv", "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=columns)
-        writer.writeheader()
-        writer.writerows(rows)
+    write_csv(out / "decode.csv", rows)
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
         "# TAPA split-KV decode step vs SDPA (same shapes)", "",
@@ -368,7 +361,7 @@ def write_results(out: Path, rows: list[dict], *, errors: dict, command: str, de
     worst = max(rows, key=lambda r: r["ratio"])
     lines += ["", f"Worst ratio {worst['ratio']:.2f} at batch {worst['batch']}, cache {worst['cache']}; "
               f"{sum(r['ratio'] <= TARGET_RATIO for r in rows)} of {len(rows)} shapes within {TARGET_RATIO}x."]
-    if graph_columns_:
+    if any("graph_ratio" in row for row in rows):
         lines += ["", "**As CUDA-graph replays** (`--graphs`: each step captured once and replayed, as "
                   "serving stacks run decode steps; no launch or Python cost on either side):", "",
                   "| batch | cache | TAPA ms | best SDPA | SDPA ms | ratio |", "|---|---|---|---|---|---|"]
@@ -444,13 +437,12 @@ def run(args) -> int:
 
     for batch in batches:
         for cache in tqdm(caches, desc=f"batch {batch}", disable=None):
-            times = bench_shape(kernel, timer, batch=batch, cache=cache, theta=args.theta, dtype=dtype,
-                                device=device, graphs=args.graphs, **shapes)
-            sdpa = {name: ms for name, ms in times.items() if name.startswith("sdpa_")
-                    and not name.endswith("_graph")}
-            if not sdpa:
+            times, graph_times = bench_shape(kernel, timer, batch=batch, cache=cache, theta=args.theta,
+                                             dtype=dtype, device=device, graphs=args.graphs, **shapes)
+            best = fastest_sdpa(times)
+            if best is None:
                 raise SystemExit(f"no SDPA backend ran batch {batch}, cache {cache}")
-            best = min(sdpa, key=sdpa.get)
+            sdpa = {name: ms for name, ms in times.items() if name.startswith("sdpa_")}
             cache_bytes = 2 * batch * cache * shapes["kv_heads"] * shapes["head_dim"] * dtype.itemsize
             row = {"batch": batch, "cache": cache, "tapa_ms": times["tapa"],
                    **{f"{name}_ms": ms for name, ms in sdpa.items()},
@@ -458,7 +450,7 @@ def run(args) -> int:
                    "tapa_gbps": cache_bytes / (times["tapa"] * 1e-3) / 1e9}
             graph_line = ""
             if args.graphs:
-                row.update(graph_columns(times))
+                row.update(graph_columns(graph_times))
                 if row["graph_ratio"] is not None:
                     graph_line = (f"; as CUDA graphs: tapa {row['tapa_graph_ms']:.4f} ms, "
                                   f"ratio {row['graph_ratio']:.2f}")
@@ -473,8 +465,8 @@ def run(args) -> int:
     print(f"wrote {args.out}/decode.csv, decode.md, decode.png")
     if args.profile:
         batch, cache = (1, caches[0]) if args.smoke else (args.profile_batch, args.profile_cache)
-        sdpa = bench_shape(kernel, timer, batch=batch, cache=cache, theta=args.theta, dtype=dtype,
-                           device=device, **shapes)
+        sdpa, _ = bench_shape(kernel, timer, batch=batch, cache=cache, theta=args.theta, dtype=dtype,
+                              device=device, **shapes)
         sdpa = {name: ms for name, ms in sdpa.items() if name.startswith("sdpa_")}
         result = profile_step(kernel, timer, batch=batch, cache=cache, theta=args.theta, dtype=dtype,
                               device=device, smoke=args.smoke, **shapes)

@@ -31,6 +31,7 @@ import triton.language as tl
 
 from tapa.ops.checks import check_cache_lengths, check_kvcache_args, check_triton_device
 from tapa.ops.reference import split_dims
+from tapa.ops import triton_launch
 from tapa.ops.triton_launch import interpreting, logits_args
 from tapa.ops.triton_logits import tile_logits
 
@@ -208,7 +209,7 @@ def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     return rows <= MAX_QUERY_ROWS and q.shape[-1] <= 256 and v.shape[-1] <= 256
 
 
-def _check(q, k_cache, v_cache, cache_seqlens, cache_starts, theta, alpha, distance, phase):
+def _check(q, k_cache, v_cache, cache_seqlens, cache_starts, theta, alpha, distance, phase, num_splits):
     check_kvcache_args(q, k_cache, v_cache, cache_seqlens, cache_starts, theta=theta, alpha=alpha,
                        distance=distance, phase=phase)
     check_triton_device(q.device, interpreting())
@@ -218,6 +219,9 @@ def _check(q, k_cache, v_cache, cache_seqlens, cache_starts, theta, alpha, dista
     if not supports(q, k_cache, v_cache):
         raise ValueError(f"q_len * heads / kv_heads must be <= {MAX_QUERY_ROWS} and head dims <= 256 "
                          f"for the decode kernel, got q {tuple(q.shape)}, kv heads {k_cache.shape[2]}")
+    if num_splits is not None and (not isinstance(num_splits, int) or isinstance(num_splits, bool)
+                                   or num_splits < 1):
+        raise ValueError(f"num_splits must be a positive int or None, got {num_splits!r}")
 
 
 def _meta(t) -> tuple | None:
@@ -252,20 +256,15 @@ _MAX_PLANS = 256
 
 
 def _contiguous_strides(shape) -> tuple:
-    strides, step = [], 1
-    for size in reversed(shape):
-        strides.append(step)
-        step *= size
-    return tuple(reversed(strides))
+    """The strides torch.empty(shape) gets (a meta tensor: no memory)."""
+    return torch.empty(shape, device="meta").stride()
 
 
 def _settings() -> tuple:
     """The module-level settings a plan's launch arguments read (the kernels' trig and distance
     series, the split alignment): a plan made under other settings is not reused."""
-    from tapa.ops import triton_launch as launch
-
-    return (launch.TRIG_POLY, launch.TRIG_TERMS, launch.TAYLOR_ORDER, launch.TAYLOR_TOLERANCE,
-            launch.LONG_PHASE_FROM, SPLIT_ALIGN, interpreting())
+    return (triton_launch.TRIG_POLY, triton_launch.TRIG_TERMS, triton_launch.TAYLOR_ORDER,
+            triton_launch.TAYLOR_TOLERANCE, triton_launch.LONG_PHASE_FROM, SPLIT_ALIGN, interpreting())
 
 
 def _plan(q, k_cache, v_cache, cache_seqlens, cache_starts, theta, alpha, distance, phase,
@@ -279,10 +278,7 @@ def _plan(q, k_cache, v_cache, cache_seqlens, cache_starts, theta, alpha, distan
         plan, key = None, None
     if plan is not None:
         return plan
-    _check(q, k_cache, v_cache, cache_seqlens, cache_starts, theta, alpha, distance, phase)
-    if num_splits is not None and (not isinstance(num_splits, int) or isinstance(num_splits, bool)
-                                   or num_splits < 1):
-        raise ValueError(f"num_splits must be a positive int or None, got {num_splits!r}")
+    _check(q, k_cache, v_cache, cache_seqlens, cache_starts, theta, alpha, distance, phase, num_splits)
     batch, q_len, heads, head_dim = q.shape
     capacity, kv_heads, v_dim = k_cache.shape[1], k_cache.shape[2], v_cache.shape[3]
     group = heads // kv_heads
