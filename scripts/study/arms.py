@@ -8,8 +8,11 @@ An arm is a recipe under test. Its flags are `tapa train` flags (every config fi
   YaRN; None evaluates the model as trained;
 - `zero_shot`: whether the arm has a zero-shot evaluation of its own. RoPE continued with YaRN
   starts from the RoPE pretraining, so its zero-shot numbers are the RoPE arm's.
+- `continual_lr_scale`: the continual stage's peak lr over the pretraining one for this arm; None
+  takes the protocol's (plan.continual_scale).
 Arms with equal `pretrain` flags share one pretraining run (at the same lr and seed), and arms with
-equal `pretrain` + `continual` flags share the continual run too; the runner never trains twice.
+equal `pretrain` + `continual` flags and `continual_lr_scale` share the continual run too; the
+runner never trains twice.
 
 Families group arms for the learning-rate sweep: each family sweeps its first arm (SWEEP_ARM) at
 the protocol's lrs with one seed, and every arm of the family then runs its seeds at the family's
@@ -40,6 +43,7 @@ class Arm:
     continual: tuple = ()
     eval_pe: str | None = None
     zero_shot: bool = True
+    continual_lr_scale: float | None = None
 
 
 ARMS = {arm.name: arm for arm in (
@@ -57,6 +61,12 @@ ARMS = {arm.name: arm for arm in (
     # at the continual lr itself (same pretraining run as hybrid-tapa)
     Arm("hybrid-tapa-cphase", "TAPA hybrid (LLLG, w256), continual phase rows at 1x", "hybrid",
         ("--pe", "tapa", *HYBRID, *PHASE_LR), continual=("--phase-lr-scale", "1.0"), zero_shot=False),
+    # the passkey question of 2026-12-01: at continual lr x0.1 the TAPA hybrid retrieved 18/17/12/13%
+    # (phase rows 0.1x) or 45/31/24/20% (phase rows 1x, cphase), at x1 90/89/84/75%; x0.3 is between
+    # (same pretraining run as hybrid-tapa)
+    Arm("hybrid-tapa-clr03", "TAPA hybrid (LLLG, w256), continual lr x0.3, phase rows 1x", "hybrid",
+        ("--pe", "tapa", *HYBRID, *PHASE_LR), continual=("--phase-lr-scale", "1.0"),
+        continual_lr_scale=0.3, zero_shot=False),
     Arm("hybrid-nope", "NoPE hybrid (LLLG, w256)", "hybrid", ("--pe", "nope", *HYBRID)),
     Arm("hybrid-rope", "RoPE hybrid (LLLG, w256)", "hybrid", ("--pe", "rope", *HYBRID)),
     Arm("hybrid-rope-eval-yarn", "RoPE hybrid (LLLG, w256) + eval-time YaRN", "hybrid",

@@ -116,7 +116,12 @@ def pretrain_owner(arm: Arm) -> str:
 
 
 def continual_owner(arm: Arm) -> str:
-    return _owner(arm, lambda a: (a.pretrain, a.continual))
+    return _owner(arm, lambda a: (a.pretrain, a.continual, a.continual_lr_scale))
+
+
+def continual_scale(arm: Arm, protocol: Protocol) -> float:
+    """The arm's continual peak lr over its pretraining one: its own scale, else the protocol's."""
+    return protocol.continual_lr_scale if arm.continual_lr_scale is None else arm.continual_lr_scale
 
 
 def stage_closure(stages) -> list[str]:
@@ -208,7 +213,8 @@ def build_groups(jobs: list[Job], protocol: Protocol, stages, root: Path,
                                     "--seq-len", str(protocol.continual_len),
                                     "--batch-size", str(protocol.continual_batch),
                                     "--steps", str(protocol.continual_steps),
-                                    *protocol.continual_flags, "--lr", f"{lr * protocol.continual_lr_scale:g}",
+                                    *protocol.continual_flags,
+                                    "--lr", f"{lr * continual_scale(ARMS[owner], protocol):g}",
                                     *train_extra, "--run-dir", cont_dir],
                     cont_dir, needs=["pretrain"], tokens=protocol.continual_tokens))
             for kind, flags in (("eval1", evaluation), ("passkey", passkey)):

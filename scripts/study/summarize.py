@@ -15,7 +15,7 @@ import tarfile
 from pathlib import Path
 
 from arms import ARMS, Protocol
-from plan import Group, Job, job_stages
+from plan import Group, Job, continual_scale, job_stages
 
 from tapa.train.checkpoint import write_text_atomic
 from tapa.train.rundir import read_metrics
@@ -129,6 +129,8 @@ def job_summary(job: Job, group: Group, stages: list[str], protocol: Protocol, r
                "arm_index": list(ARMS).index(arm.name), "label": arm.label,
                "family": arm.family, "lr": job.lr, "seed": job.seed, "group": group.id,
                "eval_pe": arm.eval_pe, "protocol": protocol.to_dict(),
+               # the aggregate labels continual results by it (the protocol's when the arm has none)
+               "continual_lr_scale": continual_scale(arm, protocol),
                "protocol_id": protocol.fingerprint(), "stages_requested": wanted,
                "stages_done": [], "commands": {}, "wall_seconds": {}, "stage_dates": {},
                "results": {}, **context}

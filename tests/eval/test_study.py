@@ -56,6 +56,7 @@ def test_runner_end_to_end_two_jobs_at_once(study_root, capsys):
         assert job["results"]["continual"]["tokens"] == protocol.continual_tokens
         # the continual stage runs at the protocol's fraction of the pretraining lr
         assert math.isclose(job["results"]["continual"]["train"]["lr"], 0.001 * protocol.continual_lr_scale)
+        assert job["continual_lr_scale"] == protocol.continual_lr_scale  # what the aggregate labels
         assert job["results"]["pretrain"]["train"]["lr"] == 0.001
         for stage in ("eval0", "eval1"):
             lengths = [r["length"] for r in job["results"][stage]["perplexity"]]
@@ -109,7 +110,7 @@ def test_runner_reruns_stages_whose_flags_changed(study_root, capsys, monkeypatc
     for name in ("continual-nope", "eval1-nope", "passkey-nope"):
         assert f"== {name}: done in an earlier call with other flags" in log, name
     job = archive_jobs(out)["jobs/nope-lr0.001-s0.job.json"]
-    assert job["complete"] and job["protocol"]["continual_lr_scale"] == 0.5
+    assert job["complete"] and job["protocol"]["continual_lr_scale"] == job["continual_lr_scale"] == 0.5
     assert math.isclose(job["results"]["continual"]["train"]["lr"], 0.0005)
     capsys.readouterr()
 
@@ -179,6 +180,24 @@ def test_plan_shares_runs_and_fills_the_protocol():
     batches = plan.split_batches(plan.build_groups(sweep, arms.TOY_GPU, ["pretrain"], Path("/r")),
                                  arms.Estimates(), concurrent=3, budget_s=500, calls=3)
     assert sum(len(b) for b in batches) == 12
+
+
+def test_an_arms_own_continual_lr_scale_shares_the_pretraining_run():
+    """hybrid-tapa-clr03 reads hybrid-tapa's pretraining run and continues at its own 0.3x the lr
+    (not the protocol's 0.1x) in a run of its own: cphase's continual flags are the same."""
+    jobs = plan.parse_jobs("hybrid-tapa:1e-3:0,hybrid-tapa-cphase:1e-3:0,hybrid-tapa-clr03:1e-3:0")
+    (group,) = plan.build_groups(jobs, arms.TOY_GPU, arms.STAGES, Path("/r"))
+    assert [s.name for s in group.stages if s.kind == "pretrain"] == ["pretrain"]
+    assert [s.name for s in group.stages if s.kind == "continual"] == [
+        "continual-hybrid-tapa", "continual-hybrid-tapa-cphase", "continual-hybrid-tapa-clr03"]
+
+    def last(argv, flag):  # argparse keeps the last value of a repeated flag
+        return argv[len(argv) - argv[::-1].index(flag)]
+    clr03 = group.stage("continual-hybrid-tapa-clr03").argv
+    assert (last(clr03, "--lr"), last(clr03, "--phase-lr-scale")) == ("0.0003", "1.0")
+    assert last(group.stage("continual-hybrid-tapa").argv, "--lr") == "0.0001"
+    assert plan.job_stages(jobs[2], arms.STAGES) == ["pretrain", "continual-hybrid-tapa-clr03",
+                                                     "eval1-hybrid-tapa-clr03", "passkey-hybrid-tapa-clr03"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -410,3 +429,24 @@ def test_training_curves_plot_the_owner_runs_at_the_main_lr(tmp_path, monkeypatc
     path = study.plot_training_curves(jobs, tmp_path / "curves.png")
     assert path.stat().st_size > 0
     assert seen == ["seed 0 (val 3.000)", "seed 1 (val 3.000)"]  # the main lr's two seeds only
+
+
+def test_aggregate_labels_continual_results_by_the_jobs_own_scale(tmp_path):
+    """A job that records its arm's own continual lr scale is labelled by it; one that records
+    none (older jobs) by its protocol's."""
+    old_protocol = {k: v for k, v in arms.TOY_GPU.to_dict().items() if k != "continual_lr_scale"}
+    jobs = [
+        synthetic_job("rope", "rope", 1e-3, 0, [8] * 6, [9] * 6, label="RoPE", protocol=old_protocol),
+        synthetic_job("rope", "rope", 1e-3, 1, [8] * 6, [7] * 6, label="RoPE"),
+        synthetic_job("hybrid-tapa-clr03", "hybrid", 1e-3, 0, [8] * 6, [6] * 6, label="TAPA hybrid",
+                      continual_lr_scale=0.3),
+    ]
+    for index, job in enumerate(jobs):
+        (tmp_path / f"{index}.job.json").write_text(json.dumps(job))
+    study.aggregate([tmp_path], tmp_path / "out")
+    labels = {r["label"] for r in csv.DictReader(open(tmp_path / "out" / "perplexity.csv"))
+              if r["stage"] == "continual"}
+    assert labels == {"RoPE [continual lr x1]", "RoPE [continual lr x0.1]", "TAPA hybrid [continual lr x0.3]"}
+    coverage = (tmp_path / "out" / "coverage.md").read_text()
+    assert "| continual x1 | continual x0.3 | continual x0.1 |" in coverage
+    assert "learning rate x1 or x0.3 or x0.1 the pretraining one" in (tmp_path / "out" / "README.md").read_text()

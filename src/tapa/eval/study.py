@@ -129,8 +129,11 @@ def pretrain_jobs(jobs: list[dict]) -> list[dict]:
 
 
 def continual_scale(job: dict) -> float:
-    """The job's continual lr over its pretraining lr (1.0 for jobs recorded before the field)."""
-    return job["protocol"].get("continual_lr_scale", ADDED_LATER["continual_lr_scale"])
+    """The job's continual lr over its pretraining lr: the scale the runner records per job (an
+    arm's own may differ from the protocol's), else the protocol's (1.0 for jobs recorded before
+    that field)."""
+    protocol_scale = job["protocol"].get("continual_lr_scale", ADDED_LATER["continual_lr_scale"])
+    return job.get("continual_lr_scale", protocol_scale)
 
 
 def continual_variants(jobs: list[dict]) -> list[dict]:
