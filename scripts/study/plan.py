@@ -75,20 +75,27 @@ def parse_jobs(text: str) -> list[Job]:
 
 
 def parse_lr_map(text: str | None) -> dict[str, float]:
-    """'rope=1e-3,tapa=2e-3' -> {family: lr}."""
+    """'rope=1e-3,tapa=2e-3,tapa-linear=5e-4' -> {family or arm: lr}. An arm's own entry wins over
+    its family's (an arm that diverges at its family's best lr, as TAPA linear phase does)."""
     values = {}
     for item in (part.strip() for part in (text or "").split(",") if part.strip()):
-        family, _, value = item.partition("=")
-        if family not in FAMILIES or not value:
-            raise ValueError(f"--lr: {item!r} is not family=lr with a family of {FAMILIES}")
-        values[family] = float(value)
+        name, _, value = item.partition("=")
+        if (name not in FAMILIES and name not in ARMS) or not value:
+            raise ValueError(f"--lr: {item!r} is not name=lr with a family of {FAMILIES} "
+                             f"or an arm of {list(ARMS)}")
+        values[name] = float(value)
     return values
+
+
+def arm_lr(arm: str, lrs: dict[str, float]) -> float | None:
+    """The lr `lrs` gives `arm`: its own entry, else its family's (None: neither)."""
+    return lrs.get(arm, lrs.get(ARMS[arm].family))
 
 
 def plan_jobs(plan: str, protocol: Protocol, *, families=FAMILIES, arms=None, lrs=None,
               seeds=None) -> list[Job]:
     """lr-sweep: each family's sweep arm (or `arms`) at the protocol's lrs, seed 0.
-    seeds: every arm of `families` (or `arms`) at its family's lr from `lrs`, at `seeds`."""
+    seeds: every arm of `families` (or `arms`) at its lr from `lrs` (`arm_lr`), at `seeds`."""
     unknown = [f for f in families if f not in FAMILIES]
     if unknown:
         raise ValueError(f"--families: unknown {unknown}; choose from {FAMILIES}")
@@ -97,11 +104,12 @@ def plan_jobs(plan: str, protocol: Protocol, *, families=FAMILIES, arms=None, lr
         return [Job(arm, lr, (seeds or [0])[0]) for arm in chosen for lr in protocol.sweep_lrs]
     if plan == "seeds":
         chosen = arms or [a.name for a in ARMS.values() if a.family in families]
-        missing = sorted({ARMS[a].family for a in chosen} - set(lrs or {}))
+        lrs = lrs or {}
+        missing = sorted({ARMS[a].family for a in chosen if arm_lr(a, lrs) is None})
         if missing:
             raise ValueError(f"--plan seeds needs --lr for the families {missing} "
                              "(family=lr, the lr sweep's best)")
-        return [Job(arm, lrs[ARMS[arm].family], seed) for seed in (seeds or protocol.seeds)
+        return [Job(arm, arm_lr(arm, lrs), seed) for seed in (seeds or protocol.seeds)
                 for arm in chosen]
     raise ValueError(f"--plan must be lr-sweep or seeds, got {plan!r}")
 

@@ -71,7 +71,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     what.add_argument("--plan", choices=("lr-sweep", "seeds"), help="generate the jobs instead")
     what.add_argument("--families", type=_csv_list(str), default=list(FAMILIES))
     what.add_argument("--arms", type=_csv_list(str), default=None, help="restrict a plan to these arms")
-    what.add_argument("--lr", default=None, help="--plan seeds: family=lr,... (the sweep's best)")
+    what.add_argument("--lr", default=None, help="--plan seeds: family=lr,... (the sweep's best); an arm=lr entry overrides its family's")
     what.add_argument("--seeds", type=_csv_list(int), default=None)
     what.add_argument("--stages", type=_csv_list(str), default=None,
                       help=f"subset of {','.join(STAGES)} (default: all; lr-sweep: pretrain,eval0)")

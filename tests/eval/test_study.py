@@ -171,6 +171,12 @@ def test_plan_shares_runs_and_fills_the_protocol():
     assert len(seeds) == 3 * len(arms.ARMS)
     with pytest.raises(ValueError, match="--lr"):
         plan.plan_jobs("seeds", arms.TOY_GPU, lrs={"rope": 1e-3})
+    # An arm's own lr wins over its family's; only that arm moves.
+    lrs = plan.parse_lr_map("rope=1e-3,nope=2e-3,tapa=2e-3,hybrid=5e-4,tapa-linear=5e-4")
+    own = {j.arm: j.lr for j in plan.plan_jobs("seeds", arms.TOY_GPU, lrs=lrs, seeds=[4])}
+    assert own["tapa-linear"] == 5e-4 and own["tapa"] == own["tapa-theta75"] == 2e-3
+    with pytest.raises(ValueError, match="name=lr"):
+        plan.parse_lr_map("no-such-arm=1e-3")
     with pytest.raises(ValueError, match="arm:lr:seed"):
         plan.parse_jobs("rope:1e-3")
     bad = plan.build_groups(plan.parse_jobs("nope:1e-3:0"), arms.TOY_GPU, ["pretrain"], Path("/r"))
