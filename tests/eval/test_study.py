@@ -387,6 +387,27 @@ def test_plot_survives_a_collapsed_seed_and_many_arms_of_one_family(tmp_path):
     assert path.stat().st_size > 0
 
 
+def test_zoom_panel_draws_no_error_bar_for_a_point_above_it(tmp_path, monkeypatch):
+    """The zoom shows the arms within 2x the best mean; an arm far above it (69 +- 70 at 16k) keeps
+    its line but not its bar, which crossed the whole zoom panel. The full panel keeps every bar."""
+    plt = pytest.importorskip("matplotlib.pyplot")
+    rows = [{"arm": arm, "family": "tapa", "label": arm, "length": n, "mean": mean, "std": std, "n": 3}
+            for arm, mean, std in (("good", 8.0, 0.1), ("bad", 69.0, 70.0)) for n in (512, 16384)]
+    drawn = []
+    original = plt.Axes.errorbar
+
+    def spy(self, x, y, yerr=None, **kwargs):
+        drawn.append((kwargs["label"], [list(side) for side in yerr]))
+        return original(self, x, y, yerr=yerr, **kwargs)
+
+    monkeypatch.setattr(plt.Axes, "errorbar", spy)
+    study.plot_perplexity(rows, tmp_path / "p.png", title="t", train_len=512)
+    full, zoom = drawn[:2], drawn[2:]
+    assert dict(full)["bad (n=3)"] == [[0.9 * 69.0] * 2, [70.0] * 2]
+    assert dict(zoom)["bad (n=3)"] == [[0.0, 0.0], [0.0, 0.0]]
+    assert dict(zoom)["good (n=3)"] == [[0.1, 0.1], [0.1, 0.1]]
+
+
 def test_theory_table_reads_each_seed_at_the_main_lr():
     """theory_trained.md: per seed, the moments at distance 1 and at the bins nearest 1/128 ...
     1 of the largest distance, and the variance change between the second and the last bin;

@@ -463,6 +463,14 @@ def nice_log_ticks(low: float, high: float, most: int = 11) -> list[float]:
     return chosen
 
 
+def perplexity_error_bar(row: dict) -> tuple[float, float]:
+    """The error bar below and above a mean perplexity. On a log axis a bar cannot reach zero, so
+    one std wider than the mean (a seed that collapsed, another that did not) is cut at mean/10
+    below; above it stays one std."""
+    std = row["std"] if row["n"] > 1 else 0.0
+    return min(std, 0.9 * row["mean"]), std
+
+
 def plot_perplexity(rows: list[dict], path: Path, *, title: str, train_len: int | None,
                     stride: int | None = None) -> Path:
     """Perplexity vs length, log-log, one line per arm with one-std error bars over seeds. When
@@ -471,13 +479,7 @@ def plot_perplexity(rows: list[dict], path: Path, *, title: str, train_len: int 
 
     plt = _pyplot()
 
-    def spread(r: dict) -> tuple[float, float]:
-        """The error bar below and above the mean. On a log axis a bar cannot reach zero, so one
-        std wider than the mean (a seed that collapsed, another that did not) is cut at mean/10
-        below; above it stays one std."""
-        std = r["std"] if r["n"] > 1 else 0.0
-        return min(std, 0.9 * r["mean"]), std
-
+    spread = perplexity_error_bar
     low = min(r["mean"] - spread(r)[0] for r in rows)
     high = max(r["mean"] + spread(r)[1] for r in rows)
     zoom = high > 4 * low
@@ -494,8 +496,11 @@ def plot_perplexity(rows: list[dict], path: Path, *, title: str, train_len: int 
             index = seen[family]
             seen[family] += 1
             eval_time = "eval-time" in mine[0]["label"]
+            # In the zoom, a point above the panel keeps its line but not its bar, which would
+            # otherwise cross the whole panel and read as a spread of the arms shown there.
+            bars = [spread(r) if ax is axes[0][0] or r["mean"] <= top else (0.0, 0.0) for r in mine]
             ax.errorbar([r["length"] for r in mine], [r["mean"] for r in mine],
-                        yerr=[[spread(r)[0] for r in mine], [spread(r)[1] for r in mine]], capsize=3,
+                        yerr=[[b[0] for b in bars], [b[1] for b in bars]], capsize=3,
                         color=_FAMILY_COLORS.get(family), marker=_MARKERS[index % len(_MARKERS)],
                         linestyle="--" if eval_time else "-", alpha=max(0.4, 1.0 - 0.15 * index),
                         label=f"{mine[0]['label']} (n={max(r['n'] for r in mine)})")
