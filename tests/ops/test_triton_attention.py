@@ -10,6 +10,7 @@ Every comparison is relative RMSE against `naive_tapa_attention` in float64 on t
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import pytest
 import torch
@@ -110,13 +111,15 @@ def test_variants(dtype, distance, phase):
            k_offset=90)
 
 
+@pytest.mark.parametrize("transpose", [False, True], ids=["dq", "dq_t"])
 @pytest.mark.parametrize("phase", ["quadratic", "linear"])
-def test_atomic_dq(phase):
-    """dQ by float32 atomics from the dK/dV kernel (the alternative to the dQ kernel)."""
+def test_atomic_dq(phase, transpose):
+    """dQ by float32 atomics from the dK/dV kernel (the alternative to the dQ kernel), its
+    products as dS^T K or transposed (dQ^T = K^T dS)."""
     q, k, v = _inputs(1, 41, 41, 4, 2, 32, 32, torch.float32, seed=11)
     base = triton_launch.default_configs(32, 32, torch.float32)
     with triton_launch.override_configs(triton_launch.LaunchConfigs(
-            base.fwd, base.dkdv, base.dq, dq_atomic=True)):
+            base.fwd, base.dkdv, base.dq, dq_atomic=True, dq_transpose=transpose)):
         _check(q, k, v, causal=True, phase=phase, q_offset=5)
 
 
@@ -277,16 +280,17 @@ def test_taylor_constants_hold_their_tolerance(order):
 
 def test_parse_variant_round_trip_and_errors(monkeypatch):
     spec = ("fwd=128x64/8/3/ws,dkdv=64x128/8/2,dq=128x32,dq_atomic=1,trig_poly=0,trig_terms=4,"
-            "taylor_order=3,taylor_tolerance=1e-07")
+            "taylor_order=3,taylor_tolerance=1e-07,dq_transpose=1")
     base = triton_launch.default_configs(128, 128, torch.bfloat16)
     configs = triton_launch.with_variant(base, spec)
     assert configs.fwd == triton_launch.KernelConfig(128, 64, 8, 3, warp_specialize=True)
     assert configs.dq == triton_launch.KernelConfig(128, 32)
     assert (configs.dq_atomic, configs.trig_poly, configs.trig_terms) == (True, False, 4)
-    assert (configs.taylor_order, configs.taylor_tolerance) == (3, 1e-7)
+    assert (configs.taylor_order, configs.taylor_tolerance, configs.dq_transpose) == (3, 1e-7, True)
     assert triton_launch.with_variant(base, triton_launch.describe(configs)) == configs
     assert triton_launch.with_variant(base, "") == base
     for bad, name in (("fwd=128x48", "block_n"), ("dq_atomic=yes", "dq_atomic"),
+                      ("dq_transpose=2", "dq_transpose"),
                       ("trig_terms=2", "trig_terms"), ("taylor_order=7", "taylor_order"),
                       ("blocks=1", "key=value"), ("fwd=128", "BMxBN")):
         with pytest.raises(ValueError, match=name):
@@ -316,12 +320,16 @@ def test_gpu_defaults_by_head_size_and_dtype(monkeypatch):
 
 
 def test_deterministic_mode_takes_the_dq_kernel():
-    atomic = triton_launch.with_variant(triton_launch.default_configs(32, 32, torch.float16), "dq_atomic=1")
+    atomic = triton_launch.with_variant(triton_launch.default_configs(32, 32, torch.float16),
+                                        "dq_atomic=1,dq_transpose=1")
     assert triton_launch.dq_by_atomics(atomic)
+    assert triton_launch.dkdv_flags(atomic) == dict(DQ_ATOMIC=True, DQ_TRANSPOSE=True)
+    assert triton_launch.dkdv_flags(replace(atomic, dq_atomic=False))["DQ_TRANSPOSE"] is False
     was = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True)
     try:
         assert not triton_launch.dq_by_atomics(atomic)
+        assert triton_launch.dkdv_flags(atomic) == dict(DQ_ATOMIC=False, DQ_TRANSPOSE=False)
     finally:
         torch.use_deterministic_algorithms(was)
 
@@ -366,6 +374,7 @@ VARIANTS = {  # spec: call arguments (FAR where the variant changes the far-tile
     "trig_terms=3": {},
     "taylor_order=3,taylor_tolerance=1e-6": FAR,
     "taylor_order=2,taylor_tolerance=1e-6,dq_atomic=1,trig_terms=3": FAR,
+    "dq_atomic=1,dq_transpose=1": dict(theta=0.75),  # both column halves padded (24 + 8 of 32)
     "fwd=16x32/4/1/ws,dkdv=32x16/4/1/ws,dq=16x32/4/3/ws": {},
 }
 

@@ -30,7 +30,7 @@ from tapa.bench.kernel_report import first_line
 BAR = 1.5  # kernel error <= BAR x the same-dtype reference's (issue 13), on out and gradients
 GATED = ("out", "dq", "dk", "dv")
 MIN_GAIN = 0.01
-GROUPS = ((("fwd",), "fwd"), (("dkdv", "dq", "dq_atomic"), "bwd"),
+GROUPS = ((("fwd",), "fwd"), (("dkdv", "dq", "dq_atomic", "dq_transpose"), "bwd"),
           (("trig_poly", "trig_terms"), "fwd+bwd"), (("taylor_order", "taylor_tolerance"), "fwd+bwd"))
 COMBINED = "best"
 CELLS = (("fwd", "ms"), ("fwd", "x_tapa"), ("bwd", "ms"), ("bwd", "x_tapa"), ("fwd+bwd", "ms"),
@@ -271,7 +271,8 @@ def write_kernel_report(out: Path, quiet: bool = False) -> list[dict]:
     from tapa.bench import kernel_report
 
     rows = kernel_report.kernel_rows(out / "sass",
-                                     frozenset({"fwd", "dkdv", "dq", "dkdv_atomic_dq"}))
+                                     frozenset({"fwd", "dkdv", "dq", "dkdv_atomic_dq",
+                                                "dkdv_atomic_dq_t"}))
     write_csv(out / "attention_kernels.csv", rows)
     (out / "attention_kernels.md").write_text(
         "# Compiled TAPA kernels: registers, spills (local bytes / 4), shared bytes, SASS census\n\n"

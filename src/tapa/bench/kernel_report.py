@@ -177,15 +177,16 @@ def offline_rows(variants: dict, head_dim: int = 128, max_distance: int = 16383)
     rows = []
     for label, changes in variants.items():
         configs = variant_configs(changes, head_dim)
-        dq_atomic = triton_launch.dq_by_atomics(configs)
+        dkdv = triton_launch.dkdv_flags(configs)
+        dq_atomic = dkdv["DQ_ATOMIC"]
         _, flags = triton_launch.logits_args(alpha=0.1, distance="power", phase="quadratic",
                                              phase_dim=head_dim // 2, dtype=torch.bfloat16,
                                              max_distance=max_distance, configs=configs)
         common = dict(AMP_DIM=head_dim // 2, HEAD_DIM=head_dim, V_DIM=head_dim, BLOCK_DA=head_dim // 2,
                       BLOCK_DP=head_dim // 2, BLOCK_DV=head_dim, CAUSAL=True, **flags)
         kernels = [("fwd", triton_kernels._fwd_kernel, configs.fwd, {}),
-                   ("dkdv_atomic_dq" if dq_atomic else "dkdv", triton_kernels._bwd_dkdv_kernel,
-                    configs.dkdv, dict(DQ_ATOMIC=dq_atomic))]
+                   (triton_launch.dkdv_kernel_name(dkdv), triton_kernels._bwd_dkdv_kernel,
+                    configs.dkdv, dkdv)]
         if not dq_atomic:
             kernels.append(("dq", triton_kernels._bwd_dq_kernel, configs.dq, {}))
         for name, kernel, config, extra in kernels:

@@ -188,11 +188,15 @@ def _dkdv_inner(dk_a, dk_p, dk_psum, dv, k_a, k_p, k_sum, v, pos_n, key_first,
                 DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr, TRIG_POLY: tl.constexpr,
                 TRIG_TERMS: tl.constexpr, TAYLOR_ORDER: tl.constexpr, PTX_ASM: tl.constexpr,
                 LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                WARP_SPECIALIZE: tl.constexpr, DQ_ATOMIC: tl.constexpr):
+                WARP_SPECIALIZE: tl.constexpr, DQ_ATOMIC: tl.constexpr,
+                DQ_TRANSPOSE: tl.constexpr):
     """dK/dV of one key block against query blocks [lo, hi); tiles are (keys, queries).
 
     With DQ_ATOMIC the tile's share of dQ is also added (float32 atomics) into dq_base, so that
-    the scores are recomputed once instead of again in a separate dQ kernel.
+    the scores are recomputed once instead of again in a separate dQ kernel. DQ_TRANSPOSE computes
+    that share as dQ^T = K^T dS: its M is then the head columns instead of the query tile, so its
+    dots get Hopper's wgmma (M >= 64) at the 32-query tile that fits the registers, while the
+    atomics per score stay those of the 128-key tile.
     """
     offs_da = tl.arange(0, BLOCK_DA)
     offs_dp = AMP_DIM + tl.arange(0, BLOCK_DP)
@@ -230,7 +234,19 @@ def _dkdv_inner(dk_a, dk_p, dk_psum, dv, k_a, k_p, k_sum, v, pos_n, key_first,
             dk_p += tl.dot(grad_phase.to(q_p.dtype), q_p, input_precision=DOT_PRECISION)
         else:
             dk_psum += tl.sum(grad_phase, axis=1)
-        if DQ_ATOMIC:
+        if DQ_ATOMIC and DQ_TRANSPOSE:  # (columns, queries) tiles; the atomics' layout follows
+            dq_cols = dq_base + offs_m.to(tl.int64)[None, :] * stride_dqn
+            dq_a = tl.dot(tl.trans(k_a), grad_amp, input_precision=DOT_PRECISION)
+            tl.atomic_add(dq_cols + offs_da[:, None], dq_a * amp_grad_scale,
+                          mask=row_ok[None, :] & (offs_da < AMP_DIM)[:, None], sem="relaxed")
+            if PHASE_QUAD:
+                dq_p = tl.dot(tl.trans(k_p), grad_phase.to(k_p.dtype), input_precision=DOT_PRECISION)
+            else:
+                dq_p = (tl.zeros([BLOCK_DP, BLOCK_M], dtype=tl.float32)
+                        + tl.sum(grad_phase, axis=0)[None, :])
+            tl.atomic_add(dq_cols + offs_dp[:, None], dq_p * phase_grad_scale,
+                          mask=row_ok[None, :] & (offs_dp < HEAD_DIM)[:, None], sem="relaxed")
+        elif DQ_ATOMIC:
             dq_rows = dq_base + rows * stride_dqn
             dq_a = tl.dot(tl.trans(grad_amp), k_a, input_precision=DOT_PRECISION)
             tl.atomic_add(dq_rows + offs_da[None, :], dq_a * amp_grad_scale,
@@ -262,7 +278,7 @@ def _bwd_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV, DQ,
                      TRIG_POLY: tl.constexpr, TRIG_TERMS: tl.constexpr,
                      TAYLOR_ORDER: tl.constexpr, PTX_ASM: tl.constexpr, LONG_PHASE: tl.constexpr,
                      DOT_PRECISION: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
-                     DQ_ATOMIC: tl.constexpr):
+                     DQ_ATOMIC: tl.constexpr, DQ_TRANSPOSE: tl.constexpr):
     start_n = tl.program_id(0) * BLOCK_N
     batch = tl.program_id(1) // kv_heads
     kv_head = tl.program_id(1) % kv_heads
@@ -312,7 +328,7 @@ def _bwd_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV, DQ,
             amp_grad_scale, phase_grad_scale,
             AMP_DIM, HEAD_DIM, V_DIM, BLOCK_DA, BLOCK_DP, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL,
             DIST_POWER, PHASE_QUAD, TRIG_POLY, TRIG_TERMS, TAYLOR_ORDER, PTX_ASM, LONG_PHASE,
-            DOT_PRECISION, WARP_SPECIALIZE, DQ_ATOMIC)
+            DOT_PRECISION, WARP_SPECIALIZE, DQ_ATOMIC, DQ_TRANSPOSE)
         dk_a, dk_p, dk_psum, dv = _dkdv_inner(
             dk_a, dk_p, dk_psum, dv, k_a, k_p, k_sum, v, pos_n, key_first, q_base, do_base, dq_base,
             Lse + bh * n_q, Delta + bh * n_q, stride_qn, stride_dn, stride_dqn, n_q, q_offset,
@@ -320,7 +336,7 @@ def _bwd_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV, DQ,
             amp_grad_scale, phase_grad_scale,
             AMP_DIM, HEAD_DIM, V_DIM, BLOCK_DA, BLOCK_DP, BLOCK_DV, BLOCK_M, BLOCK_N, False,
             DIST_POWER, PHASE_QUAD, TRIG_POLY, TRIG_TERMS, TAYLOR_ORDER, PTX_ASM, LONG_PHASE,
-            DOT_PRECISION, WARP_SPECIALIZE, DQ_ATOMIC)
+            DOT_PRECISION, WARP_SPECIALIZE, DQ_ATOMIC, DQ_TRANSPOSE)
 
     dk_base = DK + batch.to(tl.int64) * stride_dkb + kv_head.to(tl.int64) * stride_dkh
     tl.store(dk_base + rows * stride_dkn + offs_da[None, :],

@@ -42,6 +42,9 @@ LONG_PHASE_FROM = 8.0
 # dQ by float32 atomics from the dK/dV kernel (True) or by a separate dQ kernel (False), where a
 # config does not choose. The 16-bit configs at D <= 128 choose it (see `_default_configs`).
 DQ_ATOMIC = False
+# With dQ by atomics: compute each tile's dQ share transposed, dQ^T = K^T dS (True), so that its
+# dots run on wgmma at query tiles below 64; opt-in until timed on the GPU.
+DQ_TRANSPOSE = False
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,7 @@ class LaunchConfigs:
     trig_terms: int | None = None  # None: the module's TRIG_TERMS
     taylor_order: int | None = None  # None: the module's TAYLOR_ORDER
     taylor_tolerance: float | None = None  # None: the module's TAYLOR_TOLERANCE
+    dq_transpose: bool | None = None  # None: the module's DQ_TRANSPOSE (read only with dq_atomic)
 
 
 # Fixed when the kernels are defined (TRITON_INTERPRET is read then); a module constant, so that
@@ -134,9 +138,9 @@ def _parse_flag(key: str, text: str) -> bool:
 def parse_variant(spec: str) -> dict:
     """Field changes of `LaunchConfigs` from 'key=value,key=value' (keys are its field names).
 
-    fwd/dkdv/dq=BMxBN[/warps[/stages]][/ws]; dq_atomic, trig_poly=0|1; trig_terms=3..6 (sin
-    terms; float32 inputs keep at least FLOAT32_TRIG_ERROR); taylor_order=1..6;
-    taylor_tolerance=<float>. An empty spec changes nothing.
+    fwd/dkdv/dq=BMxBN[/warps[/stages]][/ws]; dq_atomic, dq_transpose, trig_poly=0|1;
+    trig_terms=3..6 (sin terms; float32 inputs keep at least FLOAT32_TRIG_ERROR);
+    taylor_order=1..6; taylor_tolerance=<float>. An empty spec changes nothing.
     """
     changes: dict = {}
     names = {f.name for f in fields(LaunchConfigs)}
@@ -148,7 +152,7 @@ def parse_variant(spec: str) -> dict:
                              f"{sorted(names)}")
         if key in ("fwd", "dkdv", "dq"):
             changes[key] = _parse_kernel_config(key, text)
-        elif key in ("dq_atomic", "trig_poly"):
+        elif key in ("dq_atomic", "dq_transpose", "trig_poly"):
             changes[key] = _parse_flag(key, text)
         elif key == "trig_terms":
             if not text.isdigit() or int(text) not in TRIG_COEFFICIENTS:
@@ -242,6 +246,21 @@ def dq_by_atomics(configs: LaunchConfigs | None = None) -> bool:
     unless torch's deterministic mode is on (`torch.use_deterministic_algorithms`): then the
     separate dQ kernel, bitwise reproducible."""
     return bool(_chosen(configs, "dq_atomic", DQ_ATOMIC)) and not torch.are_deterministic_algorithms_enabled()
+
+
+def dkdv_flags(configs: LaunchConfigs | None = None) -> dict:
+    """The dK/dV kernel's own constexprs: dQ by atomics (`dq_by_atomics`) and, with them, the
+    transposed dQ products."""
+    dq_atomic = dq_by_atomics(configs)
+    return dict(DQ_ATOMIC=dq_atomic,
+                DQ_TRANSPOSE=dq_atomic and bool(_chosen(configs, "dq_transpose", DQ_TRANSPOSE)))
+
+
+def dkdv_kernel_name(flags: dict) -> str:
+    """The dK/dV kernel's name in `compiled_kernels` and the census, by its `dkdv_flags`."""
+    if not flags["DQ_ATOMIC"]:
+        return "dkdv"
+    return "dkdv_atomic_dq_t" if flags["DQ_TRANSPOSE"] else "dkdv_atomic_dq"
 
 
 def trig_poly(configs: LaunchConfigs | None = None) -> bool:
@@ -421,7 +440,8 @@ def backward(dout, dlse, q, k, v, out, lse, *, amp_dim, alpha, distance, phase, 
                                        k_offset, configs)
     grad_scales = [1 / math.sqrt(amp_dim), -2 * math.pi / math.sqrt(amp_dim)]
     dk, dv = torch.empty_like(k), torch.empty_like(v)
-    dq_atomic = dq_by_atomics(configs)
+    dkdv = dkdv_flags(configs)
+    dq_atomic = dkdv["DQ_ATOMIC"]
     # the atomics accumulate in float32 (like FlashAttention-2's dq_accum)
     dq = (torch.zeros(q.shape, dtype=torch.float32, device=q.device) if dq_atomic
           else torch.empty_like(q))
@@ -431,10 +451,9 @@ def backward(dout, dlse, q, k, v, out, lse, *, amp_dim, alpha, distance, phase, 
         q, k, v, dout, lse, delta, dk, dv, dq, *_row_strides(q), *_row_strides(k),
         *_row_strides(v), *_row_strides(dout), *_row_strides(dk), *_row_strides(dv),
         *_row_strides(dq), n_q, n_k, q_offset, k_offset, kv_heads, heads // kv_heads, *scalars,
-        *grad_scales, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, DQ_ATOMIC=dq_atomic,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, WARP_SPECIALIZE=cfg.warp_specialize,
-        **constexprs)
-    _remember("dkdv_atomic_dq" if dq_atomic else "dkdv", cfg, constexprs, compiled)
+        *grad_scales, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages, WARP_SPECIALIZE=cfg.warp_specialize, **dkdv, **constexprs)
+    _remember(dkdv_kernel_name(dkdv), cfg, constexprs, compiled)
     if dq_atomic:
         return dq.to(q.dtype), dk, dv
     cfg = configs.dq
