@@ -165,3 +165,25 @@ def test_demo_default_output_directory_does_not_overwrite(tmp_path):
     base.mkdir()
     (tmp_path / "demo-cpu-2").mkdir()
     assert _fresh_dir(base) == tmp_path / "demo-cpu-3"
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--passkey-trials", "3"], "passkey grid reads --passkey-trials, but it runs only with --passkey"),
+    (["--passkey-lengths", "256", "--seed", "1"], "reads --passkey-lengths, --seed, but"),
+    (["--lengths", "64", "--multiples", "2"], "--lengths and --multiples both"),
+    (["--multiples", "0,-1"], r"multiples must be positive numbers, got \[0.0, -1.0\]"),
+    (["--passkey", "--passkey-depths", "1.5"], r"passkey_depths must be numbers in \[0, 1\]"),
+    (["--passkey", "--passkey-trials", "0"], "passkey_trials must be an int >= 1"),
+])
+def test_eval_refuses_settings_it_would_ignore(tmp_path, flags, message):
+    """Each of these used to run and silently evaluate something else: passkey settings without
+    --passkey and --multiples beside --lengths did nothing, a multiple <= 0 became a 1-token length.
+    They are refused before any run is read."""
+    with pytest.raises(SystemExit, match=message):
+        main(["eval", str(tmp_path / "not-read"), *flags, "--no-progress"])
+
+
+def test_eval_pe_needs_a_rope_run(tiny_runs, tmp_path):
+    with pytest.raises(SystemExit, match="--eval-pe rope-yarn applies to RoPE-family models .* are tapa"):
+        main(["eval", str(tiny_runs["tapa"]), "--eval-pe", "rope-yarn", "--lengths", "32",
+              "--out", str(tmp_path / "out"), "--no-progress", "--device", "cpu"])

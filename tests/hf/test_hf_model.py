@@ -142,7 +142,8 @@ def test_hybrid_local_layers_cache_only_their_window(implementation):
 
 @pytest.mark.parametrize("pe", ["tapa", "rope", "nope", "tapa-hybrid"])
 def test_left_padded_batch_generates_as_each_sequence_alone(pe):
-    model = tiny_model(pe, phase_matrix="full")
+    # the learnable phase matrix exists only where a global layer is TAPA
+    model = tiny_model(pe, phase_matrix="full" if pe.startswith("tapa") else "none")
     seqs = random_ids([5, 11, 2], seed=3)
     alone = [greedy(model, seq[None])[0] for seq in seqs]
     ids, mask = left_pad(seqs)
@@ -312,3 +313,22 @@ def test_tapa_rejects_position_ids_that_are_not_a_shift_of_the_mask_positions():
         model(ids, position_ids=torch.tensor([[0, 1, 2, 3, 4], [0, 1, 3, 4, 5]]))
     shifted = model(ids, position_ids=torch.arange(5)[None] + torch.tensor([[0], [9]])).logits
     torch.testing.assert_close(shifted, model(ids).logits)
+
+
+def test_forward_refuses_outputs_it_does_not_produce_and_names_ignored_arguments():
+    """output_hidden_states=True used to return hidden_states=None, and a misspelt argument
+    (attention_maks) ran the forward unmasked, both without a word."""
+    model = tiny_model()
+    ids = torch.randint(1, VOCAB, (2, 5))
+    with pytest.raises(ValueError, match="output_hidden_states=True"):
+        model(ids, output_hidden_states=True)
+    with pytest.raises(ValueError, match="output_attentions=True"):
+        model(ids, output_attentions=True)
+    with pytest.warns(UserWarning, match=r"forward ignores the arguments \['attention_maks'\]"):
+        model(ids, attention_maks=torch.ones_like(ids))
+    import warnings
+
+    with warnings.catch_warnings():  # what generate passes is taken without a word
+        warnings.simplefilter("error")
+        model(ids, output_attentions=False, output_hidden_states=False, return_dict=True, use_cache=True)
+        model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=2, do_sample=False)

@@ -150,10 +150,36 @@ def test_set_rope_scale_changes_scaled_methods_only():
     (dict(phase_matrix="dense"), "phase_matrix"),
     (dict(attn_impl="cuda"), "attn_impl"),
     (dict(n_layers=0), "n_layers"),
+    # these built a model whose outputs were inf/nan-born garbage, without an error
+    (dict(pe="rope", rope_base=0.0), r"rope_base must be > 0, got 0.0"),
+    (dict(pe="rope", rope_base=-1.0), r"rope_base must be > 0"),
+    (dict(norm_eps=-1.0), r"norm_eps must be >= 0"),
 ])
 def test_bad_config_is_a_clear_error(overrides, match):
     with pytest.raises(ValueError, match=match):
         tiny_config(**overrides)
+
+
+@pytest.mark.parametrize("overrides, ignored", [
+    (dict(pe="rope", theta=0.75), "theta=0.75"),
+    (dict(pe="nope", alpha=0.5, phase_matrix="diagonal"), "alpha=0.5, phase_matrix='diagonal'"),
+    (dict(pe="tapa", layer_pattern="LL", theta=0.75), "theta=0.75"),  # no global layer is TAPA
+])
+def test_settings_no_layer_reads_are_a_warning(overrides, ignored):
+    """A TAPA setting on a model without a global TAPA layer used to be ignored without a word."""
+    with pytest.warns(UserWarning, match=f"ModelConfig: {ignored} set, but .* they are ignored"):
+        tiny_config(**overrides)
+
+
+def test_settings_every_layer_kind_reads_raise_no_warning():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        tiny_config(pe="tapa", theta=0.75, alpha=0.5)
+        tiny_config(pe="rope", layer_pattern="LG", local_window=8, rope_base=500.0)
+        tiny_config(pe="rope")  # defaults of the TAPA settings are not "set"
+        tiny_config(pe="rope", phase_init_scale=1.0, local_window=16)  # as the demo sets every model
 
 
 def test_config_round_trip_and_unknown_fields():

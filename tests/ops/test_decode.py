@@ -170,6 +170,13 @@ BAD = {
     "alpha": (dict(alpha=float("inf")), r"alpha"),
     "impl": (dict(impl="flash"), r"impl"),
     "zero batch": (dict(q="empty batch"), r"batch size must be positive"),
+    # check_lengths=False skips only the kernel's device sync: the per-sequence path sliced a
+    # length past the capacity short and returned a wrong result
+    "unchecked seqlens past capacity": (dict(cache_seqlens=torch.tensor([9, 5], dtype=torch.int32),
+                                             check_lengths=False), r"cache_seqlens must lie"),
+    "unchecked starts hide a query": (dict(cache_starts=torch.tensor([0, 4], dtype=torch.int32),
+                                           check_lengths=False), r"cache_starts must lie"),
+    "return_lse a string": (dict(return_lse="no"), r"return_lse must be True or False"),
 }
 
 

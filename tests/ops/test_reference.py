@@ -308,6 +308,9 @@ BAD_INPUTS = {
     "float offset": (dict(q_offset=1.5, causal=False), r"q_offset"),
     "causal, more queries than keys": (dict(k=_K[:, :4], v=_V[:, :4]), r"causal.*queries"),
     "causal, first query before first key": (dict(k_offset=3), r"causal.*q_offset"),
+    "causal a string": (dict(causal="false"), r"causal must be True or False, got 'false'"),  # was truthy
+    "causal None": (dict(causal=None), r"causal must be True or False"),  # was non-causal
+    "return_lse a string": (dict(return_lse="no"), r"return_lse must be True or False"),
 }
 
 

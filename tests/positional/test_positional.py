@@ -105,3 +105,13 @@ def test_yarn_matches_transformers(factor):
                                               original_seq_len=ORIGINAL)
     torch.testing.assert_close(ours, hf_freq.float(), rtol=1e-5, atol=0)
     assert attention_factor == pytest.approx(hf_factor)
+
+
+def test_head_dim_two_rope_and_ntk():
+    """head_dim 2 is valid for plain RoPE and PI (it used to raise ZeroDivisionError); the NTK
+    rules, whose base scaling divides by head_dim - 2, say so."""
+    inv_freq, factor = rope_frequencies("rope", 2)
+    assert inv_freq.tolist() == [1.0] and factor == 1.0
+    assert rope_frequencies("pi", 2, factor=4.0)[0].tolist() == [0.25]
+    with pytest.raises(ValueError, match="needs head_dim > 2, got 2"):
+        rope_frequencies("ntk", 2, factor=2.0)

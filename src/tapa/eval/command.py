@@ -27,9 +27,12 @@ def _int_list(text: str) -> list[int]:
 
 def _float_list(text: str) -> list[float]:
     try:
-        return [float(v) for v in text.split(",") if v.strip()]
+        values = [float(v) for v in text.split(",") if v.strip()]
     except ValueError as err:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from err
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}")
+    return values
 
 
 def _pe_list(text: str) -> tuple[str, ...]:
@@ -49,8 +52,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lengths", type=_int_list, default=None,
                         help="evaluation lengths, e.g. 128,256,512 (default: training length x "
                              f"{','.join(f'{m:g}' for m in DEFAULT_MULTIPLES)})")
-    parser.add_argument("--multiples", type=_float_list, default=list(DEFAULT_MULTIPLES),
-                        help="multiples of the training length to evaluate when --lengths is not given")
+    parser.add_argument("--multiples", type=_float_list, default=None,
+                        help="multiples of the training length to evaluate, instead of --lengths "
+                             f"(default {','.join(f'{m:g}' for m in DEFAULT_MULTIPLES)})")
     parser.add_argument("--stride", type=int, default=256, help="sliding-window stride (default 256)")
     parser.add_argument("--max-tokens", type=int, default=16384,
                         help="scored tokens per length, a fixed prefix of the split (0: all; default 16384)")
@@ -59,12 +63,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also evaluate a RoPE model's weights under these rules, "
                              "e.g. rope-pi,rope-yarn,rope-ntk")
     parser.add_argument("--passkey", action="store_true", help="also run the passkey-retrieval grid")
+    # the passkey settings (PASSKEY_FLAGS) default to None here, so that one given without
+    # --passkey is an error instead of silently doing nothing; EvalOptions holds their defaults
     parser.add_argument("--passkey-lengths", type=_int_list, default=None,
                         help="passkey context lengths (default: training length x 1,2,4,8)")
-    parser.add_argument("--passkey-depths", type=_float_list, default=list(DEFAULT_DEPTHS))
-    parser.add_argument("--passkey-trials", type=int, default=5)
-    parser.add_argument("--passkey-filler", choices=("standard", "corpus"), default="standard")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--passkey-depths", type=_float_list, default=None,
+                        help=f"key depths in [0, 1] (default {','.join(f'{d:g}' for d in DEFAULT_DEPTHS)})")
+    parser.add_argument("--passkey-trials", type=int, default=None, help="prompts per cell (default 5)")
+    parser.add_argument("--passkey-filler", choices=("standard", "corpus"), default=None,
+                        help="filler text: standard sentences (default) or held-out corpus tokens")
+    parser.add_argument("--seed", type=int, default=None, help="seed of the passkey prompts (default 0)")
     parser.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:1, ...")
     parser.add_argument("--out", default=None, help="output directory (default: RUN_DIR/eval)")
     parser.add_argument("--overwrite", action="store_true",
@@ -126,7 +134,47 @@ def training_tokens(checkpoint: Path) -> int | None:
     return read_state(checkpoint, verify=False).get("tokens")
 
 
+# options that only the passkey grid reads: flag -> EvalOptions field
+PASSKEY_FLAGS = {"--passkey-lengths": "passkey_lengths", "--passkey-depths": "passkey_depths",
+                 "--passkey-trials": "passkey_trials", "--passkey-filler": "passkey_filler",
+                 "--seed": "seed"}
+
+
+def options_from_args(args: argparse.Namespace) -> EvalOptions:
+    """The EvalOptions of a command line; ValueError for a flag that would be silently ignored
+    (--multiples with --lengths, a passkey setting without --passkey)."""
+    if args.lengths is not None and args.multiples is not None:
+        raise ValueError("--lengths and --multiples both choose the evaluation lengths; pass one of them")
+    passkey = {field: getattr(args, flag[2:].replace("-", "_")) for flag, field in PASSKEY_FLAGS.items()}
+    given = [flag for flag, field in PASSKEY_FLAGS.items() if passkey[field] is not None]
+    if given and not args.passkey:
+        raise ValueError(f"the passkey grid reads {', '.join(given)}, but it runs only with --passkey; "
+                         "add --passkey or drop them")
+    chosen = {field: tuple(value) if field == "passkey_depths" else value
+              for field, value in passkey.items() if value is not None}
+    if args.multiples is not None:
+        chosen["multiples"] = tuple(args.multiples)
+    return EvalOptions(lengths=args.lengths, stride=args.stride, max_tokens=args.max_tokens or None,
+                       split=args.split, eval_pe=args.eval_pe, passkey=args.passkey,
+                       progress=not args.no_progress, **chosen)
+
+
+def check_eval_pe(eval_pe, checkpoints: list[Path]) -> None:
+    """--eval-pe re-evaluates RoPE-family models only; ValueError if no run it names is one (the
+    flag would do nothing). Runs of other encodings among RoPE ones (a demo's) are evaluated as
+    they are."""
+    from tapa.model.checkpoint import checkpoint_model_config
+
+    if not eval_pe:
+        return
+    encodings = sorted({checkpoint_model_config(checkpoint).pe for checkpoint in checkpoints})
+    if not set(encodings) & set(ROPE_FAMILY):
+        raise ValueError(f"--eval-pe {','.join(eval_pe)} applies to RoPE-family models "
+                         f"({', '.join(ROPE_FAMILY)}); the runs given are {', '.join(encodings)}")
+
+
 def run(args: argparse.Namespace) -> int:
+    options = options_from_args(args)
     runs = expand_runs(args.runs)
     if args.checkpoint and len(runs) > 1:
         raise ValueError("--checkpoint applies to a single RUN_DIR")
@@ -134,14 +182,10 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--out applies to a single RUN_DIR; use 'tapa report' to merge runs")
     # everything a user can get wrong is checked before the first (possibly long) evaluation
     checkpoints = [checkpoint_of(run_dir, args.checkpoint) for run_dir in runs]
+    check_eval_pe(options.eval_pe, checkpoints)
     out_dirs = [Path(args.out) if args.out else run_dir / "eval" for run_dir in runs]
     for out_dir in out_dirs:
         check_results_dir(out_dir, overwrite=args.overwrite, command="tapa eval")
-    options = EvalOptions(lengths=args.lengths, multiples=tuple(args.multiples), stride=args.stride,
-                          max_tokens=args.max_tokens or None, split=args.split, eval_pe=args.eval_pe,
-                          passkey=args.passkey, passkey_lengths=args.passkey_lengths,
-                          passkey_depths=tuple(args.passkey_depths), passkey_trials=args.passkey_trials,
-                          passkey_filler=args.passkey_filler, seed=args.seed, progress=not args.no_progress)
     device = resolve_device(args.device)
     for run_dir, checkpoint, out_dir in zip(runs, checkpoints, out_dirs):
         results = evaluate_run(run_dir, options, device=device, checkpoint=checkpoint)

@@ -57,6 +57,15 @@ class EvalOptions:
         for pe in self.eval_pe:
             if pe not in ROPE_FAMILY:
                 raise ValueError(f"eval_pe entries must be RoPE-family methods {ROPE_FAMILY}, got {pe!r}")
+        # checked here, before any evaluation runs, rather than where each setting is read
+        if self.lengths is None and (not self.multiples or not all(m > 0 for m in self.multiples)):
+            # a multiple <= 0 would become a length of 1 token
+            raise ValueError(f"multiples must be positive numbers, got {list(self.multiples)}")
+        if self.passkey:
+            if not self.passkey_depths or not all(0.0 <= d <= 1.0 for d in self.passkey_depths):
+                raise ValueError(f"passkey_depths must be numbers in [0, 1], got {list(self.passkey_depths)}")
+            if not isinstance(self.passkey_trials, int) or self.passkey_trials < 1:
+                raise ValueError(f"passkey_trials must be an int >= 1, got {self.passkey_trials!r}")
 
 
 def hardware_description(device: torch.device | str = "cpu") -> str:

@@ -12,6 +12,7 @@ versions `cache`; forward accepts both and returns it under the name the install
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -27,6 +28,10 @@ from transformers.cache_utils import Cache, DynamicCache  # noqa: E402
 from transformers.modeling_outputs import CausalLMOutputWithPast  # noqa: E402
 
 _OUTPUT_FIELDS = {field.name for field in dataclasses.fields(CausalLMOutputWithPast)}
+# outputs transformers can ask forward for that TapaForCausalLM does not produce
+UNSUPPORTED_OUTPUTS = ("output_attentions", "output_hidden_states")
+# what generate may pass that carries nothing this model needs (positions come from the cache)
+IGNORED_INPUTS = ("cache_position",)
 CACHE_OUTPUT_NAME = "cache" if "cache" in _OUTPUT_FIELDS else "past_key_values"
 
 
@@ -173,6 +178,7 @@ class TapaForCausalLM(PreTrainedModel, GenerationMixin):
         loss (shifted inside, -100 ignored). `cache` (or `past_key_values`) is a transformers
         Cache; with use_cache (the default outside training) a DynamicCache is created.
         """
+        _check_forward_kwargs(kwargs)
         if past_key_values is not None and cache is not None:
             raise ValueError("pass the cache as `cache` or `past_key_values`, not both")
         cache = cache if cache is not None else past_key_values
@@ -201,3 +207,16 @@ class TapaForCausalLM(PreTrainedModel, GenerationMixin):
                                    ignore_index=-100)
         return CausalLMOutputWithPast(loss=loss, logits=logits,
                                       **{CACHE_OUTPUT_NAME: cache if use_cache else None})
+
+
+def _check_forward_kwargs(kwargs: dict) -> None:
+    """forward takes **kwargs because generate and Trainer pass extra arguments; none of them may be
+    silently ignored when it asks for something: an output this model does not produce is a
+    ValueError, any other unknown argument (a misspelt attention_mask) a warning."""
+    asked = [name for name in UNSUPPORTED_OUTPUTS if kwargs.get(name)]
+    if asked:
+        raise ValueError(f"TapaForCausalLM does not return attentions or hidden states; "
+                         f"got {', '.join(f'{name}=True' for name in asked)}")
+    unknown = sorted(set(kwargs) - set(UNSUPPORTED_OUTPUTS) - set(IGNORED_INPUTS))
+    if unknown:
+        warnings.warn(f"TapaForCausalLM.forward ignores the arguments {unknown}", stacklevel=3)

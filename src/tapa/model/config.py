@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from dataclasses import dataclass
 
 from tapa._config import documented, from_dict
@@ -14,6 +15,10 @@ from tapa.positional.kinds import KINDS, get_kind, model_label
 PE_CHOICES = {name: (kind.family, kind.variant) for name, kind in KINDS.items()}
 PHASE_MATRICES = ("none", "diagonal", "full")
 LAYER_CODES = {"G": "global", "L": "local"}
+# the settings of TAPA's function: set away from their default on a model without a global TAPA
+# layer, they would be ignored (`ModelConfig.ignored_settings`). Init-only and dispatch settings
+# (phase_init_scale, attn_impl) and local_window are left out: the demo sets them for every model.
+TAPA_SETTINGS = ("theta", "alpha", "distance", "phase_matrix")
 
 
 @dataclass
@@ -86,6 +91,10 @@ class ModelConfig:
             raise ValueError(f"RoPE needs an even head_dim, got {self.head_dim}")
         if self.rope_scale <= 0:
             raise ValueError(f"rope_scale must be > 0, got {self.rope_scale}")
+        if not self.rope_base > 0:  # base ** (-2i / D) is inf or nan otherwise
+            raise ValueError(f"rope_base must be > 0, got {self.rope_base!r}")
+        if not self.norm_eps >= 0:  # a negative epsilon turns RMSNorm's rsqrt into nan
+            raise ValueError(f"norm_eps must be >= 0, got {self.norm_eps!r}")
         if self.family == "tapa":
             check_variant(self.head_dim, theta=self.theta, alpha=self.alpha, distance=self.distance,
                           phase=self.phase)
@@ -93,6 +102,20 @@ class ModelConfig:
             raise ValueError(f"phase_matrix must be one of {PHASE_MATRICES}, got {self.phase_matrix!r}")
         if self.attn_impl not in IMPLS:
             raise ValueError(f"attn_impl must be one of {IMPLS}, got {self.attn_impl!r}")
+        ignored = self.ignored_settings()
+        if ignored:  # a warning, not an error: a config that carries them is still a valid model
+            warnings.warn(f"ModelConfig: {', '.join(ignored)} set, but pe={self.pe!r} with "
+                          f"layer_pattern={self.layer_pattern!r} over {self.n_layers} layers has no global "
+                          "TAPA layer to read them; they are ignored", stacklevel=3)
+
+    def ignored_settings(self) -> list[str]:
+        """'name=value' of each TAPA setting changed from its default on a model that has no global
+        TAPA layer to read it."""
+        if self.family == "tapa" and any(self.layer_kind(i) == "global" for i in range(self.n_layers)):
+            return []
+        defaults = {field.name: field.default for field in dataclasses.fields(self)}
+        return [f"{name}={getattr(self, name)!r}" for name in TAPA_SETTINGS
+                if getattr(self, name) != defaults[name]]
 
     @property
     def head_dim(self) -> int:

@@ -66,7 +66,7 @@ def tapa_attention(
     phase stays finite in float32 at every position up to MAX_POSITION; see `tapa.ops.checks`.
     """
     check_args(q, k, v, theta=theta, alpha=alpha, distance=distance, phase=phase, causal=causal,
-               q_offset=q_offset, k_offset=k_offset)
+               q_offset=q_offset, k_offset=k_offset, return_lse=return_lse)
     check_impl(impl)
     kwargs = dict(theta=float(theta), alpha=float(alpha), distance=distance, phase=phase,
                   causal=causal, q_offset=int(q_offset), k_offset=int(k_offset), return_lse=return_lse)

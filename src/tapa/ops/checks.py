@@ -87,9 +87,18 @@ def _check_qkv(q, k, v, k_name="k", v_name="v") -> None:
         raise ValueError(f"{v_name} head_dim must be positive, got shape {tuple(v.shape)}")
 
 
-def check_args(q, k, v, *, theta, alpha, distance, phase, causal, q_offset, k_offset) -> None:
+def check_flag(name: str, value) -> None:
+    """A bool argument must be a bool: a string such as "false" would be truthy."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+
+
+def check_args(q, k, v, *, theta, alpha, distance, phase, causal, q_offset, k_offset,
+               return_lse=False) -> None:
     """Raise ValueError, naming the argument, for anything `tapa_attention` cannot compute correctly."""
     _check_qkv(q, k, v)
+    check_flag("causal", causal)
+    check_flag("return_lse", return_lse)
     if q.shape[1] == 0 or k.shape[1] == 0:
         raise ValueError(f"seqlen must be positive, got q {q.shape[1]} and k {k.shape[1]}")
     check_variant(q.shape[3], theta=theta, alpha=alpha, distance=distance, phase=phase)
@@ -122,10 +131,12 @@ def check_triton_device(device: torch.device, interpreting: bool) -> None:
 
 
 def check_kvcache_args(q, k_cache, v_cache, cache_seqlens, cache_starts, *, theta, alpha, distance,
-                       phase) -> None:
+                       phase, return_lse=False, check_lengths=True) -> None:
     """Raise ValueError, naming the argument, for a decode call `tapa_attention_with_kvcache` (and
     the split-KV kernel) cannot compute: shapes, dtypes, lengths tensors, the TAPA variant."""
     _check_qkv(q, k_cache, v_cache, "k_cache", "v_cache")
+    check_flag("return_lse", return_lse)
+    check_flag("check_lengths", check_lengths)
     batch, q_len = q.shape[:2]
     if q_len == 0 or k_cache.shape[1] == 0:
         raise ValueError(f"seqlen must be positive, got q {q_len} and cache capacity {k_cache.shape[1]}")

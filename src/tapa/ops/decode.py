@@ -95,15 +95,15 @@ def tapa_attention_with_kvcache(
     "triton" (the decode kernel, an error where it does not apply), "reference" or "naive" (passed
     on to `tapa_attention`). Returns out (B, Nq, H, Dv) in q's dtype, and with return_lse also
     lse (B, H, Nq) (float32; float64 for float64 inputs). check_lengths=False skips the value checks
-    of the lengths, which cost a device sync (the per-sequence path reads the lengths anyway).
+    of the lengths on the decode kernel's path, where they would cost a device sync; the
+    per-sequence path reads the lengths anyway and always checks them.
     """
     if isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool) and isinstance(q, torch.Tensor):
         cache_seqlens = torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32, device=q.device)
     op_args = dict(theta=theta, alpha=alpha, distance=distance, phase=phase)
-    check_kvcache_args(q, k_cache, v_cache, cache_seqlens, cache_starts, **op_args)
+    check_kvcache_args(q, k_cache, v_cache, cache_seqlens, cache_starts, return_lse=return_lse,
+                       check_lengths=check_lengths, **op_args)
     check_impl(impl)
-    if check_lengths:
-        check_cache_lengths(q.shape[1], k_cache.shape[1], cache_seqlens, cache_starts)
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k_cache, v_cache))
     kernel = _decode_kernel() if impl in ("auto", "triton") else None
     if impl == "triton":
@@ -115,6 +115,10 @@ def tapa_attention_with_kvcache(
             raise ValueError("impl='triton': the decode kernel has no backward pass; "
                              "use impl='auto' or 'reference' when gradients are needed")
     use_kernel = impl == "triton" or decode_kernel_applies(q, k_cache, v_cache, impl)
+    if check_lengths or not use_kernel:
+        # the per-sequence path reads the lengths on the host anyway, so it always checks them:
+        # unchecked, a length past the capacity would be cut short by slicing, a silent wrong result
+        check_cache_lengths(q.shape[1], k_cache.shape[1], cache_seqlens, cache_starts)
     if use_kernel:
         result = kernel.tapa_decode_attention(q, k_cache, v_cache, cache_seqlens, cache_starts=cache_starts,
                                               return_lse=True, check_lengths=False, **op_args)

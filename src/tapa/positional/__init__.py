@@ -62,11 +62,14 @@ def rope_frequencies(method: str, head_dim: int, *, base: float = 10000.0, facto
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     if factor <= 0:
         raise ValueError(f"factor must be > 0, got {factor}")
-    exponent = head_dim / (head_dim - 2)
     if method in ("rope", "none"):
         return rope_inv_freq(head_dim, base), 1.0
     if method == "pi":
         return rope_inv_freq(head_dim, base) / factor, 1.0
+    if method in ("ntk", "dynamic-ntk") and head_dim <= 2:
+        raise ValueError(f"method {method!r} rescales the base by s ** (D / (D - 2)), which needs "
+                         f"head_dim > 2, got {head_dim}")
+    exponent = head_dim / (head_dim - 2)
     if method == "ntk":
         return rope_inv_freq(head_dim, base * factor**exponent), 1.0
     if method == "dynamic-ntk":
