@@ -54,6 +54,15 @@ def test_command_line_overrides_recipe():
     assert (data_cfg.source, data_cfg.vocab_size) == ("/some/dir", 500)
 
 
+def test_local_window_flag_needs_a_local_layer():
+    """--local-window on an all-global model used to be accepted and ignored."""
+    with pytest.raises(ValueError, match="--local-window sizes local layers, but layer_pattern='G'"):
+        command.configs_from_args(_parse(["--recipe", "tiny", "--pe", "rope", "--local-window", "64"]))
+    _, model_cfg, _ = command.configs_from_args(
+        _parse(["--recipe", "tiny", "--pe", "tapa", "--layer-pattern", "LG", "--local-window", "64"]))
+    assert model_cfg.local_window == 64
+
+
 def test_bad_recipes_and_values(tmp_path):
     with pytest.raises(ValueError, match="unknown recipe 'no-such-recipe'"):
         load_recipe("no-such-recipe")

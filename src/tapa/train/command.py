@@ -141,10 +141,24 @@ def configs_from_args(args: argparse.Namespace):
     """
     overrides = overrides_from_args(args)
     if overrides["train"].get("resume"):
-        return _resume_configs(args, overrides)
-    if overrides["train"].get("init_from"):
-        return _continual_configs(args, overrides)
-    return build_configs(load_recipe(args.recipe or "tiny"), overrides)
+        configs = _resume_configs(args, overrides)
+    elif overrides["train"].get("init_from"):
+        configs = _continual_configs(args, overrides)
+    else:
+        configs = build_configs(load_recipe(args.recipe or "tiny"), overrides)
+    _check_local_window_flag(overrides, configs[1])
+    return configs
+
+
+def _check_local_window_flag(overrides: dict, model_cfg) -> None:
+    """--local-window, given explicitly, sizes the local layers' window; on a model without a
+    local layer it would do nothing. (A recipe may carry a window for all its models; only the
+    flag is checked.)"""
+    if "local_window" in overrides["model"] and not any(
+            model_cfg.layer_kind(layer) == "local" for layer in range(model_cfg.n_layers)):
+        raise ValueError(f"--local-window sizes local layers, but layer_pattern="
+                         f"{model_cfg.layer_pattern!r} has none; add L to --layer-pattern or drop "
+                         "--local-window")
 
 
 def _resume_configs(args: argparse.Namespace, overrides: dict):
