@@ -463,14 +463,6 @@ def nice_log_ticks(low: float, high: float, most: int = 11) -> list[float]:
     return chosen
 
 
-def perplexity_error_bar(row: dict) -> tuple[float, float]:
-    """The error bar below and above a mean perplexity. On a log axis a bar cannot reach zero, so
-    one std wider than the mean (a seed that collapsed, another that did not) is cut at mean/10
-    below; above it stays one std."""
-    std = row["std"] if row["n"] > 1 else 0.0
-    return min(std, 0.9 * row["mean"]), std
-
-
 def plot_perplexity(rows: list[dict], path: Path, *, title: str, train_len: int | None,
                     stride: int | None = None) -> Path:
     """Perplexity vs length, log-log, one line per arm with one-std error bars over seeds. When
@@ -479,7 +471,13 @@ def plot_perplexity(rows: list[dict], path: Path, *, title: str, train_len: int 
 
     plt = _pyplot()
 
-    spread = perplexity_error_bar
+    def spread(r: dict) -> tuple[float, float]:
+        """The error bar below and above the mean. On a log axis a bar cannot reach zero, so one
+        std wider than the mean (a seed that collapsed, another that did not) is cut at mean/10
+        below; above it stays one std."""
+        std = r["std"] if r["n"] > 1 else 0.0
+        return min(std, 0.9 * r["mean"]), std
+
     low = min(r["mean"] - spread(r)[0] for r in rows)
     high = max(r["mean"] + spread(r)[1] for r in rows)
     zoom = high > 4 * low
