@@ -269,10 +269,9 @@ def write_kernel_report(out: Path, quiet: bool = False) -> list[dict]:
     """attention_kernels.csv/.md for every kernel compiled in this process, and sass/ with the
     SASS (or PTX) of the first kernel of each kind (the default's)."""
     from tapa.bench import kernel_report
+    from tapa.ops import triton_launch
 
-    rows = kernel_report.kernel_rows(out / "sass",
-                                     frozenset({"fwd", "dkdv", "dq", "dkdv_atomic_dq",
-                                                "dkdv_atomic_dq_t"}))
+    rows = kernel_report.kernel_rows(out / "sass", triton_launch.TRAINING_KERNELS)
     write_csv(out / "attention_kernels.csv", rows)
     (out / "attention_kernels.md").write_text(
         "# Compiled TAPA kernels: registers, spills (local bytes / 4), shared bytes, SASS census\n\n"

@@ -111,7 +111,7 @@ class ModelConfig:
     def ignored_settings(self) -> list[str]:
         """'name=value' of each TAPA setting changed from its default on a model that has no global
         TAPA layer to read it."""
-        if self.family == "tapa" and any(self.layer_kind(i) == "global" for i in range(self.n_layers)):
+        if self.has_tapa_layers:
             return []
         defaults = {field.name: field.default for field in dataclasses.fields(self)}
         return [f"{name}={getattr(self, name)!r}" for name in TAPA_SETTINGS
@@ -148,6 +148,11 @@ class ModelConfig:
     @property
     def is_hybrid(self) -> bool:
         return any(self.layer_kind(i) == "local" for i in range(self.n_layers))
+
+    @property
+    def has_tapa_layers(self) -> bool:
+        """Whether some global layer is TAPA (validate refuses a G that never reaches a layer)."""
+        return self.family == "tapa" and "G" in self.layer_pattern
 
     @property
     def label(self) -> str:

@@ -256,6 +256,10 @@ def dkdv_flags(configs: LaunchConfigs | None = None) -> dict:
                 DQ_TRANSPOSE=dq_atomic and bool(_chosen(configs, "dq_transpose", DQ_TRANSPOSE)))
 
 
+# every name `_remember` records a training kernel under (`compiled_kernels`, the census)
+TRAINING_KERNELS = frozenset({"fwd", "dkdv", "dkdv_atomic_dq", "dkdv_atomic_dq_t", "dq"})
+
+
 def dkdv_kernel_name(flags: dict) -> str:
     """The dK/dV kernel's name in `compiled_kernels` and the census, by its `dkdv_flags`."""
     if not flags["DQ_ATOMIC"]:

@@ -154,8 +154,7 @@ def _check_local_window_flag(overrides: dict, model_cfg) -> None:
     """--local-window, given explicitly, sizes the local layers' window; on a model without a
     local layer it would do nothing. (A recipe may carry a window for all its models; only the
     flag is checked.)"""
-    if "local_window" in overrides["model"] and not any(
-            model_cfg.layer_kind(layer) == "local" for layer in range(model_cfg.n_layers)):
+    if "local_window" in overrides["model"] and not model_cfg.is_hybrid:
         raise ValueError(f"--local-window sizes local layers, but layer_pattern="
                          f"{model_cfg.layer_pattern!r} has none; add L to --layer-pattern or drop "
                          "--local-window")

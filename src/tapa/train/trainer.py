@@ -233,9 +233,7 @@ def _train(train_cfg: TrainConfig, model_cfg: ModelConfig | None, data_cfg: Data
         compile_blocks(model)
     wrapped = parallelize(model, mode, info, bf16=bf16)
     optimizer = make_optimizer(wrapped, train_cfg)
-    # ModelConfig refuses a pattern whose G never reaches a layer: a G means a global TAPA layer
-    tapa_layers = model_cfg.family == "tapa" and "G" in model_cfg.layer_pattern
-    if tapa_layers and not any(is_phase_parameter(name) for name, _ in wrapped.named_parameters()):
+    if model_cfg.has_tapa_layers and not any(is_phase_parameter(name) for name, _ in wrapped.named_parameters()):
         raise RuntimeError("the model has TAPA layers but tapa.model.is_phase_parameter matched "
                            "none of its parameter names: phase_lr_scale would be ignored")
 
