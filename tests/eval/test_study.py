@@ -285,9 +285,25 @@ def test_aggregate_known_mean_and_std(tmp_path):
         assert (tmp_path / "out" / name).stat().st_size > 0, name
     readme = (tmp_path / "out" / "README.md").read_text()
     assert "120,000,000" in readme and "H200" in readme and "TODO (lead)" in readme
-    # a second run keeps the lead's README and writes the skeleton beside it
+    # the stale copy is the job's repeat: its 512-token zero-shot number next to the kept one's
+    repeats = list(csv.DictReader(open(tmp_path / "out" / "repeats.csv")))
+    assert [(r["stage"], r["length"]) for r in repeats][:1] == [("zero-shot", "512")]
+    assert math.isclose(float(repeats[0]["kept"]), 7.0) and math.isclose(float(repeats[0]["repeat"]), 1000.0)
+    assert "| 7.00 / 1000 |" in (tmp_path / "out" / "repeats.md").read_text() and "142.86 |" in readme
+    # a second run rewrites the generated parts and keeps the lead's: the headline, each section's
+    # text from the notes mark on, and a section of the lead's own; twice gives the same README
+    lead = readme.replace("TODO (lead)", "LEAD HEADLINE").replace("## Learning-rate sweep\n",
+                          "## Learning-rate sweep\n\n" + study.NOTES_MARK + "\nLEAD NOTE\n")
+    lead = lead.replace("| 7.00 / 1000 |", "| edited |") + "\n## Lead's section\n\nLEAD TEXT\n"
+    (tmp_path / "out" / "README.md").write_text(lead)
     study.aggregate([tmp_path / "in"], tmp_path / "out")
-    assert (tmp_path / "out" / "README.skeleton.md").is_file()
+    merged = (tmp_path / "out" / "README.md").read_text()
+    assert "LEAD HEADLINE" in merged and "TODO (lead)" not in merged
+    assert merged.count("LEAD NOTE") == 1 and merged.index("LEAD NOTE") > merged.index("training curves")
+    assert "| 7.00 / 1000 |" in merged and "| edited |" not in merged and merged.endswith("LEAD TEXT\n")
+    study.aggregate([tmp_path / "in"], tmp_path / "out")
+    assert (tmp_path / "out" / "README.md").read_text() == merged
+    assert not (tmp_path / "out" / "README.skeleton.md").exists()
 
 
 def test_comparisons_from_the_seeds(tmp_path):

@@ -14,9 +14,12 @@ Every number written comes from the job JSONs. Written to --out:
     coverage.md                       the seeds each arm has per measurement (what is still missing)
     comparisons.csv, comparisons.md   the study's questions as pairs of arms, per length (zero-shot):
                                       one-sided Welch and exact Mann-Whitney p-values over seeds
+    repeats.csv, repeats.md           jobs run more than once (same seed): kept run vs repeat per length
     commands.md                       every job's exact commands
-    README.md                         a skeleton (protocol, hardware, dates, tables); an existing
-                                      README.md is kept and the skeleton goes to README.skeleton.md
+    README.md                         protocol, hardware, dates, tables. Rewritten in place when it
+                                      exists (`merge_readme`): its "## Headline" section, and in
+                                      every section the lines from a `<!-- notes -->` line on, are
+                                      the lead's and are kept; so are sections the skeleton lacks
 Each arm is reported at its main lr: the lr with the most seeds (ties: the lowest validation loss).
 """
 
@@ -65,9 +68,10 @@ def protocol_fingerprint(protocol: dict, part: str = "all") -> str:
     return hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def load_jobs(paths) -> list[dict]:
+def load_jobs(paths, repeats: list | None = None) -> list[dict]:
     """Job JSONs from folders, files and .tar.gz archives; one per (protocol, job): the one with
-    the most finished stages, then the latest."""
+    the most finished stages, then the latest. The others of a job (a repeat of the same command
+    and seed, or an earlier partial run) go to `repeats` when a list is given."""
     files = []
     for path in map(Path, paths):
         if path.is_dir():
@@ -96,6 +100,14 @@ def load_jobs(paths) -> list[dict]:
         rank = (len(job["stages_done"]), job["date"])
         if key not in best or rank > (len(best[key]["stages_done"]), best[key]["date"]):
             best[key] = job
+    if repeats is not None:
+        kept = {id(j) for j in best.values()}
+        seen = {(j["protocol_id"], j["job"], j["date"]) for j in best.values()}
+        for job in found:  # the same JSON found twice (a folder and an archive) is not a repeat
+            key = (job["protocol_id"], job["job"], job["date"])
+            if id(job) not in kept and key not in seen:
+                seen.add(key)
+                repeats.append(job)
     return sorted(best.values(), key=lambda j: (j.get("arm_index", 0), j["arm"], j["lr"], j["seed"]))
 
 
@@ -351,6 +363,46 @@ def lr_sweep_markdown(rows: list[dict]) -> str:
                      + " | ".join(_fmt(row.get(f"ppl_{n}", math.nan)) for n in lengths) + " |")
     lines += ["", "Best: the lowest final validation loss at the training length (the val split; "
               "the perplexities are on the test split, zero-shot)."]
+    return "\n".join(lines)
+
+
+def repeat_rows(jobs: list[dict], repeats: list[dict]) -> list[dict]:
+    """Run-to-run spread at a fixed seed: for each repeat of a job (same protocol, arm, lr and
+    seed, another run), its perplexity next to the kept run's, per stage both have and length."""
+    kept = {(j["protocol_id"], j["job"]): j for j in jobs}
+    rows = []
+    for repeat in sorted(repeats, key=lambda j: (j["job"], j["date"])):
+        job = kept.get((repeat["protocol_id"], repeat["job"]))
+        if job is None:
+            continue
+        for stage in ("eval0", "eval1"):
+            mine, theirs = perplexities(job, stage), perplexities(repeat, stage)
+            for length in sorted(set(mine) & set(theirs)):
+                rows.append({"job": job["job"], "label": job["label"], "lr": job["lr"],
+                             "seed": job["seed"], "stage": STAGE_NAMES[stage], "length": length,
+                             "kept": mine[length], "repeat": theirs[length],
+                             "ratio": theirs[length] / mine[length],
+                             "kept_call": job["runner"]["call"], "repeat_call": repeat["runner"]["call"]})
+    return rows
+
+
+def repeats_markdown(rows: list[dict]) -> str:
+    """One line per (job, stage, repeat): 'kept / repeat' perplexity at each length."""
+    if not rows:
+        return "No job was run twice."
+    lengths = sorted({r["length"] for r in rows})
+    lines = ["Perplexity of the kept run / the repeat (same command, seed and data order; another "
+             "machine and run), and the largest ratio between them.", "",
+             "| job | stage | calls (kept, repeat) | " + " | ".join(map(str, lengths)) + " | max ratio |",
+             "|---|---|---|" + "---|" * len(lengths) + "---|"]
+    groups = defaultdict(dict)
+    for r in rows:
+        groups[(r["job"], r["stage"], r["kept_call"], r["repeat_call"])][r["length"]] = r
+    for (job, stage, kept, repeat), by_length in groups.items():
+        cells = [f"{_fmt(by_length[n]['kept'])} / {_fmt(by_length[n]['repeat'])}" if n in by_length else ""
+                 for n in lengths]
+        worst = max(max(r["ratio"], 1 / r["ratio"]) for r in by_length.values())
+        lines.append(f"| `{job}` | {stage} | {kept}, {repeat} | " + " | ".join(cells) + f" | {worst:.2f} |")
     return "\n".join(lines)
 
 
@@ -719,6 +771,7 @@ def readme_skeleton(jobs: list[dict], tables: dict[str, str], command: str) -> s
         tables["comparisons"], "",
         "## After the continual stage", "", tables["continual"], "",
         "![continual](perplexity_continual.png)", "",
+        "## Repeat runs of one job (run-to-run spread at a fixed seed)", "", tables["repeats"], "",
         "## Learning-rate sweep", "", tables["lr"], "",
         "![training curves](training_curves.png)", "",
         "## Passkey retrieval (after the continual stage)", "", tables["passkey"], "",
@@ -730,6 +783,46 @@ def readme_skeleton(jobs: list[dict], tables: dict[str, str], command: str) -> s
         "![theory](theory_trained.png)", "", tables["theory"], "",
     ]
     return "\n".join(parts)
+
+
+NOTES_MARK = "<!-- notes -->"  # README: from this line to the section's end, the lead's prose
+
+
+def _sections(text: str) -> tuple[list[str], list[tuple[str, list[str]]]]:
+    """(lines before the first '## ' heading, [(heading, lines of its section), ...])."""
+    head, sections = [], []
+    for line in text.splitlines():
+        if line.startswith("## "):
+            sections.append((line, []))
+        elif sections:
+            sections[-1][1].append(line)
+        else:
+            head.append(line)
+    return head, sections
+
+
+def merge_readme(old: str, skeleton: str) -> str:
+    """The skeleton's README with the lead's prose of `old` kept: the whole "## Headline"
+    section, each section's lines from a NOTES_MARK line on, and the sections the skeleton has
+    not (after the skeleton's, in their old order)."""
+    _, old_sections = _sections(old)
+    head, new_sections = _sections(skeleton)
+    kept = dict(old_sections)
+    lines = list(head)
+    for heading, body in new_sections:
+        mine = kept.get(heading)
+        if heading == "## Headline" and mine is not None:
+            body = mine
+        elif mine is not None and NOTES_MARK in mine:
+            while body and not body[-1].strip():
+                body = body[:-1]
+            body = body + [""] + mine[mine.index(NOTES_MARK):]
+        lines += [heading, *body]
+    known = {heading for heading, _ in new_sections}
+    for heading, body in old_sections:
+        if heading not in known:
+            lines += [heading, *body]
+    return "\n".join(lines).rstrip("\n")
 
 
 def commands_markdown(jobs: list[dict]) -> str:
@@ -746,7 +839,8 @@ def commands_markdown(jobs: list[dict]) -> str:
 def aggregate(paths, out_dir: str | Path, *, protocol_id: str | None = None,
               command: str = "python3 -m tapa.eval.study aggregate") -> list[Path]:
     """Write the tables, plots and README skeleton of the jobs in `paths` to out_dir."""
-    jobs = select_protocol(load_jobs(paths), protocol_id)
+    repeats = []
+    jobs = select_protocol(load_jobs(paths, repeats), protocol_id)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written = []
@@ -808,9 +902,15 @@ def aggregate(paths, out_dir: str | Path, *, protocol_id: str | None = None,
         write_csv(out / "theory_trained.csv", theory)
         written += [out / "theory_trained.csv",
                     plot_theory(theory, pretrained, out / "theory_trained.png")]
+    again = repeat_rows(jobs, repeats)
+    tables["repeats"] = repeats_markdown(again)
+    save("repeats.md", tables["repeats"])
+    if again:
+        write_csv(out / "repeats.csv", again)
+        written.append(out / "repeats.csv")
     save("commands.md", commands_markdown(jobs))
-    readme = "README.md" if not (out / "README.md").exists() else "README.skeleton.md"
-    save(readme, readme_skeleton(jobs, tables, command))
+    readme, skeleton = out / "README.md", readme_skeleton(jobs, tables, command)
+    save("README.md", merge_readme(readme.read_text(), skeleton) if readme.exists() else skeleton)
     return written
 
 
@@ -818,7 +918,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python3 -m tapa.eval.study",
                                      description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="action", required=True)
-    agg = sub.add_parser("aggregate", help="tables, plots and a README skeleton from job JSONs")
+    agg = sub.add_parser("aggregate", help="tables, plots and the README from job JSONs")
     agg.add_argument("--in", dest="inputs", nargs="+", required=True,
                      help="folders, *.job.json files or the runner's .tar.gz archives")
     agg.add_argument("--out", default="results/toy-study")
