@@ -39,7 +39,7 @@ CONTINUAL_MUTABLE = ("rope_base", "rope_scale", "original_seq_len", "yarn_beta_f
 
 # TrainConfig fields a resumed run may change without changing the loss trajectory.
 RESUME_MUTABLE = ("name", "run_dir", "steps", "stop_after", "eval_every", "save_every", "keep_checkpoints",
-                  "log_every", "progress", "compile", "device", "parallel", "micro_batch_size",
+                  "log_every", "progress", "compile", "deterministic", "device", "parallel", "micro_batch_size",
                   "resume", "plot")
 
 
@@ -85,6 +85,11 @@ class TrainConfig:
     seed: int = documented(0, "seed of the initial weights and of the data order")
     precision: str = documented("auto", "auto: bf16 autocast on CUDA, fp32 on CPU")
     compile: bool = documented(False, "torch.compile each decoder block")
+    deterministic: bool = documented(False, "torch's deterministic algorithms for the run "
+                                     "(torch.use_deterministic_algorithms, warn_only): TAPA's dQ by "
+                                     "its ordered kernel instead of float atomics, cuBLAS with a "
+                                     "fixed workspace (CUBLAS_WORKSPACE_CONFIG); an op with no "
+                                     "deterministic version warns")
     parallel: str = documented("auto", "data parallelism under torchrun; auto: ddp with more than "
                                    "one process, else none")
     device: str = documented("auto", "torch device; auto: cuda:<local rank> if CUDA is available, "

@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -147,9 +148,16 @@ def train(train_cfg: TrainConfig, model_cfg: ModelConfig | None, data_cfg: DataC
     """Train and return the run directory. model_cfg may be None with init_from (the checkpoint's
     config is used). Under torchrun every process calls this; rank 0 logs and writes."""
     info = setup_distributed(train_cfg.device, need_group=train_cfg.parallel == "fsdp")
+    before = (torch.are_deterministic_algorithms_enabled(),
+              torch.is_deterministic_algorithms_warn_only_enabled())
+    if train_cfg.deterministic:
+        # cuBLAS reads its workspace setting when it sets up a handle: before the first matmul
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=True)
     try:
         return _train(train_cfg, model_cfg, data_cfg, info)
     finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
         teardown(info)
 
 

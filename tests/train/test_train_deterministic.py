@@ -1,0 +1,63 @@
+"""`tapa train --deterministic`: torch's deterministic algorithms for the run only, which also
+sends TAPA's dQ to its ordered kernel (`triton_launch.dq_by_atomics`), recorded in config.json and
+restored when the run ends or fails."""
+
+import json
+
+import pytest
+import torch
+from trainkit import small_configs, one_thread  # noqa: F401 (autouse fixture)
+
+from tapa.ops import triton_launch
+from tapa.train import trainer
+
+
+def _record_mode(monkeypatch, seen: list, fail: bool = False):
+    """Wrap make_optimizer (called once the model is built) to note the mode the run trains in."""
+    real = trainer.make_optimizer
+    atomic = triton_launch.LaunchConfigs(None, None, None, dq_atomic=True)
+
+    def spy(*args, **kwargs):
+        seen.append((torch.are_deterministic_algorithms_enabled(),
+                     torch.is_deterministic_algorithms_warn_only_enabled(),
+                     triton_launch.dq_by_atomics(atomic)))
+        if fail:
+            raise RuntimeError("stop here")
+        return real(*args, **kwargs)
+    monkeypatch.setattr(trainer, "make_optimizer", spy)
+
+
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_the_mode_holds_for_the_run_only(cache_dir, tmp_path, monkeypatch, deterministic):
+    seen = []
+    _record_mode(monkeypatch, seen)
+    train_cfg, model_cfg, data_cfg = small_configs(tmp_path / "run", cache_dir, steps=2,
+                                                   deterministic=deterministic)
+    assert not torch.are_deterministic_algorithms_enabled()
+    run_dir = trainer.train(train_cfg, model_cfg, data_cfg)
+    # inside: deterministic (warnings, not errors, for ops without a deterministic version) and
+    # no dQ atomics; outside: as before
+    assert seen == [(deterministic, deterministic, not deterministic)]
+    assert not torch.are_deterministic_algorithms_enabled()
+    assert json.loads((run_dir / "config.json").read_text())["train"]["deterministic"] is deterministic
+
+
+def test_the_mode_is_restored_when_the_run_fails(cache_dir, tmp_path, monkeypatch):
+    seen = []
+    _record_mode(monkeypatch, seen, fail=True)
+    train_cfg, model_cfg, data_cfg = small_configs(tmp_path / "run", cache_dir, steps=2, deterministic=True)
+    with pytest.raises(RuntimeError, match="stop here"):
+        trainer.train(train_cfg, model_cfg, data_cfg)
+    assert seen[0][0] and not torch.are_deterministic_algorithms_enabled()
+
+
+def test_an_earlier_mode_is_kept(cache_dir, tmp_path):
+    """A caller already in deterministic mode (strict) stays in it after a run that asked for none."""
+    train_cfg, model_cfg, data_cfg = small_configs(tmp_path / "run", cache_dir, steps=1)
+    torch.use_deterministic_algorithms(True)
+    try:
+        trainer.train(train_cfg, model_cfg, data_cfg)
+        assert torch.are_deterministic_algorithms_enabled()
+        assert not torch.is_deterministic_algorithms_warn_only_enabled()
+    finally:
+        torch.use_deterministic_algorithms(False)
