@@ -26,9 +26,11 @@ def _tapa(*args, cwd):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the smoke run is the CPU path")
 def test_decode_bench_smoke_writes_results(tmp_path):
-    result = _tapa("--smoke", "--out", str(tmp_path / "out"), cwd=tmp_path)
+    result = _tapa("--smoke", "--splits", "1", "2", "--out", str(tmp_path / "out"), cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     out = tmp_path / "out"
+    sweep = (out / "decode_splits.md").read_text()
+    assert sum(line.startswith(("| 1 | ", "| 2 | ")) for line in sweep.splitlines()) == 4
     rows = list(csv.DictReader(open(out / "decode.csv")))
     assert [(int(r["batch"]), int(r["cache"])) for r in rows] == [(1, 48), (1, 96), (2, 48), (2, 96)]
     for row in rows:
@@ -88,3 +90,31 @@ def test_graph_columns_compare_replays_with_replays(tmp_path):
     assert "| 8 | 4096 | n/a | n/a | n/a | n/a (no capture) |" in report
     assert "As graphs: 0 of 1 captured shapes within 1.2x." in report
     assert "graph_ratio" in open(tmp_path / "decode.csv").readline()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU path of the split sweep")
+def test_split_sweep_times_each_effective_count_once(tmp_path):
+    """--splits: each requested count as the kernel runs it (whole 16-key blocks per split on the
+    interpreter: 2 -> 64 keys -> 2 splits, 3 -> 48 -> 3, 50 -> 16 -> 7 of a 100-slot cache), each
+    once, next to the default (CPU: 4 "SMs", two waves over 2 sequences -> 4 splits)."""
+    from tapa.bench import decode as bench
+    from tapa.ops import decode_kernel
+
+    sweep = bench.split_sweep(decode_kernel, bench._timer(True), batch=2, cache=100, heads=2, kv_heads=1,
+                              head_dim=16, theta=0.5, dtype=torch.float16, device=torch.device("cpu"),
+                              splits=[1, 2, 3, 50, 2], graphs=True)
+    assert sweep["default"] == 4 and sweep["mode"] == "eager"
+    assert sorted(sweep["times"]) == [1, 2, 3, 4, 7] and all(ms > 0 for ms in sweep["times"].values())
+    bench.write_splits(tmp_path, [{"batch": 2, "cache": 100, **sweep}], command="test", device_name="CPU",
+                       smoke=True)
+    rows = list(csv.DictReader(open(tmp_path / "decode_splits.csv")))
+    assert [r["splits"] for r in rows if r["default"] == "True"] == ["4"] and len(rows) == 5
+    report = (tmp_path / "decode_splits.md").read_text()
+    assert "| 2 | 100 | 4 |" in report and "SMOKE RUN" in report
+
+
+def test_splits_must_be_positive(tmp_path):
+    from tapa.cli import main as tapa_main
+
+    with pytest.raises(SystemExit, match="--splits takes positive numbers"):
+        tapa_main(["bench", "decode", "--smoke", "--splits", "0", "--out", str(tmp_path)])

@@ -19,6 +19,10 @@ CUDA-graph replay of the same step), the host pieces (the launch plan lookup, al
 cProfile of the Python wrapper, and the step time by number of splits (1 = one launch).
 Writes decode_profile.md and decode_profile_cprofile.txt.
 
+--splits N ... times TAPA's step at each number of splits (as the kernel rounds it: whole
+aligned blocks per split) at every shape, next to the split count `default_num_splits` picks, so
+that its heuristic can be checked shape by shape. Writes decode_splits.csv and decode_splits.md.
+
 --graphs also times every step, TAPA's and each SDPA backend's, as a CUDA-graph replay and adds
 those ratios to decode.csv/decode.md: the cost of the step with the launch path taken out, as
 serving stacks (vLLM, SGLang, torch.compile's reduce-overhead) run decode steps.
@@ -64,6 +68,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also profile one decode step at --profile-batch x --profile-cache")
     parser.add_argument("--profile-batch", type=int, default=1)
     parser.add_argument("--profile-cache", type=int, default=4096)
+    parser.add_argument("--splits", type=int, nargs="+", default=None, metavar="N",
+                        help="also time TAPA's step at each of these numbers of splits, at every shape, "
+                             "next to the default's choice (CUDA-graph replays with --graphs, else "
+                             "eager): decode_splits.csv / decode_splits.md")
 
 
 def _kernel_module():
@@ -170,6 +178,56 @@ def bench_shape(kernel, timer, *, batch, cache, heads, kv_heads, head_dim, theta
                 graph_times[name] = graph_ms
     del q, k_cache, v_cache
     return times, graph_times
+
+
+def split_sweep(kernel, timer, *, batch, cache, heads, kv_heads, head_dim, theta, dtype, device,
+                splits, graphs=False) -> dict:
+    """TAPA's step at (batch, cache) with each of `splits` (the kernel's effective count, each
+    once) and with its default: {"default": effective default, "times": {splits: ms}, "mode"}."""
+    q = torch.randn(batch, 1, heads, head_dim, device=device, dtype=dtype)
+    k_cache = torch.randn(batch, kv_heads, cache, head_dim, device=device, dtype=dtype)
+    v_cache = torch.randn(batch, kv_heads, cache, head_dim, device=device, dtype=dtype)
+    lengths = torch.full((batch,), cache, dtype=torch.int32, device=device)
+    k_view, v_view = k_cache.transpose(1, 2), v_cache.transpose(1, 2)
+
+    def effective(n):
+        return kernel._plan(q, k_view, v_view, lengths, None, theta, 0.1, "power", "quadratic", n).split_grid[1]
+
+    def step(n):
+        return kernel.tapa_decode_attention(q, k_view, v_view, lengths, theta=theta, check_lengths=False,
+                                            num_splits=n)
+
+    use_graphs = graphs and device.type == "cuda"
+    counts = {effective(None): None}
+    for n in splits:
+        counts.setdefault(effective(n), n)
+    times = {}
+    for count, n in sorted(counts.items()):
+        step(n)  # compile and tune first
+        ms = _graph_ms(lambda n=n: step(n), timer) if use_graphs else None
+        times[count] = ms if ms is not None else timer(lambda n=n: step(n))
+    return {"default": effective(None), "times": times, "mode": "graph" if use_graphs else "eager"}
+
+
+def write_splits(out: Path, sweeps: list[dict], *, command: str, device_name: str, smoke: bool) -> None:
+    """decode_splits.csv (one row per shape and split count) and decode_splits.md."""
+    rows = [{"batch": s["batch"], "cache": s["cache"], "splits": n, "ms": ms, "default": n == s["default"],
+             "mode": s["mode"]} for s in sweeps for n, ms in s["times"].items()]
+    write_csv(out / "decode_splits.csv", rows)
+    lines = ["# TAPA decode step by number of splits", "", f"- command: `{command}`", f"- device: {device_name}",
+             f"- times in ms ({sweeps[0]['mode'] if sweeps else 'eager'}; triton.testing.do_bench medians); "
+             "splits as the kernel runs them (each split a whole number of aligned key blocks)"]
+    if smoke:
+        lines.append("- SMOKE RUN on CPU through the Triton interpreter: the times say nothing about speed")
+    lines += ["", "| batch | cache | default splits | default ms | best splits | best ms | default / best | every count (splits: ms) |",
+              "|---|---|---|---|---|---|---|---|"]
+    for s in sweeps:
+        best = min(s["times"], key=s["times"].get)
+        default_ms = s["times"][s["default"]]
+        every = ", ".join(f"{n}: {ms:.4f}" for n, ms in s["times"].items())
+        lines.append(f"| {s['batch']} | {s['cache']} | {s['default']} | {default_ms:.4f} | {best} | "
+                     f"{s['times'][best]:.4f} | {default_ms / s['times'][best]:.2f} | {every} |")
+    (out / "decode_splits.md").write_text("\n".join(lines) + "\n")
 
 
 def fastest_sdpa(times: dict) -> str | None:
@@ -415,6 +473,8 @@ def _plot(out: Path, rows: list[dict]) -> None:
 def run(args) -> int:
     if not torch.cuda.is_available() and not args.smoke:
         raise SystemExit("tapa bench decode needs a CUDA GPU (or --smoke to test the script on CPU)")
+    if args.splits and any(n < 1 for n in args.splits):
+        raise SystemExit(f"tapa bench decode: --splits takes positive numbers, got {args.splits}")
     if args.smoke:
         shapes = dict(heads=4, kv_heads=2, head_dim=32)
         batches, caches, device, dtype = [1, 2], [48, 96], torch.device("cpu"), torch.float16
@@ -463,6 +523,21 @@ def run(args) -> int:
             write_results(args.out, rows, errors=errors, command=command, device_name=_gpu_name(device),
                           smoke=args.smoke, shapes=shapes, dtype=dtype)
     print(f"wrote {args.out}/decode.csv, decode.md, decode.png")
+    if args.splits:
+        sweeps = []
+        for batch in batches:
+            for cache in tqdm(caches, desc=f"splits, batch {batch}", disable=None):
+                sweep = split_sweep(kernel, timer, batch=batch, cache=cache, theta=args.theta, dtype=dtype,
+                                    device=device, splits=args.splits, graphs=args.graphs, **shapes)
+                sweeps.append({"batch": batch, "cache": cache, **sweep})
+                best = min(sweep["times"], key=sweep["times"].get)
+                print(f"batch {batch:3d} cache {cache:7d}: default {sweep['default']} splits "
+                      f"{sweep['times'][sweep['default']]:.4f} ms, best {best} splits "
+                      f"{sweep['times'][best]:.4f} ms", flush=True)
+                write_splits(args.out, sweeps, command=command, device_name=_gpu_name(device), smoke=args.smoke)
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+        print(f"wrote {args.out}/decode_splits.csv, decode_splits.md")
     if args.profile:
         batch, cache = (1, caches[0]) if args.smoke else (args.profile_batch, args.profile_cache)
         sdpa, _ = bench_shape(kernel, timer, batch=batch, cache=cache, theta=args.theta, dtype=dtype,
