@@ -289,7 +289,8 @@ def test_parse_variant_round_trip_and_errors(monkeypatch):
     assert (configs.taylor_order, configs.taylor_tolerance, configs.dq_transpose) == (3, 1e-7, True)
     assert triton_launch.with_variant(base, triton_launch.describe(configs)) == configs
     assert triton_launch.with_variant(base, "") == base
-    for bad, name in (("fwd=128x48", "block_n"), ("dq_atomic=yes", "dq_atomic"),
+    for bad, name in (("fwd=128x48", "block_n"), ("fwd_long=64x48", "fwd_long.*block_n"),
+                      ("dq_atomic=yes", "dq_atomic"),
                       ("dq_transpose=2", "dq_transpose"),
                       ("trig_terms=2", "trig_terms"), ("taylor_order=7", "taylor_order"),
                       ("blocks=1", "key=value"), ("fwd=128", "BMxBN")):
@@ -310,13 +311,83 @@ def test_gpu_defaults_by_head_size_and_dtype(monkeypatch):
     monkeypatch.setattr(triton_launch, "_INTERPRETING", False)
     monkeypatch.delenv(triton_launch.VARIANT_ENV, raising=False)
     d128 = triton_launch.default_configs(128, 128, torch.bfloat16)
-    assert (d128.dq_atomic, d128.trig_poly, d128.taylor_order, d128.taylor_tolerance) == (True, False, 3, 1e-6)
+    assert (d128.dq_atomic, d128.dq_transpose, d128.trig_poly, d128.taylor_order, d128.taylor_tolerance) == (
+        True, True, False, 3, 1e-6)
     assert triton_launch.default_configs(128, 128, torch.float16) == d128
     d64 = triton_launch.default_configs(64, 64, torch.bfloat16)
     assert (d64.dq, d64.trig_terms, d64.taylor_order, d64.dq_atomic) == (triton_launch.KernelConfig(128, 64, 8, 2), 3, 3, None)
     for head_dim in (64, 128):
         plain = triton_launch.default_configs(head_dim, head_dim, torch.float32)
         assert (plain.dq_atomic, plain.trig_poly, plain.trig_terms, plain.taylor_order) == (None,) * 4
+
+
+def test_gpu_forward_tile_by_key_length(monkeypatch):
+    """16-bit, width <= 128: the 4-warp 64x64 forward up to FWD_SHORT_KEYS keys and 128x64/8/3 above
+    (results/kernel-h200/run-5.md); other widths and float32 one tile at every length. An explicit
+    fwd (TAPA_KERNEL_VARIANT, a variant, override_configs) is the tile at every length."""
+    monkeypatch.setattr(triton_launch, "_INTERPRETING", False)
+    monkeypatch.delenv(triton_launch.VARIANT_ENV, raising=False)
+    K, limit = triton_launch.KernelConfig, triton_launch.FWD_SHORT_KEYS
+    short, long_, wide = K(64, 64, 4, 2), K(128, 64, 8, 3), K(128, 128, 8, 2)
+
+    def tiles(configs):
+        return [triton_launch.forward_config(configs, n_k)
+                for n_k in (1, 1024, limit, limit + 1, 65536)]
+
+    assert limit == 16384
+    for dtype in (torch.bfloat16, torch.float16):
+        for head_dim in (64, 128):
+            configs = triton_launch.default_configs(head_dim, head_dim, dtype)
+            assert tiles(configs) == [short] * 3 + [long_] * 2
+        assert tiles(triton_launch.default_configs(256, 256, dtype)) == [K(64, 64, 4, 2)] * 5
+    assert tiles(triton_launch.default_configs(64, 64, torch.float32)) == [long_] * 5
+    assert triton_launch.default_configs(128, 128, torch.float32).fwd_long is None
+    d128 = triton_launch.default_configs(128, 128, torch.bfloat16)
+    assert triton_launch.with_variant(d128, {"fwd": wide}).fwd_long is None
+    bare = triton_launch.LaunchConfigs(K(16, 16), K(16, 16), K(16, 16))
+    assert triton_launch.with_variant(bare, triton_launch.describe(d128)) == d128
+    monkeypatch.setenv(triton_launch.VARIANT_ENV, "fwd=128x128/8/2")
+    assert tiles(triton_launch.default_configs(128, 128, torch.bfloat16)) == [wide] * 5
+    monkeypatch.setenv(triton_launch.VARIANT_ENV, "fwd_long=128x128/8/2")
+    assert tiles(triton_launch.default_configs(64, 64, torch.bfloat16)) == [short] * 3 + [wide] * 2
+    # the spec scripts/gpu_h200_kernel_run6.sh times as the Run-4 default, at both head sizes
+    monkeypatch.setenv(triton_launch.VARIANT_ENV, "fwd=128x64/8/3,dq_transpose=0")
+    run4 = dict(fwd=long_, dkdv=K(32, 128, 8, 2), taylor_order=3, taylor_tolerance=1e-6,
+                dq_transpose=False)
+    assert triton_launch.default_configs(128, 128, torch.bfloat16) == triton_launch.LaunchConfigs(
+        dq=K(128, 16, 8, 2), dq_atomic=True, trig_poly=False, **run4)
+    assert triton_launch.default_configs(64, 64, torch.bfloat16) == triton_launch.LaunchConfigs(
+        dq=K(128, 64, 8, 2), trig_terms=3, **run4)
+    monkeypatch.delenv(triton_launch.VARIANT_ENV)
+    with triton_launch.override_configs(triton_launch.LaunchConfigs(K(32, 32), K(16, 32), K(32, 16))):
+        assert tiles(triton_launch.default_configs(128, 128, torch.bfloat16)) == [K(32, 32)] * 5
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_forward_tile_by_key_length_matches_the_reference(dtype, monkeypatch):
+    """Configs with another forward tile above FWD_SHORT_KEYS keys (40 here): the forward launches
+    the tile of its key length, and the backward, with tiles of its own, reads the lse of either
+    forward: out, lse and every gradient match float64 on both sides of the limit."""
+    monkeypatch.setattr(triton_launch, "FWD_SHORT_KEYS", 40)
+    K = triton_launch.KernelConfig
+    configs = triton_launch.LaunchConfigs(K(16, 16), K(16, 32), K(32, 16), fwd_long=K(32, 32))
+    fwd_kernel, launched = triton_launch.kernels._fwd_kernel, []
+
+    class Recording:  # the forward kernel, recording the tile of each launch
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                launched.append(K(*(kwargs[name] for name in ("BLOCK_M", "BLOCK_N", "num_warps",
+                                                              "num_stages"))))
+                return fwd_kernel[grid](*args, **kwargs)
+            return launch
+
+    monkeypatch.setattr(triton_launch.kernels, "_fwd_kernel", Recording())
+    for k_len, causal, tile in ((40, True, configs.fwd), (41, True, configs.fwd_long),
+                                (77, False, configs.fwd_long)):
+        q, k, v = _inputs(1, 37, k_len, 2, 1, 32, 32, dtype, seed=k_len)
+        with triton_launch.override_configs(configs):
+            _check(q, k, v, causal=causal, q_offset=k_len - 37)
+        assert launched[-1] == tile, (k_len, launched)
 
 
 def test_deterministic_mode_takes_the_dq_kernel():

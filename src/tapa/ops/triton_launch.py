@@ -8,6 +8,10 @@ Kernel variants (for timing them against the defaults, never defaults before the
 "dkdv=64x128/8/2,dq_atomic=1,trig_terms=4" (keys are the field names), and the environment
 variable TAPA_KERNEL_VARIANT applies such a string on top of `default_configs`, so that any
 command (`tapa bench model`, training) runs a variant unchanged.
+
+The forward's tile may depend on the key length: `LaunchConfigs.fwd` up to FWD_SHORT_KEYS keys
+and `fwd_long` above, where a config sets it (`forward_config`). Each forward row writes its own
+lse, so the backward, whatever its tiles, reads the same lse from either forward tile.
 """
 
 import functools
@@ -43,8 +47,11 @@ LONG_PHASE_FROM = 8.0
 # config does not choose. The 16-bit configs at D <= 128 choose it (see `_default_configs`).
 DQ_ATOMIC = False
 # With dQ by atomics: compute each tile's dQ share transposed, dQ^T = K^T dS (True), so that its
-# dots run on wgmma at query tiles below 64; opt-in until timed on the GPU.
+# dots run on wgmma at query tiles below 64, where a config does not choose. The 16-bit configs at
+# D = 128 choose it (timed in results/kernel-h200/run-5.md).
 DQ_TRANSPOSE = False
+# Up to this many keys the forward takes `LaunchConfigs.fwd`, above it `fwd_long` where set.
+FWD_SHORT_KEYS = 16384
 
 
 @dataclass(frozen=True)
@@ -74,6 +81,7 @@ class LaunchConfigs:
     taylor_order: int | None = None  # None: the module's TAYLOR_ORDER
     taylor_tolerance: float | None = None  # None: the module's TAYLOR_TOLERANCE
     dq_transpose: bool | None = None  # None: the module's DQ_TRANSPOSE (read only with dq_atomic)
+    fwd_long: KernelConfig | None = None  # the forward above FWD_SHORT_KEYS keys; None: fwd at every length
 
 
 # Fixed when the kernels are defined (TRITON_INTERPRET is read then); a module constant, so that
@@ -138,7 +146,7 @@ def _parse_flag(key: str, text: str) -> bool:
 def parse_variant(spec: str) -> dict:
     """Field changes of `LaunchConfigs` from 'key=value,key=value' (keys are its field names).
 
-    fwd/dkdv/dq=BMxBN[/warps[/stages]][/ws]; dq_atomic, dq_transpose, trig_poly=0|1;
+    fwd/fwd_long/dkdv/dq=BMxBN[/warps[/stages]][/ws]; dq_atomic, dq_transpose, trig_poly=0|1;
     trig_terms=3..6 (sin terms; float32 inputs keep at least FLOAT32_TRIG_ERROR);
     taylor_order=1..6; taylor_tolerance=<float>. An empty spec changes nothing.
     """
@@ -150,7 +158,7 @@ def parse_variant(spec: str) -> dict:
         if not sep or key not in names:
             raise ValueError(f"kernel variant {item!r}: expected key=value with key one of "
                              f"{sorted(names)}")
-        if key in ("fwd", "dkdv", "dq"):
+        if key in ("fwd", "fwd_long", "dkdv", "dq"):
             changes[key] = _parse_kernel_config(key, text)
         elif key in ("dq_atomic", "dq_transpose", "trig_poly"):
             changes[key] = _parse_flag(key, text)
@@ -175,8 +183,12 @@ def parse_variant(spec: str) -> dict:
 
 
 def with_variant(configs: LaunchConfigs, changes: dict | str) -> LaunchConfigs:
-    """configs with the changes of `parse_variant` (or its spec string) applied."""
-    return replace(configs, **(parse_variant(changes) if isinstance(changes, str) else changes))
+    """configs with the changes of `parse_variant` (or its spec string) applied. A `fwd` change
+    without a `fwd_long` one sets the forward's tile at every key length (it clears `fwd_long`)."""
+    changes = parse_variant(changes) if isinstance(changes, str) else changes
+    if "fwd" in changes and "fwd_long" not in changes:
+        changes = {**changes, "fwd_long": None}
+    return replace(configs, **changes)
 
 
 def variant_text(changes: dict) -> str:
@@ -206,7 +218,7 @@ def default_configs(head_dim: int, v_dim: int, dtype: torch.dtype) -> LaunchConf
         return _override
     configs = _default_configs(head_dim, v_dim, dtype)
     spec = os.environ.get(VARIANT_ENV, "")
-    return replace(configs, **_env_variant(spec)) if spec else configs
+    return with_variant(configs, _env_variant(spec)) if spec else configs
 
 
 def _default_configs(head_dim: int, v_dim: int, dtype: torch.dtype) -> LaunchConfigs:
@@ -224,10 +236,18 @@ def _default_configs(head_dim: int, v_dim: int, dtype: torch.dtype) -> LaunchCon
             # at D=128 (dQ by atomics, MUFU cos/sin, a degree-3 d ** alpha series on far tiles), and
             # x0.85-0.88 at D=64 (a 128x64 dQ kernel, the 3-term sin polynomial, the same series).
             # Their bf16 errors equal the default's; float32 keeps the longer series and polynomials.
+            # At D=128 the atomic dQ's products run transposed (dQ^T = K^T dS^T): bwd x0.91-0.93 of
+            # the untransposed kernel, the same bf16 errors (results/kernel-h200/run-5.md).
+            # Up to FWD_SHORT_KEYS keys the forward takes 4-warp 64x64 tiles (two blocks per SM):
+            # fwd x0.84-0.90 at N <= 4096, x0.96-0.99 at 16k, x0.99-1.01 at 64k (run-5.md, causal;
+            # the default with both changes is not yet timed as one).
             far_series = dict(taylor_order=3, taylor_tolerance=1e-6)
+            short_forward = dict(fwd=KernelConfig(64, 64, 4, 2), fwd_long=configs.fwd)
             if width <= 64:
-                return replace(configs, dq=KernelConfig(128, 64, 8, 2), trig_terms=3, **far_series)
-            return replace(configs, dq_atomic=True, trig_poly=False, **far_series)
+                return replace(configs, dq=KernelConfig(128, 64, 8, 2), trig_terms=3, **far_series,
+                               **short_forward)
+            return replace(configs, dq_atomic=True, dq_transpose=True, trig_poly=False, **far_series,
+                           **short_forward)
         return configs
     if width <= 256:
         return LaunchConfigs(KernelConfig(64, 64, 4, 2), KernelConfig(16, 64, 4, 2),
@@ -239,6 +259,11 @@ def _default_configs(head_dim: int, v_dim: int, dtype: torch.dtype) -> LaunchCon
 def _chosen(configs: LaunchConfigs | None, name: str, default):
     value = None if configs is None else getattr(configs, name)
     return default if value is None else value
+
+
+def forward_config(configs: LaunchConfigs, n_k: int) -> KernelConfig:
+    """The forward's tile for n_k keys: `fwd_long` above FWD_SHORT_KEYS where configs set it."""
+    return configs.fwd_long if configs.fwd_long is not None and n_k > FWD_SHORT_KEYS else configs.fwd
 
 
 def dq_by_atomics(configs: LaunchConfigs | None = None) -> bool:
@@ -409,7 +434,7 @@ def forward(q, k, v, *, amp_dim, alpha, distance, phase, causal, q_offset, k_off
     batch, n_q, heads, _ = q.shape
     n_k, kv_heads = k.shape[1], k.shape[2]
     configs = configs or default_configs(q.shape[-1], v.shape[-1], q.dtype)
-    cfg = configs.fwd
+    cfg = forward_config(configs, n_k)
     out = torch.empty((batch, n_q, heads, v.shape[-1]), dtype=q.dtype, device=q.device)
     lse = torch.empty((batch, heads, n_q), dtype=torch.float32, device=q.device)
     scalars, constexprs = _common_args(q, k, v, amp_dim, alpha, distance, phase, causal, q_offset,
