@@ -17,6 +17,7 @@ from torch import nn
 from tapa.model.attention import Attention, AttentionContext
 from tapa.model.cache import KVCache
 from tapa.model.config import ModelConfig
+from tapa.model.static_decode import StaticDecoder
 
 
 class RMSNorm(nn.Module):
@@ -106,6 +107,27 @@ class TapaLM(nn.Module):
         if cache is not None:
             cache.advance(ctx.seq_len)
         return x
+
+    @torch.no_grad()
+    def generate(self, input_ids: torch.Tensor, max_new_tokens: int, *,
+                 cuda_graph: bool | None = None) -> torch.Tensor:
+        """Greedy continuation (B, max_new_tokens) of unpadded prompts input_ids (B, N): the prompt
+        in one pass through a new KVCache, then one `StaticDecoder` step per token, captured once
+        as a CUDA graph and replayed when cuda_graph (default: on CUDA)."""
+        if input_ids.dim() != 2 or input_ids.shape[1] == 0:
+            raise ValueError(f"input_ids must be (batch, seqlen) with seqlen > 0, got {tuple(input_ids.shape)}")
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
+        cache = self.new_kv_cache(input_ids.shape[0], input_ids.shape[1] + max_new_tokens)
+        token = self(input_ids, 0, cache)[:, -1:].argmax(-1)
+        generated = [token]
+        if max_new_tokens > 1:
+            graph = input_ids.is_cuda if cuda_graph is None else cuda_graph
+            decoder = StaticDecoder(self, cache, cuda_graph=graph)
+            for _ in range(max_new_tokens - 1):
+                token = decoder(token)[:, -1:].argmax(-1)
+                generated.append(token)
+        return torch.cat(generated, dim=1)
 
     def new_kv_cache(self, batch: int, max_len: int) -> KVCache:
         """A cache for `batch` sequences of up to max_len tokens (local layers keep local_window)."""

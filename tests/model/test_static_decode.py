@@ -1,0 +1,110 @@
+"""StaticDecoder / TapaLM.generate: the static-shape decoding step (full cache buffers, positions on
+the device, for CUDA graphs) gives the eager step's logits, for every layer kind, GQA, a local ring
+that wraps, and RoPE scaling; on CUDA the captured graph's tokens equal the eager loop's."""
+
+import pytest
+import torch
+
+from tapa.model import ModelConfig, StaticDecoder, TapaLM
+
+CONFIGS = {
+    "tapa": dict(pe="tapa", phase_matrix="diagonal"),
+    "tapa-linear-gqa": dict(pe="tapa-linear-phase", n_kv_heads=1),
+    "rope-yarn": dict(pe="rope-yarn", rope_scale=4.0, original_seq_len=16),
+    "nope": dict(pe="nope"),
+    "hybrid-tapa": dict(pe="tapa", layer_pattern="LLLG", local_window=8),
+    "hybrid-rope-gqa": dict(pe="rope", layer_pattern="LG", local_window=5, n_kv_heads=1),
+}
+
+
+def _model(name: str, dtype=torch.float64, device="cpu") -> TapaLM:
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=61, dim=32, n_layers=4, n_heads=2, ffn_dim=48, phase_init_scale=1.0,
+                      **CONFIGS[name])
+    return TapaLM(cfg).to(device=device, dtype=dtype).eval()
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+@torch.no_grad()
+def test_static_steps_give_the_eager_logits(name):
+    """Teacher-forced: 17 steps after a 6-token prompt (the rings of 5 and 8 slots wrap), batch 3."""
+    model = _model(name)
+    tokens = torch.randint(0, 61, (3, 6 + 17), generator=torch.Generator().manual_seed(1))
+    eager_cache, static_cache = model.new_kv_cache(3, 24), model.new_kv_cache(3, 24)
+    model(tokens[:, :6], 0, eager_cache)
+    model(tokens[:, :6], 0, static_cache)
+    decoder = StaticDecoder(model, static_cache)
+    worst = 0.0
+    for step in range(6, 23):
+        eager = model(tokens[:, step:step + 1], step, eager_cache)
+        static = decoder(tokens[:, step:step + 1])
+        assert static.shape == eager.shape == (3, 1, 61)
+        worst = max(worst, ((static - eager).norm() / eager.norm()).item())
+    assert worst < 1e-10, worst
+    assert static_cache.length == eager_cache.length == 23
+    for mine, theirs in zip(static_cache.keys, eager_cache.keys):  # the same slots were written
+        torch.testing.assert_close(mine, theirs, rtol=0, atol=1e-12)
+
+
+@torch.no_grad()
+def test_generate_matches_an_eager_greedy_loop():
+    model = _model("hybrid-tapa")
+    prompt = torch.randint(0, 61, (2, 5), generator=torch.Generator().manual_seed(2))
+    cache = model.new_kv_cache(2, 5 + 12)
+    token = model(prompt, 0, cache)[:, -1:].argmax(-1)
+    expected = [token]
+    for _ in range(11):
+        token = model(token, cache.length, cache)[:, -1:].argmax(-1)
+        expected.append(token)
+    out = model.generate(prompt, 12)
+    assert torch.equal(out, torch.cat(expected, dim=1)) and out.shape == (2, 12)
+    assert torch.equal(model.generate(prompt, 1), expected[0])
+
+
+@torch.no_grad()
+def test_what_static_decoding_refuses():
+    model = _model("tapa")
+    cache = model.new_kv_cache(2, 8)
+    with pytest.raises(ValueError, match="prefill first"):
+        StaticDecoder(model, cache)
+    model(torch.zeros(2, 7, dtype=torch.long), 0, cache)
+    with pytest.raises(ValueError, match="cuda_graph=True needs"):
+        StaticDecoder(model, cache, cuda_graph=True)
+    decoder = StaticDecoder(model, cache)
+    with pytest.raises(ValueError, match=r"tokens must be \(batch, 1\)"):
+        decoder(torch.zeros(2, 2, dtype=torch.long))
+    decoder(torch.zeros(2, 1, dtype=torch.long))
+    with pytest.raises(ValueError, match="the cache is full"):
+        decoder(torch.zeros(2, 1, dtype=torch.long))
+    with pytest.raises(TypeError, match="KVCache"):
+        StaticDecoder(model, object())
+    dynamic = TapaLM(ModelConfig(vocab_size=61, dim=32, n_layers=2, n_heads=2, pe="rope-dynamic-ntk"))
+    cache = dynamic.new_kv_cache(1, 8)
+    dynamic(torch.zeros(1, 3, dtype=torch.long), 0, cache)
+    with pytest.raises(ValueError, match="dynamic-NTK"):
+        StaticDecoder(dynamic, cache)
+    for bad in (0, 2.0, True):
+        with pytest.raises(ValueError, match="max_new_tokens"):
+            model.generate(torch.zeros(1, 3, dtype=torch.long), bad)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("name", ["tapa", "hybrid-tapa", "rope-yarn"])
+@torch.no_grad()
+def test_cuda_graph_replays_give_the_eager_tokens(name):
+    """bf16 on the GPU: the captured step's tokens equal the uncaptured static step's (the same
+    kernels, replayed), and its logits stay within bf16 noise of the eager model's."""
+    model = _model(name, dtype=torch.bfloat16, device="cuda")
+    prompt = torch.randint(0, 61, (4, 40), device="cuda", generator=torch.Generator("cuda").manual_seed(3))
+    graph = model.generate(prompt, 30, cuda_graph=True)
+    plain = model.generate(prompt, 30, cuda_graph=False)
+    assert torch.equal(graph, plain)
+    eager_cache, static_cache = model.new_kv_cache(4, 80), model.new_kv_cache(4, 80)
+    model(prompt, 0, eager_cache)
+    model(prompt, 0, static_cache)
+    decoder = StaticDecoder(model, static_cache, cuda_graph=True)
+    for step in range(20):
+        token = plain[:, step:step + 1]
+        eager = model(token, eager_cache.length, eager_cache).float()
+        replay = decoder(token).float()
+        assert ((replay - eager).norm() / eager.norm()).item() < 2e-2
