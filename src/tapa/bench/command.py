@@ -1,4 +1,4 @@
-"""`tapa bench {attention,model,decode,local}`: each benchmark module defines add_arguments and run."""
+"""`tapa bench {attention,model,decode,generate,local}`: each benchmark module defines add_arguments and run."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ BENCHMARKS = {
     "attention": ("tapa.bench.attention", "fused TAPA kernel vs SDPA flash/cuDNN: time, TFLOP/s, memory"),
     "model": ("tapa.bench.model", "training tokens/s and MFU, TAPA model vs RoPE model"),
     "decode": ("tapa.bench.decode", "split-KV decode step time vs SDPA"),
+    "generate": ("tapa.bench.generate", "greedy decoding of whole models: ms per token, eager vs CUDA graphs"),
     "local": ("tapa.bench.local", "sliding-window attention layer (w=256, 1024) vs SDPA-flash causal"),
 }
 
