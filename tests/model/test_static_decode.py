@@ -76,6 +76,12 @@ def test_what_static_decoding_refuses():
     decoder(torch.zeros(2, 1, dtype=torch.long))
     with pytest.raises(ValueError, match="the cache is full"):
         decoder(torch.zeros(2, 1, dtype=torch.long))
+    cache = model.new_kv_cache(2, 8)
+    model(torch.zeros(2, 3, dtype=torch.long), 0, cache)
+    decoder = StaticDecoder(model, cache)
+    model(torch.zeros(2, 1, dtype=torch.long), 3, cache)  # an eager step: the decoder's position is stale
+    with pytest.raises(ValueError, match="advanced outside the decoder"):
+        decoder(torch.zeros(2, 1, dtype=torch.long))
     with pytest.raises(TypeError, match="KVCache"):
         StaticDecoder(model, object())
     dynamic = TapaLM(ModelConfig(vocab_size=61, dim=32, n_layers=2, n_heads=2, pe="rope-dynamic-ntk"))

@@ -60,6 +60,7 @@ class StaticDecoder:
         self.rows = torch.arange(cache.batch, device=device)
         self.slots = torch.arange(cache.max_len, device=device)
         self.pos = torch.full((cache.batch,), cache.length, dtype=torch.long, device=device)
+        self.length = cache.length  # the host's copy of pos, to catch a cache advanced elsewhere
         positions = torch.arange(cache.max_len, device=device)
         self.tables = {}
         for local in {block.attn.local for block in model.layers if block.attn.family == "rope"}:
@@ -113,6 +114,9 @@ class StaticDecoder:
         cache = self.cache
         if tokens.shape != (cache.batch, 1):
             raise ValueError(f"tokens must be (batch, 1) = {(cache.batch, 1)}, got {tuple(tokens.shape)}")
+        if cache.length != self.length:
+            raise ValueError(f"the cache holds {cache.length} slots but this decoder is at {self.length}: "
+                             "it was advanced outside the decoder; make a new StaticDecoder")
         if cache.length >= cache.max_len:
             raise ValueError(f"the cache is full ({cache.length} of max_len={cache.max_len} slots)")
         if not self.cuda_graph:
@@ -124,6 +128,7 @@ class StaticDecoder:
             self.graph.replay()
             logits = self.logits
         self.pos.add_(1)
+        self.length += 1
         cache.advance(1)
         return logits
 
