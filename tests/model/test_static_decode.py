@@ -2,6 +2,8 @@
 the device, for CUDA graphs) gives the eager step's logits, for every layer kind, GQA, a local ring
 that wraps, and RoPE scaling; on CUDA the captured graph's tokens equal the eager loop's."""
 
+import importlib.util
+
 import pytest
 import torch
 
@@ -44,6 +46,27 @@ def test_static_steps_give_the_eager_logits(name):
     assert static_cache.length == eager_cache.length == 23
     for mine, theirs in zip(static_cache.keys, eager_cache.keys):  # the same slots were written
         torch.testing.assert_close(mine, theirs, rtol=0, atol=1e-12)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
+@torch.no_grad()
+def test_the_decode_kernel_path_on_full_buffers():
+    """attn_impl="triton": the global TAPA layers run the split-KV decode kernel (the interpreter
+    on CPU) on the cache's full buffers with lengths pos + 1, as on a GPU, and agree with the eager
+    step, which runs the same kernel on the filled slots only (float32)."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=61, dim=32, n_layers=2, n_heads=2, ffn_dim=48, phase_init_scale=1.0,
+                      pe="tapa", layer_pattern="LG", local_window=4, attn_impl="triton")
+    model = TapaLM(cfg).eval()
+    tokens = torch.randint(0, 61, (2, 9), generator=torch.Generator().manual_seed(4))
+    eager_cache, static_cache = model.new_kv_cache(2, 40), model.new_kv_cache(2, 40)
+    model(tokens[:, :4], 0, eager_cache)
+    model(tokens[:, :4], 0, static_cache)
+    decoder = StaticDecoder(model, static_cache)
+    for step in range(4, 9):
+        eager = model(tokens[:, step:step + 1], step, eager_cache)
+        static = decoder(tokens[:, step:step + 1])
+        assert ((static - eager).norm() / eager.norm()).item() < 1e-5
 
 
 @torch.no_grad()
