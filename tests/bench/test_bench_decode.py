@@ -118,3 +118,24 @@ def test_splits_must_be_positive(tmp_path):
 
     with pytest.raises(SystemExit, match="--splits takes positive numbers"):
         tapa_main(["bench", "decode", "--smoke", "--splits", "0", "--out", str(tmp_path)])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_split_sweep_with_a_failed_capture_times_every_count_eagerly(monkeypatch):
+    """One split count whose graph capture fails: the sweep does not put its eager time among the
+    others' graph replays (nor call them all graph); every count is timed eagerly."""
+    from tapa.bench import decode as bench
+    from tapa.ops import decode_kernel
+
+    real, calls = bench._graph_ms, []
+
+    def fail_second(step, timer):
+        calls.append(step)
+        return None if len(calls) == 2 else real(step, timer)
+
+    monkeypatch.setattr(bench, "_graph_ms", fail_second)
+    sweep = bench.split_sweep(decode_kernel, bench._timer(False), batch=2, cache=4096, heads=8, kv_heads=2,
+                              head_dim=128, theta=0.5, dtype=torch.bfloat16, device=torch.device("cuda"),
+                              splits=[1, 2, 4], graphs=True)
+    assert len(calls) == len(sweep["times"]) >= 3 and sweep["mode"] == "eager"
+    assert all(ms > 0 for ms in sweep["times"].values())

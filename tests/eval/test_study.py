@@ -254,9 +254,15 @@ def test_aggregate_known_mean_and_std(tmp_path):
     for index, job in enumerate(jobs):
         (tmp_path / "in" / f"{index}.job.json").write_text(json.dumps(job))
     stale = copy.deepcopy(jobs[0])  # an earlier, unfinished copy of a job is ignored
-    stale.update(stages_done=["pretrain"], date="2026-11-30T00:00:00")
+    stale.update(stages_done=["pretrain"], date="2026-11-30T00:00:00",
+                 stage_dates={"pretrain": ["2026-11-30T00:00:00", "2026-11-30T00:05:00"]})
     stale["results"]["eval0"]["perplexity"][0]["perplexity"] = 1000.0
     (tmp_path / "in" / "stale.job.json").write_text(json.dumps(stale))
+    # the JSON of an earlier call that ran the first stages of the run a later call resumed: the
+    # same measurements (stage dates), so no repeat
+    carried = copy.deepcopy(jobs[1])
+    carried.update(date="2026-11-30T00:00:00", complete=False)
+    (tmp_path / "in" / "carried.job.json").write_text(json.dumps(carried))
 
     study.aggregate([tmp_path / "in"], tmp_path / "out")
     rows = {(r["stage"], r["arm"], int(r["length"])): r
@@ -288,6 +294,7 @@ def test_aggregate_known_mean_and_std(tmp_path):
     # the stale copy is the job's repeat: its 512-token zero-shot number next to the kept one's
     repeats = list(csv.DictReader(open(tmp_path / "out" / "repeats.csv")))
     assert [(r["stage"], r["length"]) for r in repeats][:1] == [("zero-shot", "512")]
+    assert {r["job"] for r in repeats} == {"tapa:0.001:0"}
     assert math.isclose(float(repeats[0]["kept"]), 7.0) and math.isclose(float(repeats[0]["repeat"]), 1000.0)
     assert "| 7.00 / 1000 |" in (tmp_path / "out" / "repeats.md").read_text() and "142.86 |" in readme
     # a second run rewrites the generated parts and keeps the lead's: the headline, each section's

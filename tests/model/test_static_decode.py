@@ -137,3 +137,46 @@ def test_cuda_graph_replays_give_the_eager_tokens(name):
         eager = model(token, eager_cache.length, eager_cache).float()
         replay = decoder(token).float()
         assert ((replay - eager).norm() / eager.norm()).item() < 2e-2
+
+
+def test_steps_run_without_autograd_in_grad_mode():
+    """Called with autograd on (outside no_grad), a step builds no graph: its logits and the cache
+    need no grad, so TAPA layers keep the decode kernel (a graph could not capture the fallback)
+    and the cache does not grow a graph step by step."""
+    model = _model("hybrid-tapa")
+    prompt = torch.randint(0, 61, (2, 5), generator=torch.Generator().manual_seed(5))
+    eager_cache, static_cache = model.new_kv_cache(2, 9), model.new_kv_cache(2, 9)
+    with torch.no_grad():
+        model(prompt, 0, eager_cache)
+        model(prompt, 0, static_cache)
+        expected = model(prompt[:, -1:], 5, eager_cache)
+    decoder = StaticDecoder(model, static_cache)
+    logits = decoder(prompt[:, -1:])
+    assert not logits.requires_grad and not any(keys.requires_grad for keys in static_cache.keys)
+    torch.testing.assert_close(logits, expected, rtol=0, atol=1e-12)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_a_step_no_graph_can_capture_is_refused():
+    """float64 on the GPU: the decode kernel takes no float64, so the TAPA layers' fallback reads
+    the lengths on the host. cuda_graph=True is refused with the reason, generate's default
+    decodes without a graph (the eager loop's tokens), and a bf16 model captures in grad mode."""
+    model = _model("tapa", device="cuda")
+    prompt = torch.randint(0, 61, (2, 5), device="cuda", generator=torch.Generator("cuda").manual_seed(6))
+    with torch.no_grad():
+        cache = model.new_kv_cache(2, 12)
+        token = model(prompt, 0, cache)[:, -1:].argmax(-1)
+        expected = [token]
+        for _ in range(5):
+            token = model(token, cache.length, cache)[:, -1:].argmax(-1)
+            expected.append(token)
+        with pytest.raises(ValueError, match="cuda_graph=True needs the split-KV decode kernel.*float64"):
+            StaticDecoder(model, cache, cuda_graph=True)
+    assert torch.equal(model.generate(prompt, 6), torch.cat(expected, dim=1))
+    model = _model("tapa", dtype=torch.bfloat16, device="cuda")
+    with torch.no_grad():
+        cache = model.new_kv_cache(2, 12)
+        model(prompt, 0, cache)
+    decoder = StaticDecoder(model, cache, cuda_graph=True)
+    for _ in range(3):  # autograd on: the step still captures and replays
+        assert decoder(prompt[:, -1:]).isfinite().all()

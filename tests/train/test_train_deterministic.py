@@ -3,6 +3,7 @@ sends TAPA's dQ to its ordered kernel (`triton_launch.dq_by_atomics`), recorded 
 restored when the run ends or fails."""
 
 import json
+import os
 
 import pytest
 import torch
@@ -51,13 +52,21 @@ def test_the_mode_is_restored_when_the_run_fails(cache_dir, tmp_path, monkeypatc
     assert seen[0][0] and not torch.are_deterministic_algorithms_enabled()
 
 
-def test_an_earlier_mode_is_kept(cache_dir, tmp_path):
-    """A caller already in deterministic mode (strict) stays in it after a run that asked for none."""
-    train_cfg, model_cfg, data_cfg = small_configs(tmp_path / "run", cache_dir, steps=1)
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_an_earlier_strict_mode_is_kept(cache_dir, tmp_path, monkeypatch, deterministic):
+    """A caller already in strict deterministic mode trains in it, and stays in it after the run,
+    whether the run asked for the mode or not; the cuBLAS setting the run made is taken back."""
+    seen = []
+    _record_mode(monkeypatch, seen)
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    train_cfg, model_cfg, data_cfg = small_configs(tmp_path / "run", cache_dir, steps=1,
+                                                   deterministic=deterministic)
     torch.use_deterministic_algorithms(True)
     try:
         trainer.train(train_cfg, model_cfg, data_cfg)
+        assert seen == [(True, False, False)]
         assert torch.are_deterministic_algorithms_enabled()
         assert not torch.is_deterministic_algorithms_warn_only_enabled()
     finally:
         torch.use_deterministic_algorithms(False)
+    assert "CUBLAS_WORKSPACE_CONFIG" not in os.environ

@@ -204,8 +204,10 @@ def split_sweep(kernel, timer, *, batch, cache, heads, kv_heads, head_dim, theta
     times = {}
     for count, n in sorted(counts.items()):
         step(n)  # compile and tune first
-        ms = _graph_ms(lambda n=n: step(n), timer) if use_graphs else None
-        times[count] = ms if ms is not None else timer(lambda n=n: step(n))
+        times[count] = _graph_ms(lambda n=n: step(n), timer) if use_graphs else None
+    if None in times.values():  # eager, or a capture failed: every count eager, so they compare
+        use_graphs = False
+        times = {count: timer(lambda n=n: step(n)) for count, n in sorted(counts.items())}
     return {"default": effective(None), "times": times, "mode": "graph" if use_graphs else "eager"}
 
 

@@ -368,14 +368,21 @@ def lr_sweep_markdown(rows: list[dict]) -> str:
 
 def repeat_rows(jobs: list[dict], repeats: list[dict]) -> list[dict]:
     """Run-to-run spread at a fixed seed: for each repeat of a job (same protocol, arm, lr and
-    seed, another run), its perplexity next to the kept run's, per stage both have and length."""
+    seed, another run), its perplexity next to the kept run's, per stage both have and length.
+    A stage whose evaluation or the training before it both JSONs share (the same stage dates:
+    one run's stages reported again by a later call that resumed it) is the same measurement, not
+    a repeat."""
     kept = {(j["protocol_id"], j["job"]): j for j in jobs}
     rows = []
     for repeat in sorted(repeats, key=lambda j: (j["job"], j["date"])):
         job = kept.get((repeat["protocol_id"], repeat["job"]))
         if job is None:
             continue
-        for stage in ("eval0", "eval1"):
+        dates, repeat_dates = job.get("stage_dates", {}), repeat.get("stage_dates", {})
+        for stage, trained_by in (("eval0", ("pretrain",)), ("eval1", ("pretrain", "continual"))):
+            if any(dates.get(kind) is not None and dates.get(kind) == repeat_dates.get(kind)
+                   for kind in (stage, *trained_by)):
+                continue
             mine, theirs = perplexities(job, stage), perplexities(repeat, stage)
             for length in sorted(set(mine) & set(theirs)):
                 rows.append({"job": job["job"], "label": job["label"], "lr": job["lr"],

@@ -17,7 +17,7 @@ from torch import nn
 from tapa.model.attention import Attention, AttentionContext
 from tapa.model.cache import KVCache
 from tapa.model.config import ModelConfig
-from tapa.model.static_decode import StaticDecoder
+from tapa.model.static_decode import StaticDecoder, cuda_graph_blocker
 
 
 class RMSNorm(nn.Module):
@@ -113,7 +113,8 @@ class TapaLM(nn.Module):
                  cuda_graph: bool | None = None) -> torch.Tensor:
         """Greedy continuation (B, max_new_tokens) of unpadded prompts input_ids (B, N): the prompt
         in one pass through a new KVCache, then one `StaticDecoder` step per token, captured once
-        as a CUDA graph and replayed when cuda_graph (default: on CUDA)."""
+        as a CUDA graph and replayed when cuda_graph (default: on CUDA, where the step can be
+        captured: `tapa.model.static_decode.cuda_graph_blocker`)."""
         if input_ids.dim() != 2 or input_ids.shape[1] == 0:
             raise ValueError(f"input_ids must be (batch, seqlen) with seqlen > 0, got {tuple(input_ids.shape)}")
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
@@ -122,7 +123,7 @@ class TapaLM(nn.Module):
         token = self(input_ids, 0, cache)[:, -1:].argmax(-1)
         generated = [token]
         if max_new_tokens > 1:
-            graph = input_ids.is_cuda if cuda_graph is None else cuda_graph
+            graph = cuda_graph_blocker(self.config, cache) is None if cuda_graph is None else cuda_graph
             decoder = StaticDecoder(self, cache, cuda_graph=graph)
             for _ in range(max_new_tokens - 1):
                 token = decoder(token)[:, -1:].argmax(-1)

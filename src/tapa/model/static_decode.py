@@ -7,7 +7,8 @@ kernel is 0.13 ms eager and 0.018 ms as a graph replay). `StaticDecoder` runs th
 on one new token per sequence at a position held in a device tensor, against the cache's full
 buffers:
 
-- global TAPA layers: the split-KV decode kernel with lengths pos + 1 (the reference op on CPU);
+- global TAPA layers: the split-KV decode kernel with lengths pos + 1 (the reference op on CPU
+  and where the kernel does not take the shapes or dtype, which a graph cannot capture);
 - global softmax layers (RoPE family, NoPE): SDPA over all `max_len` slots, masked past pos;
 - local layers: SDPA over the ring of `local_window` slots, masked where a slot holds no token yet;
 - RoPE rotations from tables of every position, indexed on the device.
@@ -31,6 +32,28 @@ from tapa.ops.decode import decode_kernel_applies
 from tapa.positional import apply_rope
 
 
+def cuda_graph_blocker(cfg, cache: KVCache) -> str | None:
+    """What keeps the static step on `cache` (prefilled) from being captured as a CUDA graph, or
+    None: a device other than CUDA, or global TAPA layers the split-KV decode kernel does not take
+    (their fallback reads the cache lengths on the host, which a graph cannot capture)."""
+    device = cache.keys[0].device
+    if device.type != "cuda":
+        return f"the model and cache on a CUDA device, got {device}"
+    layer = next((i for i in range(cfg.n_layers) if not cache.local[i]), None)
+    if cfg.family != "tapa" or layer is None:
+        return None
+    keys, values = cache.keys[layer], cache.values[layer]
+    q = keys.new_empty(cache.batch, 1, cfg.n_heads, keys.shape[-1])
+    with torch.no_grad():
+        if decode_kernel_applies(q, keys, values, cfg.attn_impl):
+            return None
+    return (f"the split-KV decode kernel in the global TAPA layers, which does not take attn_impl="
+            f"{cfg.attn_impl!r}, {keys.dtype}, {cfg.n_heads} heads on {keys.shape[2]} kv heads of "
+            f"head_dim {keys.shape[-1]} (it takes 'auto' or 'triton', float16/bfloat16/float32, "
+            f"few query heads per kv head); the fallback reads the cache lengths on the host, which "
+            f"a graph cannot capture: decode with cuda_graph=False")
+
+
 class StaticDecoder:
     """Greedy-decoding steps of `model` against `cache` (a `KVCache` already holding the prompt).
 
@@ -52,9 +75,9 @@ class StaticDecoder:
         if rope_globals and cfg.rope_method == "dynamic-ntk":
             raise ValueError("static decoding does not support the dynamic-NTK RoPE method (its "
                              "frequencies change with the length at every step); decode eagerly")
-        if cuda_graph and cache.keys[0].device.type != "cuda":
-            raise ValueError(f"cuda_graph=True needs the model and cache on a CUDA device, got "
-                             f"{cache.keys[0].device}")
+        blocker = cuda_graph_blocker(cfg, cache) if cuda_graph else None
+        if blocker:
+            raise ValueError(f"cuda_graph=True needs {blocker}")
         self.model, self.cache, self.cfg = model, cache, cfg
         device = cache.keys[0].device
         self.rows = torch.arange(cache.batch, device=device)
@@ -96,8 +119,9 @@ class StaticDecoder:
         keys[self.rows, slot] = k[:, 0].to(keys.dtype)
         values[self.rows, slot] = v[:, 0].to(values.dtype)
         if attn.family == "tapa":
+            # where the decode kernel does not apply, what the eager step runs: attn_impl's op
             impl = "triton" if decode_kernel_applies(q, keys, values, cfg.attn_impl) else (
-                cfg.attn_impl if cfg.attn_impl in ("reference", "naive") else "reference")
+                cfg.attn_impl if cfg.attn_impl in ("reference", "naive") else "auto")
             out = tapa_attention_with_kvcache(q, keys, values, (pos + 1).to(torch.int32), impl=impl,
                                               check_lengths=False, theta=cfg.theta, alpha=cfg.alpha,
                                               distance=cfg.distance, phase=cfg.phase)
@@ -110,6 +134,7 @@ class StaticDecoder:
         return attn.wo(out.reshape(*h.shape[:2], -1))
 
     # --- the loop ---------------------------------------------------------------------------------
+    @torch.no_grad()  # decoding: with autograd on, TAPA layers would leave the decode kernel
     def __call__(self, tokens: torch.Tensor) -> torch.Tensor:
         cache = self.cache
         if tokens.shape != (cache.batch, 1):

@@ -150,14 +150,18 @@ def train(train_cfg: TrainConfig, model_cfg: ModelConfig | None, data_cfg: DataC
     info = setup_distributed(train_cfg.device, need_group=train_cfg.parallel == "fsdp")
     before = (torch.are_deterministic_algorithms_enabled(),
               torch.is_deterministic_algorithms_warn_only_enabled())
+    workspace = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
     if train_cfg.deterministic:
         # cuBLAS reads its workspace setting when it sets up a handle: before the first matmul
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True, warn_only=True)
+        strict = before[0] and not before[1]  # a caller's strict mode stays strict
+        torch.use_deterministic_algorithms(True, warn_only=not strict)
     try:
         return _train(train_cfg, model_cfg, data_cfg, info)
     finally:
         torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+        if workspace is None:
+            os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
         teardown(info)
 
 
