@@ -85,6 +85,30 @@ def test_generate_matches_an_eager_greedy_loop():
 
 
 @torch.no_grad()
+def test_sampling():
+    """temperature > 0 samples (reproducibly with a generator); top_k=1 is greedy at any temperature;
+    a top_k sample only ever takes one of the k most likely tokens of the eager model."""
+    model = _model("hybrid-tapa")
+    prompt = torch.randint(0, 61, (3, 5), generator=torch.Generator().manual_seed(5))
+    greedy = model.generate(prompt, 10)
+    assert torch.equal(model.generate(prompt, 10, temperature=2.0, top_k=1), greedy)
+    draws = [model.generate(prompt, 10, temperature=5.0, generator=torch.Generator().manual_seed(s))
+             for s in (7, 7, 8)]
+    assert torch.equal(draws[0], draws[1]) and not torch.equal(draws[0], draws[2])
+    assert not torch.equal(draws[0], greedy)
+    sample = model.generate(prompt, 8, temperature=5.0, top_k=3, generator=torch.Generator().manual_seed(9))
+    cache = model.new_kv_cache(3, 13)
+    logits = model(prompt, 0, cache)
+    for step in range(8):
+        top = logits[:, -1].topk(3, dim=-1).indices
+        assert (top == sample[:, step:step + 1]).any(-1).all(), step
+        logits = model(sample[:, step:step + 1], cache.length, cache)
+    for bad in (dict(temperature=-1.0), dict(temperature=float("nan")), dict(top_k=0), dict(top_k=2.5)):
+        with pytest.raises(ValueError, match="temperature|top_k"):
+            model.generate(prompt, 2, **bad)
+
+
+@torch.no_grad()
 def test_what_static_decoding_refuses():
     model = _model("tapa")
     cache = model.new_kv_cache(2, 8)

@@ -109,24 +109,45 @@ class TapaLM(nn.Module):
         return x
 
     @torch.no_grad()
-    def generate(self, input_ids: torch.Tensor, max_new_tokens: int, *,
+    def generate(self, input_ids: torch.Tensor, max_new_tokens: int, *, temperature: float = 0.0,
+                 top_k: int | None = None, generator: torch.Generator | None = None,
                  cuda_graph: bool | None = None) -> torch.Tensor:
-        """Greedy continuation (B, max_new_tokens) of unpadded prompts input_ids (B, N): the prompt
-        in one pass through a new KVCache, then one `StaticDecoder` step per token, captured once
-        as a CUDA graph and replayed when cuda_graph (default: on CUDA, where the step can be
-        captured: `tapa.model.static_decode.cuda_graph_blocker`)."""
+        """Continuation (B, max_new_tokens) of unpadded prompts input_ids (B, N): the prompt in one
+        pass through a new KVCache, then one `StaticDecoder` step per token, captured once as a CUDA
+        graph and replayed when cuda_graph (default: on CUDA, where the step can be captured:
+        `tapa.model.static_decode.cuda_graph_blocker`).
+
+        temperature 0 (the default) is greedy; above 0 each token is sampled from
+        softmax(logits / temperature), over the top_k logits when top_k is given, with `generator`
+        (on the model's device) for reproducible draws.
+        """
         if input_ids.dim() != 2 or input_ids.shape[1] == 0:
             raise ValueError(f"input_ids must be (batch, seqlen) with seqlen > 0, got {tuple(input_ids.shape)}")
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
+        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature >= 0:
+            raise ValueError(f"temperature must be a number >= 0, got {temperature!r}")
+        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+            raise ValueError(f"top_k must be a positive int or None, got {top_k!r}")
+
+        def pick(logits: torch.Tensor) -> torch.Tensor:  # (B, 1, V) -> (B, 1)
+            logits = logits[:, -1].float()
+            if temperature == 0:
+                return logits.argmax(-1, keepdim=True)
+            if top_k is not None and top_k < logits.shape[-1]:
+                kth = logits.topk(top_k, dim=-1).values[:, -1:]
+                logits = logits.masked_fill(logits < kth, float("-inf"))
+            probs = torch.softmax(logits / temperature, dim=-1)
+            return torch.multinomial(probs, 1, generator=generator)
+
         cache = self.new_kv_cache(input_ids.shape[0], input_ids.shape[1] + max_new_tokens)
-        token = self(input_ids, 0, cache)[:, -1:].argmax(-1)
+        token = pick(self(input_ids, 0, cache))
         generated = [token]
         if max_new_tokens > 1:
             graph = cuda_graph_blocker(self.config, cache) is None if cuda_graph is None else cuda_graph
             decoder = StaticDecoder(self, cache, cuda_graph=graph)
             for _ in range(max_new_tokens - 1):
-                token = decoder(token)[:, -1:].argmax(-1)
+                token = pick(decoder(token))
                 generated.append(token)
         return torch.cat(generated, dim=1)
 
