@@ -184,3 +184,24 @@ def test_concurrent_builds_of_one_entry_end_with_one_copy(tmp_path, monkeypatch)
     corpus = build_corpus(cfg, progress=False)
     assert corpus.tokens("train").size > 0
     assert [p.name for p in (tmp_path / "cache").iterdir()] == [corpus.directory.name]  # no staging left
+
+
+def test_fast_batch_encoding_writes_the_same_tokens(tmp_path, monkeypatch):
+    """The build encodes with encode_batch_fast where tokenizers has it (no character offsets):
+    the split digests equal those of a build through plain encode_batch, and the manifest says
+    where the time went."""
+    from tokenizers import Tokenizer
+
+    if not hasattr(Tokenizer, "encode_batch_fast"):
+        pytest.skip("this tokenizers has no encode_batch_fast")
+    source = make_text_dir(tmp_path / "src", n_files=30)
+    fast = build_corpus(small_config(tmp_path, source, cache_dir=str(tmp_path / "fast")), progress=False)
+    calls = []
+    real = Tokenizer.encode_batch
+    monkeypatch.delattr(Tokenizer, "encode_batch_fast")
+    monkeypatch.setattr(Tokenizer, "encode_batch", lambda self, *a, **kw: calls.append(1) or real(self, *a, **kw))
+    plain = build_corpus(small_config(tmp_path, source, cache_dir=str(tmp_path / "plain")), progress=False)
+    assert calls, "the second build did not go through encode_batch"
+    assert fast.manifest["splits"] == plain.manifest["splits"]
+    assert 0 <= fast.manifest["encode_seconds"] <= fast.manifest["build_seconds"]
+    assert fast.manifest["write_seconds"] >= 0
