@@ -134,7 +134,7 @@ def job_summary(job: Job, group: Group, stages: list[str], protocol: Protocol, r
                "protocol_id": protocol.fingerprint(), "stages_requested": wanted,
                "stages_done": [], "commands": {}, "wall_seconds": {}, "stage_dates": {},
                "results": {}, **context}
-    hardware = set()
+    hardware, kernels = set(), {}
     finished = finished_stages(root, group.id, group.stages)
     for name in wanted:
         stage = group.stage(name)
@@ -149,6 +149,8 @@ def job_summary(job: Job, group: Group, stages: list[str], protocol: Protocol, r
         summary["wall_seconds"][kind] = marker["wall_s"]  # of the last call only, if resumed
         summary["stage_dates"][kind] = [marker["started"], marker["finished"]]
         hardware.add(marker["hardware"])
+        if marker.get("kernels") is not None:  # recorded from 2026-12-01 (kernel Run 5) on
+            kernels[kind] = marker["kernels"]
         if kind in ("pretrain", "continual"):
             summary["results"][kind] = _training_summary(Path(stage.out))
         elif kind == "theory":
@@ -158,6 +160,8 @@ def job_summary(job: Job, group: Group, stages: list[str], protocol: Protocol, r
                                                            passkey=kind == "passkey")
     summary["complete"] = len(summary["stages_done"]) == len(wanted)
     summary["hardware"] = sorted(hardware)
+    if kernels:
+        summary["kernels"] = kernels  # per stage: the fused kernels' launch defaults it ran with
     pretrain = summary["results"].get("pretrain")
     corpus_tokens = (context.get("corpus") or {}).get("train_tokens")
     if pretrain and corpus_tokens:

@@ -2,6 +2,7 @@
 its plans, and the aggregation of job JSONs (tapa.eval.study) on a known case."""
 
 import copy
+import importlib.util
 import csv
 import json
 import math
@@ -68,6 +69,9 @@ def test_runner_end_to_end_two_jobs_at_once(study_root, capsys):
         assert set(job["commands"]) == set(arms.STAGES) - ({"theory"} if not owner else set())
         assert job["commands"]["pretrain"].startswith("tapa train --recipe tiny")
         assert job["corpus"]["train_tokens"] > 0 and job["hardware"]
+        if importlib.util.find_spec("triton") is not None:  # the kernels each stage trained with
+            assert set(job["kernels"]) >= {"pretrain", "continual"}
+            assert set(job["kernels"]["pretrain"]) == {"128", "64"}
     theory = jobs["jobs/nope-lr0.001-s0.job.json"]["results"]["theory"]
     estimates = {row[0] for row in theory["rows"]}
     assert theory["kind"] == "nope" and {"trained", "trained-centered", "iid-empirical"} <= estimates
