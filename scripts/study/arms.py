@@ -190,7 +190,9 @@ class Estimates:
     eval_s_per_method: float = 25.0  # 6 lengths x 64k scored tokens, up to 16k windows
     passkey_s_per_method: float = 25.0  # 4 lengths x 5 depths x 50 trials, up to 16k prompts
     theory_s: float = 15.0  # load, 8 x 4096 tokens through one layer, binning, iid samples
-    data_build_s: float = 80.0  # fresh machine: BPE on 50 MB + tokenizing ~400 MB (64 s, later 77 s twice)
+    # fresh machine: BPE on 50 MB + tokenizing ~400 MB (64 s, later 77 s twice), then the
+    # kernels' preflight (preflight.py, ~20 s, not yet measured on the GPU)
+    data_build_s: float = 100.0
 
     def process_rate(self, concurrent: int) -> float:
         speedup = self.speedup.get(concurrent, max(self.speedup.values()))

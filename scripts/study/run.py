@@ -51,6 +51,7 @@ from summarize import (corpus_summary, done_marker, finished_stages, job_summary
                        read_json, write_json_atomic)
 
 from tapa.eval.study import load_jobs  # noqa: E402
+import preflight  # noqa: E402
 from tapa.train.rundir import read_metrics  # noqa: E402
 
 
@@ -466,7 +467,11 @@ def main(argv=None) -> int:
     if corpus["train_tokens"] < protocol.pretrain_tokens:
         log("WARNING: the corpus holds fewer tokens than one pretraining run reads; the protocol "
             "asks for one pass (raise --max-train-bytes in arms.py)")
-    outcome = schedule(args, protocol, estimates, groups, call, log, started=clock)
+    if protocol.device == "cuda" and preflight.main(log) != 0:  # inside the budget: it counts
+        log("preflight FAILED: the fused kernels miss the accuracy bar on this GPU; no group starts")
+        outcome = {g.id: {"state": "not started", "note": "preflight failed"} for g in groups}
+    else:
+        outcome = schedule(args, protocol, estimates, groups, call, log, started=clock)
     context = {"runner": {"command": "python3 scripts/study/run.py " + shlex.join(sys.argv[1:] if argv is None else argv),
                           "call": call, "concurrent": args.concurrent, "time_budget": args.time_budget,
                           "python": platform.python_version()},

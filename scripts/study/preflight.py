@@ -1,0 +1,54 @@
+"""Before a study call trains: are the fused kernels right on this GPU, at the study's shapes?
+
+The training kernels' defaults change between calls (results/kernel-h200); a wrong kernel would
+cost a whole call of training before any number showed it. This checks the fused TAPA op,
+forward and backward, at the toy model's head shape (4 heads, head_dim 128, bf16, causal) at a
+ragged length and at the continual stage's 2048, against the float64 reference: the bar of
+issue 13, the kernel's relative RMSE at most 1.5x the same-dtype reference's, for out and every
+gradient. run.py runs it after the data build on a CUDA protocol and starts no group if it fails
+(its time counts in the call's budget). About 20 s, most of it compiling kernels the training
+then finds in the Triton cache. Alone:
+
+    PYTHONPATH=src python3 scripts/study/preflight.py
+"""
+
+from __future__ import annotations
+
+import sys
+
+BAR = 1.5
+LENGTHS = (509, 2048)
+
+
+def main(log=print) -> int:
+    """0 when every check passes (or there is no GPU to check), else 1; `log` gets each line."""
+    import torch
+
+    if not torch.cuda.is_available():
+        log("preflight: no CUDA GPU, nothing to check")
+        return 0
+    from tapa.bench.attention import accuracy_errors
+    from tapa.ops import triton_launch
+
+    log("preflight: kernel defaults (bf16, D=128): "
+        + triton_launch.describe(triton_launch.default_configs(128, 128, torch.bfloat16)))
+    failed = []
+    for n in LENGTHS:
+        for row in accuracy_errors(n, 128, causal=True, heads=4, kv_heads=4):
+            if row["tensor"] == "lse":  # float32 for every input dtype: no half-precision bar
+                continue
+            ok = row["ratio"] <= BAR
+            log(f"preflight: {row['check']} {row['tensor']}: kernel {row['kernel']:.3e}, reference "
+                  f"{row['reference']:.3e}, ratio {row['ratio']:.2f} {'ok' if ok else 'FAILED'}")
+            if not ok:
+                failed.append(f"{row['check']} {row['tensor']}")
+    torch.cuda.empty_cache()  # the float64 reference's memory, before the workers start
+    if failed:
+        log(f"preflight: FAILED ({len(failed)}): the fused kernels miss the {BAR}x bar; not training")
+        return 1
+    log("preflight: ok")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
