@@ -160,7 +160,8 @@ def test_cli_build_and_info(tmp_path, capsys):
     assert tapa_main(["data", "build", *args]) == 0
     assert "reused the cache" in capsys.readouterr().out
     assert tapa_main(["data", "info", *args]) == 0
-    assert f"vocab {SMALL_VOCAB}" in capsys.readouterr().out
+    info = capsys.readouterr().out
+    assert f"vocab {SMALL_VOCAB}" in info and " s encoding, " in info
     assert tapa_main(["data", "info", "--all", "--cache-dir", str(tmp_path / "cache")]) == 0
     assert "src-" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="^tapa data: error: source path .* does not exist"):

@@ -97,7 +97,10 @@ def describe(manifest: dict, directory: Path) -> str:
         f"tokenizer: vocab {tokenizer['vocab_size']}, {origin}, "
         f"eot {tokenizer['eot_token']}={tokenizer['eot_id']}, sha256 {tokenizer['sha256'][:16]}",
         f"tokens:    {manifest['dtype']}, built {manifest['created']} in {manifest['build_seconds']} s "
-        f"({manifest['tokenizer_seconds']} s of it for the tokenizer) with Python {manifest['python_version']}",
+        f"({manifest['tokenizer_seconds']} s of it for the tokenizer"
+        + (f", {manifest['encode_seconds']} s encoding, {manifest['write_seconds']} s writing"
+           if "encode_seconds" in manifest else "")
+        + f") with Python {manifest['python_version']}",
         "",
         sizes_table(manifest),
     ]
