@@ -115,6 +115,15 @@ def test_generate_with_cache_equals_without(pe):
     assert len(set(cached.flatten().tolist())) > 3  # a real continuation, not one repeated token
 
 
+@pytest.mark.parametrize("pe", ["tapa", "rope", "tapa-hybrid"])
+def test_transformers_generate_equals_the_static_decoder(pe):
+    """README: the TapaLM inside (`model.model`) decodes unpadded prompts through StaticDecoder
+    (one CUDA graph on a GPU); its greedy tokens are transformers' generate's."""
+    model = tiny_model(pe)
+    ids = torch.stack(random_ids([10, 10], seed=3))
+    assert torch.equal(model.model.generate(ids, max_new_tokens=8), greedy(model, ids))
+
+
 @pytest.mark.parametrize("implementation", ["dynamic", "static"])
 def test_hybrid_local_layers_cache_only_their_window(implementation):
     """transformers' caches built from the config keep a local layer's last local_window tokens
