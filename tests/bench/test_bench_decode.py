@@ -110,7 +110,7 @@ def test_split_sweep_times_each_effective_count_once(tmp_path):
     rows = list(csv.DictReader(open(tmp_path / "decode_splits.csv")))
     assert [r["splits"] for r in rows if r["default"] == "True"] == ["4"] and len(rows) == 5
     report = (tmp_path / "decode_splits.md").read_text()
-    assert "| 2 | 100 | 4 |" in report and "SMOKE RUN" in report
+    assert "| 2 | 100 | eager | 4 |" in report and "SMOKE RUN" in report
 
 
 def test_splits_must_be_positive(tmp_path):

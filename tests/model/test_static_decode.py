@@ -139,6 +139,8 @@ def test_what_static_decoding_refuses():
     for bad in (0, 2.0, True):
         with pytest.raises(ValueError, match="max_new_tokens"):
             model.generate(torch.zeros(1, 3, dtype=torch.long), bad)
+    with pytest.raises(ValueError, match="cuda_graph=True needs"):  # even with nothing to decode
+        model.generate(torch.zeros(1, 3, dtype=torch.long), 1, cuda_graph=True)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")

@@ -217,17 +217,18 @@ def write_splits(out: Path, sweeps: list[dict], *, command: str, device_name: st
              "mode": s["mode"]} for s in sweeps for n, ms in s["times"].items()]
     write_csv(out / "decode_splits.csv", rows)
     lines = ["# TAPA decode step by number of splits", "", f"- command: `{command}`", f"- device: {device_name}",
-             f"- times in ms ({sweeps[0]['mode'] if sweeps else 'eager'}; triton.testing.do_bench medians); "
+             f"- times in ms ({'/'.join(sorted({s['mode'] for s in sweeps})) or 'eager'}; "
+             "triton.testing.do_bench medians); "
              "splits as the kernel runs them (each split a whole number of aligned key blocks)"]
     if smoke:
         lines.append("- SMOKE RUN on CPU through the Triton interpreter: the times say nothing about speed")
-    lines += ["", "| batch | cache | default splits | default ms | best splits | best ms | default / best | every count (splits: ms) |",
-              "|---|---|---|---|---|---|---|---|"]
+    lines += ["", "| batch | cache | mode | default splits | default ms | best splits | best ms | default / best | every count (splits: ms) |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for s in sweeps:
         best = min(s["times"], key=s["times"].get)
         default_ms = s["times"][s["default"]]
         every = ", ".join(f"{n}: {ms:.4f}" for n, ms in s["times"].items())
-        lines.append(f"| {s['batch']} | {s['cache']} | {s['default']} | {default_ms:.4f} | {best} | "
+        lines.append(f"| {s['batch']} | {s['cache']} | {s['mode']} | {s['default']} | {default_ms:.4f} | {best} | "
                      f"{s['times'][best]:.4f} | {default_ms / s['times'][best]:.2f} | {every} |")
     (out / "decode_splits.md").write_text("\n".join(lines) + "\n")
 

@@ -140,6 +140,9 @@ class TapaLM(nn.Module):
             probs = torch.softmax(logits / temperature, dim=-1)
             return torch.multinomial(probs, 1, generator=generator)
 
+        if cuda_graph and not input_ids.is_cuda:
+            raise ValueError(f"cuda_graph=True needs the model and input_ids on a CUDA device, got "
+                             f"{input_ids.device}")
         cache = self.new_kv_cache(input_ids.shape[0], input_ids.shape[1] + max_new_tokens)
         token = pick(self(input_ids, 0, cache))
         generated = [token]
