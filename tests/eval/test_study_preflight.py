@@ -35,3 +35,16 @@ def test_no_gpu_nothing_to_check(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     lines = []
     assert preflight.main(lines.append) == 0 and "no CUDA GPU" in lines[0]
+
+
+def test_a_kernel_that_raises_fails_the_preflight(monkeypatch):
+    import tapa.bench.attention as bench
+
+    def broken(n, d, **kw):
+        raise RuntimeError("triton compile error\n  at line 3")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(bench, "accuracy_errors", broken)
+    lines = []
+    assert preflight.main(lines.append) == 1
+    assert any("RuntimeError: triton compile error at line 3" in line for line in lines)
