@@ -301,6 +301,7 @@ def test_aggregate_known_mean_and_std(tmp_path):
     assert {r["job"] for r in repeats} == {"tapa:0.001:0"}
     assert math.isclose(float(repeats[0]["kept"]), 7.0) and math.isclose(float(repeats[0]["repeat"]), 1000.0)
     assert "| 7.00 / 1000 |" in (tmp_path / "out" / "repeats.md").read_text() and "142.86 |" in readme
+    assert (tmp_path / "out" / "repeats.png").stat().st_size > 0 and "![repeats](repeats.png)" in readme
     # a second run rewrites the generated parts and keeps the lead's: the headline, each section's
     # text from the notes mark on, and a section of the lead's own; twice gives the same README
     lead = readme.replace("TODO (lead)", "LEAD HEADLINE").replace("## Learning-rate sweep\n",

@@ -14,7 +14,7 @@ Every number written comes from the job JSONs. Written to --out:
     coverage.md                       the seeds each arm has per measurement (what is still missing)
     comparisons.csv, comparisons.md   the study's questions as pairs of arms, per length (zero-shot):
                                       one-sided Welch and exact Mann-Whitney p-values over seeds
-    repeats.csv, repeats.md           jobs run more than once (same seed): kept run vs repeat per length
+    repeats.csv, .md, .png            jobs run more than once (same seed): kept run vs repeat per length
     commands.md                       every job's exact commands
     README.md                         protocol, hardware, dates, tables. Rewritten in place when it
                                       exists (`merge_readme`): its "## Headline" section, and in
@@ -589,6 +589,43 @@ def plot_perplexity(rows: list[dict], path: Path, *, title: str, train_len: int 
     return path
 
 
+def plot_repeats(rows: list[dict], path: Path) -> Path | None:
+    """One panel per repeated job and stage: perplexity vs length of the kept run and of its
+    repeat (log-log), so where two runs of one seed part shows at a glance."""
+    from tapa.eval.plots import _pyplot
+
+    panels = defaultdict(list)
+    for row in rows:
+        panels[(row["label"], row["seed"], row["stage"], row["repeat_call"])].append(row)
+    if not panels:
+        return None
+    plt = _pyplot()
+    columns = min(3, len(panels))
+    rows_ = math.ceil(len(panels) / columns)
+    fig, axes = plt.subplots(rows_, columns, figsize=(4.6 * columns, 3.4 * rows_), squeeze=False)
+    for ax, ((label, seed, stage, _), mine) in zip(axes.flat, panels.items()):
+        mine = sorted(mine, key=lambda r: r["length"])
+        lengths = [r["length"] for r in mine]
+        ax.plot(lengths, [r["kept"] for r in mine], marker="o", label=f"kept ({mine[0]['kept_call']})")
+        ax.plot(lengths, [r["repeat"] for r in mine], marker="s", linestyle="--",
+                label=f"repeat ({mine[0]['repeat_call']})")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_title(f"{label}, seed {seed}, {stage}", fontsize=9)
+        ax.set_xlabel("evaluation length")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    for ax in axes.flat[len(panels):]:
+        ax.axis("off")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("perplexity")
+    fig.suptitle("one job run twice: same command, seed and data order", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def plot_passkey(grids: dict[str, dict], path: Path) -> Path:
     """Every arm's mean heat map in one figure, on one colour scale."""
     from tapa.eval.plots import plot_passkey_heatmaps
@@ -910,11 +947,11 @@ def aggregate(paths, out_dir: str | Path, *, protocol_id: str | None = None,
         written += [out / "theory_trained.csv",
                     plot_theory(theory, pretrained, out / "theory_trained.png")]
     again = repeat_rows(jobs, repeats)
-    tables["repeats"] = repeats_markdown(again)
+    tables["repeats"] = repeats_markdown(again) + ("\n\n![repeats](repeats.png)" if again else "")
     save("repeats.md", tables["repeats"])
     if again:
         write_csv(out / "repeats.csv", again)
-        written.append(out / "repeats.csv")
+        written += [out / "repeats.csv", plot_repeats(again, out / "repeats.png")]
     save("commands.md", commands_markdown(jobs))
     readme, skeleton = out / "README.md", readme_skeleton(jobs, tables, command)
     save("README.md", merge_readme(readme.read_text(), skeleton) if readme.exists() else skeleton)
