@@ -615,11 +615,17 @@ def plot_repeats(rows: list[dict], path: Path) -> Path | None:
         ax.set_xlabel("evaluation length")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7)
-    for ax in axes.flat[len(panels):]:
+    return _save_panels(plt, fig, axes, len(panels), "perplexity",
+                        "one job run twice: same command, seed and data order", path)
+
+
+def _save_panels(plt, fig, axes, used: int, ylabel: str, title: str, path: Path) -> Path:
+    """A panel grid's common end: blank the unused panels, label the first column, title, save."""
+    for ax in axes.flat[used:]:
         ax.axis("off")
     for ax in axes[:, 0]:
-        ax.set_ylabel("perplexity")
-    fig.suptitle("one job run twice: same command, seed and data order", fontsize=10)
+        ax.set_ylabel(ylabel)
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -682,17 +688,10 @@ def plot_training_curves(jobs: list[dict], path: Path) -> Path | None:
         ax.set_ylim(low * 0.97, low * 2.0)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7)
-    for ax in axes.flat[len(runs):]:
-        ax.axis("off")
     for ax in axes[-1]:
         ax.set_xlabel("pretraining step")
-    for ax in axes[:, 0]:
-        ax.set_ylabel("training loss")
-    fig.suptitle("pretraining loss per seed (main lr of each arm)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save_panels(plt, fig, axes, len(runs), "training loss",
+                        "pretraining loss per seed (main lr of each arm)", path)
 
 
 THEORY_FRACTIONS = (1 / 128, 1 / 16, 1 / 4, 1.0)  # of the largest distance, after distance 1
