@@ -20,6 +20,19 @@ BAR = 1.5
 LENGTHS = (509, 2048)
 
 
+def kernel_defaults() -> dict | None:
+    """The fused kernels' launch defaults this process trains with, bf16 at head dims 128 and 64
+    (`triton_launch.describe`), so a job records which kernel version trained it; None without triton."""
+    import torch
+
+    try:
+        from tapa.ops import triton_launch
+    except ImportError:
+        return None
+    return {str(d): triton_launch.describe(triton_launch.default_configs(d, d, torch.bfloat16))
+            for d in (128, 64)}
+
+
 def main(log=print) -> int:
     """0 when every check passes (or there is no GPU to check), else 1; `log` gets each line."""
     import torch
@@ -28,10 +41,8 @@ def main(log=print) -> int:
         log("preflight: no CUDA GPU, nothing to check")
         return 0
     from tapa.bench.attention import accuracy_errors
-    from tapa.ops import triton_launch
 
-    log("preflight: kernel defaults (bf16, D=128): "
-        + triton_launch.describe(triton_launch.default_configs(128, 128, torch.bfloat16)))
+    log(f"preflight: kernel defaults (bf16, by head dim): {kernel_defaults()}")
     failed = []
     for n in LENGTHS:
         try:

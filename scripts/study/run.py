@@ -186,7 +186,7 @@ def run_worker(spec_path: Path) -> int:
 
     device = "cuda" if spec["device"] == "cuda" and torch.cuda.is_available() else "cpu"
     hardware = hardware_description(device)
-    kernels = kernel_defaults()
+    kernels = preflight.kernel_defaults()
     failed, status = set(), 0
     finished = finished_stages(root, gid, spec["stages"])
     for stage in spec["stages"]:
@@ -271,19 +271,6 @@ def build_data(protocol, cache_dir: Path, log) -> tuple[dict, list]:
     summary["tokenizer_file"] = str(corpus.tokenizer_dir / "tokenizer.json")
     summary["manifest_file"] = str(corpus.directory / "manifest.json")
     return summary, argv
-
-
-def kernel_defaults() -> dict | None:
-    """The fused kernels' launch defaults this process trains with, bf16 at head dims 128 and 64
-    (`triton_launch.describe`), so a job records which kernel version trained it; None without triton."""
-    import torch
-
-    try:
-        from tapa.ops import triton_launch
-    except ImportError:
-        return None
-    return {str(d): triton_launch.describe(triton_launch.default_configs(d, d, torch.bfloat16))
-            for d in (128, 64)}
 
 
 def observed_rates(root: Path, groups: list[Group], call: str) -> dict:

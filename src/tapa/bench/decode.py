@@ -135,22 +135,35 @@ def check_accuracy(kernel, *, device, dtype, heads, kv_heads, head_dim, theta, c
     return errors
 
 
+def full_cache(*, batch, cache, heads, kv_heads, head_dim, dtype, device):
+    """One decoding step's inputs: q (B, 1, H, D), a full k/v cache stored (B, Hk, S, D) as
+    transformers' caches are, and its lengths (every slot valid)."""
+    q = torch.randn(batch, 1, heads, head_dim, device=device, dtype=dtype)
+    k_cache = torch.randn(batch, kv_heads, cache, head_dim, device=device, dtype=dtype)
+    v_cache = torch.randn(batch, kv_heads, cache, head_dim, device=device, dtype=dtype)
+    return q, k_cache, v_cache, torch.full((batch,), cache, dtype=torch.int32, device=device)
+
+
+def decode_step(kernel, q, k_cache, v_cache, lengths, theta):
+    """TAPA's decoding step on a (B, Hk, S, D) cache, through its transposed view:
+    step(num_splits=None) (None: the kernel's default split count)."""
+    k_view, v_view = k_cache.transpose(1, 2), v_cache.transpose(1, 2)
+
+    def step(num_splits=None):
+        return kernel.tapa_decode_attention(q, k_view, v_view, lengths, theta=theta, check_lengths=False,
+                                            num_splits=num_splits)
+    return step
+
+
 def bench_shape(kernel, timer, *, batch, cache, heads, kv_heads, head_dim, theta, dtype, device,
                 graphs=False):
     """({variant: ms}, {variant: ms}) for one step at (batch, cache): the eager step, and with
     graphs the same step replayed from a CUDA graph (variants that cannot be captured left out)."""
-    q = torch.randn(batch, 1, heads, head_dim, device=device, dtype=dtype)
-    k_cache = torch.randn(batch, kv_heads, cache, head_dim, device=device, dtype=dtype)
-    v_cache = torch.randn(batch, kv_heads, cache, head_dim, device=device, dtype=dtype)
-    lengths = torch.full((batch,), cache, dtype=torch.int32, device=device)
-    k_view, v_view = k_cache.transpose(1, 2), v_cache.transpose(1, 2)
-    steps = {}
-
-    def tapa_step():
-        return kernel.tapa_decode_attention(q, k_view, v_view, lengths, theta=theta, check_lengths=False)
-
+    q, k_cache, v_cache, lengths = full_cache(batch=batch, cache=cache, heads=heads, kv_heads=kv_heads,
+                                              head_dim=head_dim, dtype=dtype, device=device)
+    tapa_step = decode_step(kernel, q, k_cache, v_cache, lengths, theta)
+    steps = {"tapa": tapa_step}
     times = {"tapa": timer(tapa_step)}
-    steps["tapa"] = tapa_step
     q_sdpa = q.transpose(1, 2)  # (B, H, 1, D)
     from torch.nn.attention import sdpa_kernel
 
@@ -184,18 +197,13 @@ def split_sweep(kernel, timer, *, batch, cache, heads, kv_heads, head_dim, theta
                 splits, graphs=False) -> dict:
     """TAPA's step at (batch, cache) with each of `splits` (the kernel's effective count, each
     once) and with its default: {"default": effective default, "times": {splits: ms}, "mode"}."""
-    q = torch.randn(batch, 1, heads, head_dim, device=device, dtype=dtype)
-    k_cache = torch.randn(batch, kv_heads, cache, head_dim, device=device, dtype=dtype)
-    v_cache = torch.randn(batch, kv_heads, cache, head_dim, device=device, dtype=dtype)
-    lengths = torch.full((batch,), cache, dtype=torch.int32, device=device)
-    k_view, v_view = k_cache.transpose(1, 2), v_cache.transpose(1, 2)
+    q, k_cache, v_cache, lengths = full_cache(batch=batch, cache=cache, heads=heads, kv_heads=kv_heads,
+                                              head_dim=head_dim, dtype=dtype, device=device)
+    step = decode_step(kernel, q, k_cache, v_cache, lengths, theta)
 
     def effective(n):
-        return kernel._plan(q, k_view, v_view, lengths, None, theta, 0.1, "power", "quadratic", n).split_grid[1]
-
-    def step(n):
-        return kernel.tapa_decode_attention(q, k_view, v_view, lengths, theta=theta, check_lengths=False,
-                                            num_splits=n)
+        return kernel._plan(q, k_cache.transpose(1, 2), v_cache.transpose(1, 2), lengths, None, theta,
+                            0.1, "power", "quadratic", n).split_grid[1]
 
     use_graphs = graphs and device.type == "cuda"
     counts = {effective(None): None}
@@ -312,15 +320,9 @@ def profile_step(kernel, timer, *, batch, cache, heads, kv_heads, head_dim, thet
     import io
     import pstats
 
-    q = torch.randn(batch, 1, heads, head_dim, device=device, dtype=dtype)
-    k_cache = torch.randn(batch, kv_heads, cache, head_dim, device=device, dtype=dtype)
-    v_cache = torch.randn(batch, kv_heads, cache, head_dim, device=device, dtype=dtype)
-    lengths = torch.full((batch,), cache, dtype=torch.int32, device=device)
-    k_view, v_view = k_cache.transpose(1, 2), v_cache.transpose(1, 2)
-
-    def step(num_splits=None):
-        return kernel.tapa_decode_attention(q, k_view, v_view, lengths, theta=theta, check_lengths=False,
-                                            num_splits=num_splits)
+    q, k_cache, v_cache, lengths = full_cache(batch=batch, cache=cache, heads=heads, kv_heads=kv_heads,
+                                              head_dim=head_dim, dtype=dtype, device=device)
+    step = decode_step(kernel, q, k_cache, v_cache, lengths, theta)
 
     step()  # compile and autotune
     calls = 3 if smoke else 300
@@ -328,7 +330,8 @@ def profile_step(kernel, timer, *, batch, cache, heads, kv_heads, head_dim, thet
     result["graph_ms"] = _graph_ms(step, timer)
     pieces = {  # the checks and launch arithmetic run once per call signature; a step looks them up
         "launch plan lookup (checks, launch arguments)": lambda: kernel._plan(
-            q, k_view, v_view, lengths, None, theta, 0.1, "power", "quadratic", None),
+            q, k_cache.transpose(1, 2), v_cache.transpose(1, 2), lengths, None, theta, 0.1, "power",
+            "quadratic", None),
         "torch.empty x4 (out, lse, partials)": lambda: [torch.empty(batch, 1, heads, head_dim, device=device)
                                                         for _ in range(4)],
     }

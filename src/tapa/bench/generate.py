@@ -29,9 +29,9 @@ from pathlib import Path
 import torch
 
 from tapa._paths import write_csv
+from tapa.bench.model import BENCH_MODEL, parse_variant
 from tapa.model import ModelConfig, StaticDecoder, TapaLM
 
-BENCH_MODEL = dict(dim=768, n_layers=12, n_heads=6, vocab_size=50304)  # as `tapa bench model`
 SMOKE_MODEL = dict(dim=32, n_layers=4, n_heads=2, vocab_size=97)
 MODES = ("eager", "static", "graph")
 
@@ -44,15 +44,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="models: a positional encoding, or PE:LAYER_PATTERN:LOCAL_WINDOW")
     parser.add_argument("--out", type=Path, default=Path("runs/bench/generate"))
     parser.add_argument("--smoke", action="store_true", help="tiny model on CPU: tests the logic, not speed")
-
-
-def model_config(spec: str, shape: dict) -> ModelConfig:
-    """'pe' or 'pe:LAYER_PATTERN:LOCAL_WINDOW' -> the ModelConfig of that model at `shape`."""
-    parts = spec.split(":")
-    if len(parts) not in (1, 3):
-        raise ValueError(f"model {spec!r}: expected PE or PE:LAYER_PATTERN:LOCAL_WINDOW")
-    extra = {} if len(parts) == 1 else dict(layer_pattern=parts[1], local_window=int(parts[2]))
-    return ModelConfig(pe=parts[0], **shape, **extra)
 
 
 def _sync(device):
@@ -110,7 +101,7 @@ def run(args) -> int:
     command = "tapa bench generate " + " ".join(shlex.quote(a) for a in argv)
     for spec in args.pes:
         try:
-            cfg = model_config(spec, shape)
+            cfg = ModelConfig(**parse_variant(spec), **shape)
         except ValueError as err:
             raise SystemExit(f"tapa bench generate: {err}") from err
         torch.manual_seed(0)

@@ -101,11 +101,11 @@ def load_jobs(paths, repeats: list | None = None) -> list[dict]:
         if key not in best or rank > (len(best[key]["stages_done"]), best[key]["date"]):
             best[key] = job
     if repeats is not None:
-        kept = {id(j) for j in best.values()}
+        # a kept job, or the same JSON found twice (a folder and an archive), is not a repeat
         seen = {(j["protocol_id"], j["job"], j["date"]) for j in best.values()}
-        for job in found:  # the same JSON found twice (a folder and an archive) is not a repeat
+        for job in found:
             key = (job["protocol_id"], job["job"], job["date"])
-            if id(job) not in kept and key not in seen:
+            if key not in seen:
                 seen.add(key)
                 repeats.append(job)
     return sorted(best.values(), key=lambda j: (j.get("arm_index", 0), j["arm"], j["lr"], j["seed"]))
@@ -600,9 +600,7 @@ def plot_repeats(rows: list[dict], path: Path) -> Path | None:
     if not panels:
         return None
     plt = _pyplot()
-    columns = min(3, len(panels))
-    rows_ = math.ceil(len(panels) / columns)
-    fig, axes = plt.subplots(rows_, columns, figsize=(4.6 * columns, 3.4 * rows_), squeeze=False)
+    fig, axes = _panel_grid(plt, len(panels))
     for ax, ((label, seed, stage, _), mine) in zip(axes.flat, panels.items()):
         mine = sorted(mine, key=lambda r: r["length"])
         lengths = [r["length"] for r in mine]
@@ -617,6 +615,13 @@ def plot_repeats(rows: list[dict], path: Path) -> Path | None:
         ax.legend(fontsize=7)
     return _save_panels(plt, fig, axes, len(panels), "perplexity",
                         "one job run twice: same command, seed and data order", path)
+
+
+def _panel_grid(plt, panels: int, **subplots):
+    """(fig, axes) of up to 3 panels a row, axes always 2-D."""
+    columns = min(3, panels)
+    rows = math.ceil(panels / columns)
+    return plt.subplots(rows, columns, figsize=(4.6 * columns, 3.3 * rows), squeeze=False, **subplots)
 
 
 def _save_panels(plt, fig, axes, used: int, ylabel: str, title: str, path: Path) -> Path:
@@ -674,10 +679,7 @@ def plot_training_curves(jobs: list[dict], path: Path) -> Path | None:
     if not runs:
         return None
     plt = _pyplot()
-    columns = min(3, len(runs))
-    rows_ = math.ceil(len(runs) / columns)
-    fig, axes = plt.subplots(rows_, columns, figsize=(4.6 * columns, 3.3 * rows_), squeeze=False,
-                             sharex=True, sharey=True)
+    fig, axes = _panel_grid(plt, len(runs), sharex=True, sharey=True)
     finals = [loss for seeds in runs.values() for _, _, curve in seeds for _, loss in curve[-3:]]
     low = min(finals)
     for ax, (label, seeds) in zip(axes.flat, runs.items()):

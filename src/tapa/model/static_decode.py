@@ -32,6 +32,21 @@ from tapa.ops.decode import decode_kernel_applies
 from tapa.positional import apply_rope
 
 
+def tapa_impl(cfg, cache: KVCache) -> str | None:
+    """How the static step's global TAPA layers attend on `cache` (prefilled; the shapes never
+    change, so this is decided once): "triton", the split-KV decode kernel, where it takes them,
+    else what the eager step runs, attn_impl's op; None on a model without global TAPA layers."""
+    layer = next((i for i in range(cfg.n_layers) if not cache.local[i]), None)
+    if not cfg.has_tapa_layers or layer is None:
+        return None
+    keys, values = cache.keys[layer], cache.values[layer]
+    q = keys.new_empty(cache.batch, 1, cfg.n_heads, keys.shape[-1])
+    with torch.no_grad():  # decoding needs no gradient
+        if decode_kernel_applies(q, keys, values, cfg.attn_impl):
+            return "triton"
+    return cfg.attn_impl if cfg.attn_impl in ("reference", "naive") else "auto"
+
+
 def cuda_graph_blocker(cfg, cache: KVCache) -> str | None:
     """What keeps the static step on `cache` (prefilled) from being captured as a CUDA graph, or
     None: a device other than CUDA, or global TAPA layers the split-KV decode kernel does not take
@@ -39,14 +54,9 @@ def cuda_graph_blocker(cfg, cache: KVCache) -> str | None:
     device = cache.keys[0].device
     if device.type != "cuda":
         return f"the model and cache on a CUDA device, got {device}"
-    layer = next((i for i in range(cfg.n_layers) if not cache.local[i]), None)
-    if cfg.family != "tapa" or layer is None:
+    if tapa_impl(cfg, cache) in (None, "triton"):
         return None
-    keys, values = cache.keys[layer], cache.values[layer]
-    q = keys.new_empty(cache.batch, 1, cfg.n_heads, keys.shape[-1])
-    with torch.no_grad():
-        if decode_kernel_applies(q, keys, values, cfg.attn_impl):
-            return None
+    keys = cache.keys[next(i for i in range(cfg.n_layers) if not cache.local[i])]
     return (f"the split-KV decode kernel in the global TAPA layers, which does not take attn_impl="
             f"{cfg.attn_impl!r}, {keys.dtype}, {cfg.n_heads} heads on {keys.shape[2]} kv heads of "
             f"head_dim {keys.shape[-1]} (it takes 'auto' or 'triton', float16/bfloat16/float32, "
@@ -79,6 +89,7 @@ class StaticDecoder:
         if blocker:
             raise ValueError(f"cuda_graph=True needs {blocker}")
         self.model, self.cache, self.cfg = model, cache, cfg
+        self.tapa_impl = tapa_impl(cfg, cache)
         device = cache.keys[0].device
         self.rows = torch.arange(cache.batch, device=device)
         self.slots = torch.arange(cache.max_len, device=device)
@@ -96,8 +107,9 @@ class StaticDecoder:
         """Logits (B, 1, vocab) of tokens (B, 1) at slots pos (B,); writes their keys and values."""
         model = self.model
         x = model.embed(tokens)
+        lengths = (pos + 1).to(torch.int32)  # the TAPA layers' filled slots, this token's included
         for block in model.layers:
-            x = x + self._attention(block.attn, block.attn_norm(x), pos)
+            x = x + self._attention(block.attn, block.attn_norm(x), pos, lengths)
             x = x + block.ffn(block.ffn_norm(x))
         return model.lm_head(model.norm(x))
 
@@ -106,7 +118,8 @@ class StaticDecoder:
         batch, _, heads, head_dim = x.shape
         return apply_rope(x.reshape(1, batch, heads, head_dim), cos[pos], sin[pos]).view(batch, 1, heads, head_dim)
 
-    def _attention(self, attn: Attention, h: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    def _attention(self, attn: Attention, h: torch.Tensor, pos: torch.Tensor,
+                   lengths: torch.Tensor) -> torch.Tensor:
         cfg, cache = self.cfg, self.cache
         q, k, v = attn.project(h)
         if attn.family == "rope":
@@ -119,10 +132,7 @@ class StaticDecoder:
         keys[self.rows, slot] = k[:, 0].to(keys.dtype)
         values[self.rows, slot] = v[:, 0].to(values.dtype)
         if attn.family == "tapa":
-            # where the decode kernel does not apply, what the eager step runs: attn_impl's op
-            impl = "triton" if decode_kernel_applies(q, keys, values, cfg.attn_impl) else (
-                cfg.attn_impl if cfg.attn_impl in ("reference", "naive") else "auto")
-            out = tapa_attention_with_kvcache(q, keys, values, (pos + 1).to(torch.int32), impl=impl,
+            out = tapa_attention_with_kvcache(q, keys, values, lengths, impl=self.tapa_impl,
                                               check_lengths=False, theta=cfg.theta, alpha=cfg.alpha,
                                               distance=cfg.distance, phase=cfg.phase)
         elif attn.local:
