@@ -96,21 +96,22 @@ def test_graph_columns_compare_replays_with_replays(tmp_path):
 def test_split_sweep_times_each_effective_count_once(tmp_path):
     """--splits: each requested count as the kernel runs it (whole 16-key blocks per split on the
     interpreter: 2 -> 64 keys -> 2 splits, 3 -> 48 -> 3, 50 -> 16 -> 7 of a 100-slot cache), each
-    once, next to the default (CPU: 4 "SMs", two waves over 2 sequences -> 4 splits)."""
+    once, next to the default (CPU: 4 "SMs", 16 programs over 2 sequences -> 8 -> 16 keys -> 7
+    splits, the same as 50's)."""
     from tapa.bench import decode as bench
     from tapa.ops import decode_kernel
 
     sweep = bench.split_sweep(decode_kernel, bench._timer(True), batch=2, cache=100, heads=2, kv_heads=1,
                               head_dim=16, theta=0.5, dtype=torch.float16, device=torch.device("cpu"),
                               splits=[1, 2, 3, 50, 2], graphs=True)
-    assert sweep["default"] == 4 and sweep["mode"] == "eager"
-    assert sorted(sweep["times"]) == [1, 2, 3, 4, 7] and all(ms > 0 for ms in sweep["times"].values())
+    assert sweep["default"] == 7 and sweep["mode"] == "eager"
+    assert sorted(sweep["times"]) == [1, 2, 3, 7] and all(ms > 0 for ms in sweep["times"].values())
     bench.write_splits(tmp_path, [{"batch": 2, "cache": 100, **sweep}], command="test", device_name="CPU",
                        smoke=True)
     rows = list(csv.DictReader(open(tmp_path / "decode_splits.csv")))
-    assert [r["splits"] for r in rows if r["default"] == "True"] == ["4"] and len(rows) == 5
+    assert [r["splits"] for r in rows if r["default"] == "True"] == ["7"] and len(rows) == 4
     report = (tmp_path / "decode_splits.md").read_text()
-    assert "| 2 | 100 | eager | 4 |" in report and "SMOKE RUN" in report
+    assert "| 2 | 100 | eager | 7 |" in report and "SMOKE RUN" in report
 
 
 def test_splits_must_be_positive(tmp_path):

@@ -17,6 +17,7 @@ CONFIGS = {
     "hybrid-tapa": dict(pe="tapa", layer_pattern="LLLG", local_window=8),
     "hybrid-rope-gqa": dict(pe="rope", layer_pattern="LG", local_window=5, n_kv_heads=1),
 }
+KERNEL_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # where impl="triton" runs
 
 
 def _model(name: str, dtype=torch.float64, device="cpu") -> TapaLM:
@@ -51,14 +52,15 @@ def test_static_steps_give_the_eager_logits(name):
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
 @torch.no_grad()
 def test_the_decode_kernel_path_on_full_buffers():
-    """attn_impl="triton": the global TAPA layers run the split-KV decode kernel (the interpreter
-    on CPU) on the cache's full buffers with lengths pos + 1, as on a GPU, and agree with the eager
-    step, which runs the same kernel on the filled slots only (float32)."""
+    """attn_impl="triton": the global TAPA layers run the split-KV decode kernel (on CUDA where
+    there is one, else the interpreter, which tests/conftest.py turns on) on the cache's full
+    buffers with lengths pos + 1, and agree with the eager step, which runs the same kernel on the
+    filled slots only (float32)."""
     torch.manual_seed(0)
     cfg = ModelConfig(vocab_size=61, dim=32, n_layers=2, n_heads=2, ffn_dim=48, phase_init_scale=1.0,
                       pe="tapa", layer_pattern="LG", local_window=4, attn_impl="triton")
-    model = TapaLM(cfg).eval()
-    tokens = torch.randint(0, 61, (2, 9), generator=torch.Generator().manual_seed(4))
+    model = TapaLM(cfg).to(KERNEL_DEVICE).eval()
+    tokens = torch.randint(0, 61, (2, 9), generator=torch.Generator().manual_seed(4)).to(KERNEL_DEVICE)
     eager_cache, static_cache = model.new_kv_cache(2, 40), model.new_kv_cache(2, 40)
     model(tokens[:, :4], 0, eager_cache)
     model(tokens[:, :4], 0, static_cache)
