@@ -385,7 +385,8 @@ def test_aggregate_splits_continual_variants_and_counts_a_seed_once(tmp_path):
         synthetic_job("rope", "rope", 1e-3, 0, [8] * 6, [9] * 6, label="RoPE", protocol=old_protocol,
                       date="2026-12-01T01:00:00"),
         synthetic_job("rope", "rope", 1e-3, 0, [10] * 6, [7] * 6, label="RoPE",
-                      date="2026-12-02T01:00:00"),  # the same seed re-run, new continual stage
+                      date="2026-12-02T01:00:00",  # the same seed re-run, new continual stage
+                      stage_dates={"pretrain": ["2026-12-02T00:00:00", "2026-12-02T00:05:00"]}),
         synthetic_job("rope", "rope", 1e-3, 1, [12] * 6, [5] * 6, label="RoPE",
                       date="2026-12-02T02:00:00"),
     ]
@@ -401,6 +402,17 @@ def test_aggregate_splits_continual_variants_and_counts_a_seed_once(tmp_path):
     assert (int(old["n"]), float(old["mean"])) == (1, 9.0) and (int(new["n"]), float(new["mean"])) == (2, 6.0)
     readme = (tmp_path / "out" / "README.md").read_text()
     assert "learning rate x1 or x0.1 the pretraining one" in readme
+    # the re-run pretrained seed 0 again: a zero-shot repeat of the kept (latest) run, and no
+    # continual one (the two continual stages differ)
+    repeats = list(csv.DictReader(open(tmp_path / "out" / "repeats.csv")))
+    assert {(r["job"], r["stage"]) for r in repeats} == {("rope:0.001:0", "zero-shot")} and len(repeats) == 6
+    assert (float(repeats[0]["kept"]), float(repeats[0]["repeat"])) == (10.0, 8.0)
+    # a continual-only re-run that read the same pretraining run (its dates) repeats nothing
+    jobs[1]["stage_dates"] = jobs[0]["stage_dates"]
+    (tmp_path / "1.job.json").write_text(json.dumps(jobs[1]))
+    study.aggregate([tmp_path], tmp_path / "out")
+    assert not (tmp_path / "out" / "repeats.csv").exists()  # nor a stale file from the first run
+    assert "No job was run twice." in (tmp_path / "out" / "repeats.md").read_text()
 
 
 def test_plot_survives_a_collapsed_seed_and_many_arms_of_one_family(tmp_path):

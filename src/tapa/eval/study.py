@@ -371,15 +371,21 @@ def repeat_rows(jobs: list[dict], repeats: list[dict]) -> list[dict]:
     seed, another run), its perplexity next to the kept run's, per stage both have and length.
     A stage whose evaluation or the training before it both JSONs share (the same stage dates:
     one run's stages reported again by a later call that resumed it) is the same measurement, not
-    a repeat."""
+    a repeat. A seed pretrained again for another continual protocol (another protocol id, the
+    same pretraining) repeats the zero-shot stage of the run the zero-shot tables keep (the
+    latest, `pretrain_jobs`)."""
     kept = {(j["protocol_id"], j["job"]): j for j in jobs}
+    pairs = [(kept.get((r["protocol_id"], r["job"])), r, ("eval0", "eval1")) for r in repeats]
+    latest = {(j["arm"], j["lr"], j["seed"]): j for j in pretrain_jobs(jobs)}
+    pairs += [(latest[(j["arm"], j["lr"], j["seed"])], j, ("eval0",)) for j in jobs
+              if "pretrain" in j["stages_done"] and latest[(j["arm"], j["lr"], j["seed"])] is not j]
     rows = []
-    for repeat in sorted(repeats, key=lambda j: (j["job"], j["date"])):
-        job = kept.get((repeat["protocol_id"], repeat["job"]))
-        if job is None:
-            continue
+    for job, repeat, stages in sorted((p for p in pairs if p[0] is not None),
+                                      key=lambda p: (p[1]["job"], p[1]["date"])):
         dates, repeat_dates = job.get("stage_dates", {}), repeat.get("stage_dates", {})
         for stage, trained_by in (("eval0", ("pretrain",)), ("eval1", ("pretrain", "continual"))):
+            if stage not in stages:
+                continue
             if any(dates.get(kind) is not None and dates.get(kind) == repeat_dates.get(kind)
                    for kind in (stage, *trained_by)):
                 continue
@@ -947,12 +953,18 @@ def aggregate(paths, out_dir: str | Path, *, protocol_id: str | None = None,
         write_csv(out / "theory_trained.csv", theory)
         written += [out / "theory_trained.csv",
                     plot_theory(theory, pretrained, out / "theory_trained.png")]
+    else:
+        for name in ("theory_trained.md", "theory_trained.csv", "theory_trained.png"):
+            (out / name).unlink(missing_ok=True)
     again = repeat_rows(jobs, repeats)
     tables["repeats"] = repeats_markdown(again) + ("\n\n![repeats](repeats.png)" if again else "")
     save("repeats.md", tables["repeats"])
     if again:
         write_csv(out / "repeats.csv", again)
         written += [out / "repeats.csv", plot_repeats(again, out / "repeats.png")]
+    else:  # an earlier aggregate's files would describe jobs no longer here
+        for name in ("repeats.csv", "repeats.png"):
+            (out / name).unlink(missing_ok=True)
     save("commands.md", commands_markdown(jobs))
     readme, skeleton = out / "README.md", readme_skeleton(jobs, tables, command)
     save("README.md", merge_readme(readme.read_text(), skeleton) if readme.exists() else skeleton)
