@@ -71,6 +71,15 @@ ARMS = {arm.name: arm for arm in (
     Arm("hybrid-rope", "RoPE hybrid (LLLG, w256)", "hybrid", ("--pe", "rope", *HYBRID)),
     Arm("hybrid-rope-eval-yarn", "RoPE hybrid (LLLG, w256) + eval-time YaRN", "hybrid",
         ("--pe", "rope", *HYBRID), eval_pe="rope-yarn"),
+    # controls for hybrid-tapa-clr03 (2026-12-01: x0.3 raised the TAPA hybrid's retrieval on both
+    # seeds, 66/58/56/41% against 50/38/30/19% at x0.1): is the gain TAPA's or the lr's? The same
+    # x0.3 stage for the RoPE hybrid (read with eval-time YaRN, its better form) and for RoPE
+    # continued with YaRN; each shares its owner's pretraining run
+    Arm("hybrid-rope-eval-yarn-clr03", "RoPE hybrid (LLLG, w256) + eval-time YaRN, continual lr x0.3",
+        "hybrid", ("--pe", "rope", *HYBRID), eval_pe="rope-yarn", zero_shot=False,
+        continual_lr_scale=0.3),
+    Arm("rope-yarn-clr03", "RoPE, continued with YaRN (s=4), continual lr x0.3", "rope",
+        ("--pe", "rope"), continual=tuple(YARN_CONTINUAL), zero_shot=False, continual_lr_scale=0.3),
 )}
 FAMILIES = ("rope", "nope", "tapa", "hybrid")
 SWEEP_ARM = {"rope": "rope", "nope": "nope", "tapa": "tapa", "hybrid": "hybrid-tapa"}
