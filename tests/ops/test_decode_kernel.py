@@ -167,3 +167,18 @@ def test_decode_long_cache_cuda(dtype):
         exact, _ = reference(q.double(), k.double(), v.double(), lengths, cache_starts)
         same_dtype, _ = reference(q, k, v, lengths, cache_starts)
         assert rel_rmse(out, exact) <= 2 * rel_rmse(same_dtype, exact) + 1e-6
+
+
+def test_the_tuned_tile_depends_on_the_program_count():
+    """The autotuner keys the split kernel's tile on the number of programs as well as the split
+    length: batch 1 and batch 8 with splits of one length bucket get separate tunings (Run 6)."""
+    assert {"split_bucket", "program_bucket"} <= set(decode_kernel._tuned_split_kernel.keys)
+    decode_kernel._PLANS.clear()
+    buckets = []
+    for batch in (1, 8):
+        q, k, v, lengths, _ = random_case(batch, 1, 4, 2, 32, 150, torch.float32, seed=batch)
+        decode_kernel.tapa_decode_attention(q, k, v, lengths, num_splits=3)
+        plan = next(p for p in decode_kernel._PLANS.values() if p.split_grid[0] == batch * 2)
+        args = dict(zip(decode_kernel._split_kernel.arg_names[7:], plan.split_tail))  # after 7 tensors
+        buckets.append((args["split_bucket"], args["program_bucket"]))
+    assert buckets[0][0] == buckets[1][0] and buckets[0][1] != buckets[1][1], buckets

@@ -47,7 +47,7 @@ def _split_kernel(
     stride_vb, stride_vn, stride_vh, stride_vd,
     stride_ob, stride_o1, stride_o2, stride_o3, stride_od,
     stride_lb, stride_l1, stride_l2, stride_l3,
-    kv_heads, q_len, group, head_dim, v_dim, amp_dim, keys_per_split, split_bucket,
+    kv_heads, q_len, group, head_dim, v_dim, amp_dim, keys_per_split, split_bucket, program_bucket,
     amp_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6,
     HAS_STARTS: tl.constexpr, FINAL: tl.constexpr, DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr,
     TRIG_POLY: tl.constexpr, TRIG_TERMS: tl.constexpr, TAYLOR_ORDER: tl.constexpr, PTX_ASM: tl.constexpr,
@@ -173,14 +173,18 @@ def _merge_kernel(
     tl.store(LSE + batch * stride_lb + head * stride_lh + token * stride_ln, lse)
 
 
-# On a GPU the tile size along the cache and the launch shape are tuned once per query shape and
-# split-length bucket (not per cache length, which changes at every decoding step).
+# On a GPU the tile size along the cache and the launch shape are tuned once per query shape,
+# split-length bucket and program-count bucket (not per cache length, which changes at every
+# decoding step). The program count (batch x kv heads x splits) sets how many programs share an SM,
+# so a tile tuned at batch 1 is not reused at batch 8. Without it, Run 5's shape table (batch 1
+# first) ran batch 8's 8k-32k steps 1.24x slower than Run 6 ran them tuned on their own; this was the
+# likely cause (results/kernel-h200/run-6.md), not proven.
 _TUNED_CONFIGS = [
     triton.Config({"BLOCK_N": block_n}, num_warps=warps, num_stages=2)
     for block_n in (32, 64, 128) for warps in (4, 8)
 ]
 _tuned_split_kernel = triton.autotune(
-    configs=_TUNED_CONFIGS, key=["q_len", "group", "head_dim", "v_dim", "split_bucket"],
+    configs=_TUNED_CONFIGS, key=["q_len", "group", "head_dim", "v_dim", "split_bucket", "program_bucket"],
 )(_split_kernel)
 SPLIT_ALIGN = 128  # split lengths are multiples of every BLOCK_N above
 
@@ -312,7 +316,8 @@ def _plan(q, k_cache, v_cache, cache_seqlens, cache_starts, theta, alpha, distan
                                              dtype=q.dtype, max_distance=capacity - 1)
     split_tail = (*q.stride(), *k_cache.stride(), *v_cache.stride(), *part_strides, *part_lse_strides,
                   kv_heads, q_len, group, head_dim, v_dim, amp_dim, keys_per_split,
-                  keys_per_split.bit_length(), 1.0 / math.sqrt(amp_dim), *logit_scalars)
+                  keys_per_split.bit_length(), (batch * kv_heads * num_splits).bit_length(),
+                  1.0 / math.sqrt(amp_dim), *logit_scalars)
     split_flags = dict(HAS_STARTS=cache_starts is not None, FINAL=part_shape is None, **logit_flags,
                        BLOCK_M=_pow2(rows), BLOCK_D=_pow2(head_dim), BLOCK_DV=block_dv)
     merge_tail = () if part_shape is None else (
@@ -367,7 +372,7 @@ def tapa_decode_attention(
     args = (q, k_cache, v_cache, cache_seqlens, starts, part, part_lse, *plan.split_tail)
     if plan.split_config is not None:
         _split_kernel[plan.split_grid](*args, **plan.split_flags, **plan.split_config)
-    elif q.is_cuda:  # tuned once per query shape and split bucket (the autotuner's key)
+    elif q.is_cuda:  # tuned once per query shape, split and program bucket (the autotuner's key)
         _tuned_split_kernel[plan.split_grid](*args, **plan.split_flags)
         plan.split_config = _tuned_split_kernel.best_config.all_kwargs()
     else:  # the Triton interpreter: one fixed configuration

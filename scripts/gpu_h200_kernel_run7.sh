@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Issue 13, Run 7 in one call (step caps 510 s, under 10 minutes; results/kernel-h200/run-6.md says
+# why each step is here, PLAN.md what each result decides):
+#   tests       the decode tests on CUDA in 8 xdist workers where xdist is installed:
+#               tests/model/test_static_decode.py (its decode-kernel test failed in Run 6 on a test
+#               bug, fixed since, and has never run on a GPU), the decode kernel and op, the decode
+#               bench. The split rule changed after Run 6 (`default_num_splits`: about four programs
+#               per SM, 8 splits at batch 8 x 8 kv heads where it took 5), and the decode autotuner's
+#               key gained the program count's bucket
+#   decode      `tapa bench decode --graphs`: the full shape table (batch 1/8/32 x caches 4k-128k)
+#               under the new split rule, eager and as graph replays (Run 5's took 70 s with
+#               --profile; Run 6 timed only batch 8 at 8k-32k)
+#   splits      batch 1 and 32 at 4k/32k/128k by split count as graph replays, against the new
+#               default (64 splits at batch 1 from 8k up, never timed; 2 at batch 32)
+#   generate    `tapa bench generate` with the time Run 6 lacked (its 60 s cap cut it before the RoPE
+#               rows): whole-model greedy decoding, TAPA / TAPA hybrid / RoPE, ms per token
+#   repeat      the default alone, causal D=128 at 4k/16k/64k, as a second round next to Run 6's
+#               fwd_n (the noise between two runs of the same kernels)
+#   Not again: Run 6 answered the combined default at every N (fwd_n), non-causal (fwd_nc) and the
+#   batch-8 split count (splits).
+#   device tool: run(command="bash scripts/gpu_h200_kernel_run7.sh", kind="nvidia-h200")
+set -uo pipefail
+cd "$(dirname "$0")/.."
+source scripts/device_steps.sh kernel_run7
+PYTEST_ARGS=(-p no:cacheprovider -rfE --tb=short)  # pyproject adds -q
+python3 -c "import xdist" 2>/dev/null && PYTEST_ARGS+=(-n 8)
+step tests 120 python3 -m pytest tests/model/test_static_decode.py tests/ops/test_decode_kernel.py \
+    tests/ops/test_decode.py tests/bench/test_bench_decode.py "${PYTEST_ARGS[@]}"
+step decode 90 python3 -m tapa.cli bench decode --graphs --out "$WORK/decode"
+step splits 60 python3 -m tapa.cli bench decode --batch 1 32 --cache 4096 32768 131072 --graphs \
+    --splits 1 2 4 8 16 33 66 128 --out "$WORK/splits"
+step generate 150 python3 -m tapa.cli bench generate --out "$WORK/generate"
+step repeat 90 python3 -m tapa.bench.attention --head-dims 128 --causal causal \
+    --seq-lens 4096 16384 65536 --long-range-len 0 --reference-len 0 --compile-jobs 4 \
+    --out "$WORK/repeat"
+tar czf "$OUT/kernel_run7.tar.gz" -C /tmp kernel_run7
+echo "done at +$(($(date +%s) - START))s"
+grep -E "^(FAILED|ERROR)|passed|failed" "$WORK/tests.log" | cut -c1-300 | tail -12
+grep -A 22 "^\*\*As CUDA-graph" "$WORK/decode/decode.md" 2>/dev/null | head -24
+grep -E "^Worst|^As graphs" "$WORK/decode/decode.md" 2>/dev/null
+cat "$WORK/splits/decode_splits.md" 2>/dev/null | tail -8
+cat "$WORK/generate/generate.md" 2>/dev/null | tail -38
+grep -A 12 "^## D=128, causal" "$WORK/repeat/attention.md" 2>/dev/null | head -14
