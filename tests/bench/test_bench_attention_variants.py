@@ -67,7 +67,8 @@ def test_variants_markdown_and_main_table():
     errors = [dict(variant="atomic", tensor=name, ratio=1.6 if name == "dq" else 1.2,
                    check="N=2048 D=128 causal=True bfloat16") for name in (*attention_variants.GATED, "lse")]
     text = attention_variants.markdown(rows, variants, errors, ({"dq_atomic": True}, {"bwd": "atomic"}))
-    assert "`atomic`: `dq_atomic=1`" in text and "| atomic | 1.20 | 1.60 | 1.20 | 1.20 | 1.20 | NO |" in text
+    assert "`atomic`: `dq_atomic=1`" in text
+    assert "| atomic | N=2048 D=128 causal=True bfloat16 | 1.20 | 1.60 | 1.20 | 1.20 | 1.20 | NO |" in text
     assert "| atomic | 128 | True | 16384 | 1 | 16.000 | 1.000 | 50.000 | 0.714 | 66.000 | 0.767 |" in text
     assert "| best | 128 | True | 16384 | 2 |" in text
     main = attention._markdown(rows, [], {}, "# header")
@@ -138,7 +139,7 @@ def test_run_wires_variants_combination_and_reports(tmp_path, monkeypatch):
     monkeypatch.setattr(attention_variants, "write_kernel_report", lambda out, quiet=False: [])
     parser = argparse.ArgumentParser()
     attention.add_arguments(parser)
-    args = parser.parse_args(["--seq-lens", "4096", "16384", "--head-dims", "128", "--causal", "causal",
+    args = parser.parse_args(["--seq-lens", "4096", "16384", "--head-dims", "128", "--causal", "both",
                               "--long-range-len", "0", "--reference-len", "0", "--combine-best",
                               "--combine-head-dims", "64", "128", "--kernel-report", "--out", str(tmp_path),
                               "--variants", "wide:fwd=128x128/8/2", "atomic:dq_atomic=1",
@@ -146,8 +147,12 @@ def test_run_wires_variants_combination_and_reports(tmp_path, monkeypatch):
     assert attention.run(args) == 0
     report = (tmp_path / "attention.md").read_text()
     assert "combination `best` from {'fwd+fwd_long': 'wide', 'dkdv+dq+dq_atomic+dq_transpose': 'atomic'}" in report
-    assert "| low | 2.00 | 2.00 | 2.00 | 2.00 | 2.00 | NO |" in report
-    assert "| default | 1.30 | 1.30 | 1.30 | 1.30 | 1.30 | yes |" in report
+    # each variant is checked in each timed mode, non-causal too (it masks nothing)
+    for causal in (True, False):
+        check = f"N=2048 D=128 causal={causal} bfloat16"
+        assert f"| low | {check} | 2.00 | 2.00 | 2.00 | 2.00 | 2.00 | NO |" in report
+        assert f"| default | {check} | 1.30 | 1.30 | 1.30 | 1.30 | 1.30 | yes |" in report
+        assert f"| best | {check} |" in report
     assert "| best | 64 | True | 16384 | 2 | 15.000 | 0.938 | 50.000 | 0.714 |" in report
     assert "| wide | 128 | True | 4096 | 1 | 15.000 | 0.938 | 70.000 | 1.000 |" in report
     errors = (tmp_path / "attention_errors.csv").read_text()

@@ -446,7 +446,8 @@ def run(args) -> int:
     variant_errors = []
     if variants and not args.skip_checks:
         variant_errors = attention_variants.accuracy_rows({"default": {}, **variants}, args.check_len,
-                                                          max(args.head_dims), args.theta, args.heads)
+                                                          max(args.head_dims), args.theta, args.heads,
+                                                          modes)
     args.out.mkdir(parents=True, exist_ok=True)
     write_csv(args.out / "attention_errors.csv", error_rows + variant_errors)
     state = dict(variants=variants, combined=None)
