@@ -14,8 +14,10 @@
 #               default (64 splits at batch 1 from 8k up, never timed; 2 at batch 32)
 #   generate    `tapa bench generate` with the time Run 6 lacked (its 60 s cap cut it before the RoPE
 #               rows): whole-model greedy decoding, TAPA / TAPA hybrid / RoPE, ms per token
-#   repeat      the default alone, causal D=128 at 4k/16k/64k, as a second round next to Run 6's
-#               fwd_n (the noise between two runs of the same kernels)
+#   repeat      the default, causal D=128 at 4k-64k, as a second round next to Run 6's fwd_n (the
+#               noise between two runs of the same kernels), and next to it the separate dQ kernel
+#               (`dq_atomic=0`, at its default tile and at Run 3's best, 128x64): Run 6's backward was 1.22-1.26x flash's up to 16k but 1.31x at
+#               32k-64k, and the atomic dQ's traffic grows with N / block_n
 #   Not again: Run 6 answered the combined default at every N (fwd_n), non-causal (fwd_nc) and the
 #   batch-8 split count (splits).
 #   device tool: run(command="bash scripts/gpu_h200_kernel_run7.sh", kind="nvidia-h200")
@@ -31,8 +33,8 @@ step splits 60 python3 -m tapa.cli bench decode --batch 1 32 --cache 4096 32768 
     --splits 1 2 4 8 16 33 66 128 --out "$WORK/splits"
 step generate 150 python3 -m tapa.cli bench generate --out "$WORK/generate"
 step repeat 90 python3 -m tapa.bench.attention --head-dims 128 --causal causal \
-    --seq-lens 4096 16384 65536 --long-range-len 0 --reference-len 0 --compile-jobs 4 \
-    --out "$WORK/repeat"
+    --seq-lens 4096 16384 32768 65536 --long-range-len 0 --reference-len 0 --compile-jobs 4 \
+    --variants dq-kernel:dq_atomic=0 dq-kernel-64:dq_atomic=0,dq=128x64/8/2 --out "$WORK/repeat"
 tar czf "$OUT/kernel_run7.tar.gz" -C /tmp kernel_run7
 echo "done at +$(($(date +%s) - START))s"
 grep -E "^(FAILED|ERROR)|passed|failed" "$WORK/tests.log" | cut -c1-300 | tail -12
@@ -41,3 +43,4 @@ grep -E "^Worst|^As graphs" "$WORK/decode/decode.md" 2>/dev/null
 cat "$WORK/splits/decode_splits.md" 2>/dev/null | tail -8
 cat "$WORK/generate/generate.md" 2>/dev/null | tail -38
 grep -A 12 "^## D=128, causal" "$WORK/repeat/attention.md" 2>/dev/null | head -14
+grep -A 10 "^| variant | D" "$WORK/repeat/attention.md" 2>/dev/null | head -10
