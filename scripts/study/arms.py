@@ -51,6 +51,10 @@ ARMS = {arm.name: arm for arm in (
     Arm("rope-yarn", "RoPE, continued with YaRN (s=4)", "rope", ("--pe", "rope"),
         continual=tuple(YARN_CONTINUAL), zero_shot=False),
     Arm("rope-eval-yarn", "RoPE + eval-time YaRN", "rope", ("--pe", "rope"), eval_pe="rope-yarn"),
+    # the other eval-time RoPE scalings users compare against (added 2026-12-01): each reads the
+    # RoPE arm's runs, with the factor set to each evaluation length over the training length
+    Arm("rope-eval-pi", "RoPE + eval-time PI", "rope", ("--pe", "rope"), eval_pe="rope-pi"),
+    Arm("rope-eval-ntk", "RoPE + eval-time NTK", "rope", ("--pe", "rope"), eval_pe="rope-ntk"),
     Arm("nope", "NoPE", "nope", ("--pe", "nope")),
     Arm("tapa", "TAPA", "tapa", ("--pe", "tapa", *PHASE_LR)),
     Arm("tapa-theta75", "TAPA, theta 0.75", "tapa", ("--pe", "tapa", "--theta", "0.75", *PHASE_LR)),
@@ -185,23 +189,32 @@ PROTOCOLS = {p.name: p for p in (TOY_GPU, SCALE_768, TINY_CPU)}
 class Estimates:
     """What the runner assumes before this call has measured anything (then it uses what it saw).
 
-    tokens_per_s: one training process alone on an H200 at L=512, measured 2026-12-01 (runner logs
-    in results/toy-study/calls): ~690k tokens/s for the NoPE hybrid, ~715k for TAPA.
+    tokens_per_s: one training process alone on an H200 at L=512, over a whole stage (its
+    validation passes and checkpoints included). The runner logs' progress lines read ~690k
+    tokens/s for the NoPE hybrid and ~715k for TAPA (results/toy-study/calls, 2026-12-01); whole
+    pretraining stages ran at 560-620k for the hybrids.
     speedup: total throughput of N processes sharing the GPU over one alone, measured the same day:
     2 processes ~640-670k tokens/s together, 4 processes ~610-680k. Processes time-slice the GPU
     (no MPS), so sharing buys nothing: run one at a time (--concurrent 1), which also finishes jobs
     sooner and loses less at a call's end.
     """
 
-    tokens_per_s: float = 700_000.0
+    # Calibrated 2026-12-01 on the stage times of the job JSONs since 10:00 UTC (`wall_seconds`, 23
+    # jobs): pretraining 100M tokens took 166-179 s for the hybrids and TAPA (136 s NoPE); the
+    # 5M-token continual stage 11-20 s; per evaluated rule, an evaluation 9-10 s at the median (18 s
+    # the first of a call), a passkey grid 13.6 s (25 s max), theory 6 s (27 s max). The estimates
+    # sit above the medians, and hold the slowest pretraining, so that the runner never starts a
+    # group it cannot finish; before this they were 25/25/15 s at 700k tokens/s, 20 s startup, and
+    # the groups ran in 0.72-0.81x of them.
+    tokens_per_s: float = 600_000.0
     speedup: dict = field(default_factory=lambda: {1: 1.0, 2: 0.95, 3: 0.93, 4: 0.92})
-    startup_s: float = 20.0  # per training stage: imports, CUDA context, Triton compiles, corpus
-    eval_s_per_method: float = 25.0  # 6 lengths x 64k scored tokens, up to 16k windows
-    passkey_s_per_method: float = 25.0  # 4 lengths x 5 depths x 50 trials, up to 16k prompts
-    theory_s: float = 15.0  # load, 8 x 4096 tokens through one layer, binning, iid samples
-    # fresh machine: BPE on 50 MB + tokenizing ~400 MB (64 s, later 77 s twice), then the
-    # kernels' preflight (preflight.py, ~20 s, not yet measured on the GPU)
-    data_build_s: float = 100.0
+    startup_s: float = 10.0  # per training stage: imports, CUDA context, Triton compiles, corpus
+    eval_s_per_method: float = 14.0  # 6 lengths x 64k scored tokens, up to 16k windows
+    passkey_s_per_method: float = 18.0  # 4 lengths x 5 depths x 50 trials, up to 16k prompts
+    theory_s: float = 12.0  # load, 8 x 4096 tokens through one layer, binning, iid samples
+    # fresh machine: BPE on 50 MB + tokenizing ~400 MB (64 s, then 77 s twice, 53 s with the
+    # batched encoder), then the kernels' preflight (15 s): 68 s on 2026-12-01 21:58 UTC
+    data_build_s: float = 80.0
 
     def process_rate(self, concurrent: int) -> float:
         speedup = self.speedup.get(concurrent, max(self.speedup.values()))

@@ -44,9 +44,10 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from arms import FAMILIES, PROTOCOLS, STAGES, TINY_ESTIMATES, Estimates  # noqa: E402
+from arms import ARMS, FAMILIES, PROTOCOLS, STAGES, TINY_ESTIMATES, Estimates  # noqa: E402
 from plan import (Group, build_groups, check_flags, estimate_stage, parse_jobs,  # noqa: E402
-                  job_stages, parse_lr_map, plan_jobs, split_batches, stage_closure)
+                  job_stages, parse_lr_map, plan_jobs, pretrain_owner, split_batches,
+                  stage_closure)
 from summarize import (corpus_summary, done_marker, finished_stages, job_summary, pack,  # noqa: E402
                        read_json, write_json_atomic)
 
@@ -134,10 +135,19 @@ def configure(args):
     stages = stage_closure(args.stages or default)
     if args.skip_done:
         done = done_jobs(args.skip_done, protocol.fingerprint(), stages)
-        skipped = [job.id for job in jobs if job.id in done]
+        skipped = [job for job in jobs if job.id in done]
         jobs = [job for job in jobs if job.id not in done]
+        # a job left to run that trains its group's pretraining again: the done owner of that
+        # pretraining rides along, so the rerun is also measured as a repeat of the owner
+        rerun = {(pretrain_owner(ARMS[j.arm]), j.lr, j.seed) for j in jobs}  # stages hold pretrain
+        again = [job for job in skipped if (job.arm, job.lr, job.seed) in rerun]
+        jobs = again + jobs
         if skipped:
-            print(f"skipping {len(skipped)} job(s) done in {args.skip_done}: {', '.join(skipped)}")
+            print(f"skipping {len(skipped) - len(again)} job(s) done in {args.skip_done}: "
+                  f"{', '.join(j.id for j in skipped if j not in again)}")
+        if again:
+            print(f"running {len(again)} done job(s) again with a pretraining they share (a repeat): "
+                  f"{', '.join(j.id for j in again)}")
     return protocol, estimates, jobs, stages
 
 

@@ -148,6 +148,25 @@ def test_skip_done_leaves_out_only_complete_jobs_of_this_protocol(tmp_path, caps
     assert {job.id for job in jobs} == {"tapa:0.002:3", "tapa:0.002:4", "nope:0.001:2", "nope:0.001:3",
                                         "nope:0.001:4"}
     assert "skipping 1 job(s)" in capsys.readouterr().out
+    # a job still to run that trains a done owner's pretraining again: the owner rides along (a
+    # repeat of it); a done job of another pretraining, or one the plan does not hold, does not
+    args = run.parse_args(["--plan", "seeds", "--families", "tapa", "--arms", "tapa,tapa-theta75",
+                           "--lr", "tapa=0.002", "--seeds", "2", "--skip-done", str(tmp_path)])
+    _, _, jobs, _ = run.configure(args)
+    assert [job.id for job in jobs] == ["tapa-theta75:0.002:2"]  # theta 0.75: another pretraining
+    args = run.parse_args(["--plan", "seeds", "--families", "rope", "--arms", "rope-eval-yarn,rope-eval-pi",
+                           "--lr", "rope=0.001", "--seeds", "2", "--skip-done", str(tmp_path)])
+    _, _, jobs, _ = run.configure(args)
+    assert [job.id for job in jobs] == ["rope-eval-pi:0.001:2"]  # its owner, rope, is not in the plan
+    (tmp_path / "g.job.json").write_text(json.dumps(synthetic_job(
+        "rope", "rope", 1e-3, 2, [10] * 6, complete=True, stages_done=stages[:3] + [
+            "continual-rope", "eval1-rope", "passkey-rope"])))
+    args = run.parse_args(["--plan", "seeds", "--families", "rope", "--arms", "rope,rope-eval-yarn,rope-eval-pi",
+                           "--lr", "rope=0.001", "--seeds", "2", "--skip-done", str(tmp_path)])
+    _, _, jobs, _ = run.configure(args)
+    assert [job.id for job in jobs] == ["rope:0.001:2", "rope-eval-pi:0.001:2"]  # rope-eval-yarn stays done
+    assert "running 1 done job(s) again with a pretraining they share (a repeat): rope:0.001:2" in \
+        capsys.readouterr().out
 
 
 def test_plan_shares_runs_and_fills_the_protocol():
