@@ -421,6 +421,10 @@ def test_aggregate_splits_continual_variants_and_counts_a_seed_once(tmp_path):
     assert (int(old["n"]), float(old["mean"])) == (1, 9.0) and (int(new["n"]), float(new["mean"])) == (2, 6.0)
     readme = (tmp_path / "out" / "README.md").read_text()
     assert "learning rate x1 or x0.1 the pretraining one" in readme
+    # two continual protocols: the main figure holds the latest one's lr, a second one both
+    assert "![continual at lr x0.1](perplexity_continual.png)" in readme
+    assert "![continual, every protocol](perplexity_continual_all.png)" in readme
+    assert (tmp_path / "out" / "perplexity_continual_all.png").stat().st_size > 0
     # the re-run pretrained seed 0 again: a zero-shot repeat of the kept (latest) run, and no
     # continual one (the two continual stages differ)
     repeats = list(csv.DictReader(open(tmp_path / "out" / "repeats.csv")))

@@ -7,7 +7,9 @@ Every number written comes from the job JSONs. Written to --out:
     jobs.csv                          one row per job
     lr_sweep.csv, lr_sweep.md         per family and arm, each lr: final validation loss, zero-shot ppl
     perplexity.csv                    per stage, arm, length: mean, std (over seeds), n, the values
-    perplexity_{zero_shot,continual}.md  and .png (log-log, error bars: one std over seeds)
+    perplexity_{zero_shot,continual}.md  and .png (log-log, error bars: one std over seeds); with
+                                      several continual lrs, the .png holds the latest protocol's
+                                      and perplexity_continual_all.png every one
     passkey.csv, passkey.md, passkey.png   accuracy per length and depth, mean over seeds
     theory_trained.csv, .md, .png     logit moments vs distance on trained weights (tapa.theory.trained)
     training_curves.png               pretraining loss vs step, per arm and seed
@@ -595,6 +597,32 @@ def plot_perplexity(rows: list[dict], path: Path, *, title: str, train_len: int 
     return path
 
 
+def plot_continual(continued: list[dict], rows: list[dict], out: Path, train_len: int, stride: int,
+                   tables: dict) -> list[Path]:
+    """The continual-stage figure. When the jobs ran more than one continual lr, the main figure
+    holds the latest protocol's (its lr scale; the others would crowd it) and a second one every
+    protocol; tables["continual figure"] gets the README's lines for them."""
+    title = "continual perplexity vs length"
+    latest = max(continued, key=lambda j: j["date"])["protocol"]
+    current = latest.get("continual_lr_scale", ADDED_LATER["continual_lr_scale"])
+    mine = [j for j in continued if continual_scale(j) == current]
+    if len(mine) == len(continued):
+        (out / "perplexity_continual_all.png").unlink(missing_ok=True)  # an earlier aggregate's
+        tables["continual figure"] = "![continual](perplexity_continual.png)"
+        return [plot_perplexity(rows, out / "perplexity_continual.png", title=title,
+                                train_len=train_len, stride=stride)]
+    tables["continual figure"] = (
+        f"![continual at lr x{current:g}](perplexity_continual.png)\n\nEvery continual protocol "
+        "(each lr scale, the variant arms included):\n\n![continual, every protocol]"
+        "(perplexity_continual_all.png)")
+    return [plot_perplexity(perplexity_summary(mine, "eval1"), out / "perplexity_continual.png",
+                            title=f"{title}, continual lr x{current:g} (the protocol now)",
+                            train_len=train_len, stride=stride),
+            plot_perplexity(rows, out / "perplexity_continual_all.png",
+                            title=f"{title}, every continual protocol", train_len=train_len,
+                            stride=stride)]
+
+
 def plot_repeats(rows: list[dict], path: Path) -> Path | None:
     """One panel per repeated job and stage: perplexity vs length of the kept run and of its
     repeat (log-log), so where two runs of one seed part shows at a glance."""
@@ -821,7 +849,7 @@ def readme_skeleton(jobs: list[dict], tables: dict[str, str], command: str) -> s
         "![zero-shot](perplexity_zero_shot.png)", "",
         tables["comparisons"], "",
         "## After the continual stage", "", tables["continual"], "",
-        "![continual](perplexity_continual.png)", "",
+        tables.get("continual figure", "![continual](perplexity_continual.png)"), "",
         "## Repeat runs of one job (run-to-run spread at a fixed seed)", "", tables["repeats"], "",
         "## Learning-rate sweep", "", tables["lr"], "",
         "![training curves](training_curves.png)", "",
@@ -918,7 +946,9 @@ def aggregate(paths, out_dir: str | Path, *, protocol_id: str | None = None,
         all_rows += rows
         tables[name] = perplexity_markdown(rows, f"{name} perplexity") if rows else "No results."
         save(f"perplexity_{name.replace('-', '_')}.md", tables[name])
-        if rows:
+        if rows and stage == "eval1":
+            written += plot_continual(continued, rows, out, train_len, protocol["eval_stride"], tables)
+        elif rows:
             written.append(plot_perplexity(rows, out / f"perplexity_{name.replace('-', '_')}.png",
                                            title=f"{name} perplexity vs length", train_len=train_len,
                                            stride=protocol["eval_stride"]))
