@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 13, Run 7 in one call (step caps 530 s, under 10 minutes; results/kernel-h200/run-6.md says
+# Issue 13, Run 7 in one call (step caps 540 s, under 10 minutes; results/kernel-h200/run-6.md says
 # why each step is here, PLAN.md what each result decides):
 #   tests       the decode tests on CUDA in 8 xdist workers where xdist is installed:
 #               tests/model/test_static_decode.py (its decode-kernel test failed in Run 6 on a test
@@ -17,7 +17,9 @@
 #   repeat      the default, causal D=128 at 4k-64k, as a second round next to Run 6's fwd_n (the
 #               noise between two runs of the same kernels), and next to it the separate dQ kernel
 #               (`dq_atomic=0`, at its default tile and at Run 3's best, 128x64): Run 6's backward was 1.22-1.26x flash's up to 16k but 1.31x at
-#               32k-64k, and the atomic dQ's traffic grows with N / block_n
+#               32k-64k, and the atomic dQ's traffic grows with N / block_n; and `dkdv_reverse=1`,
+#               the dK/dV kernel's unmasked query blocks from the last one down (concurrent
+#               programs on the same query rows: L2 reuse against atomic contention)
 #   ncu_dkdv    Nsight Compute's memory counters (L2 hit rate, DRAM and L2 throughput) of the atomic
 #               dK/dV kernel at 4k and 64k: the backward falls from 1.22-1.26x flash's backward up to
 #               16k to 1.31x at 32k-64k
@@ -35,9 +37,10 @@ step decode 90 python3 -m tapa.cli bench decode --graphs --out "$WORK/decode"
 step splits 60 python3 -m tapa.cli bench decode --batch 1 32 --cache 4096 32768 131072 --graphs \
     --splits 1 2 4 8 16 33 66 128 --out "$WORK/splits"
 step generate 130 python3 -m tapa.cli bench generate --out "$WORK/generate"
-step repeat 90 python3 -m tapa.bench.attention --head-dims 128 --causal causal \
+step repeat 100 python3 -m tapa.bench.attention --head-dims 128 --causal causal \
     --seq-lens 4096 16384 32768 65536 --long-range-len 0 --reference-len 0 --compile-jobs 4 \
-    --variants dq-kernel:dq_atomic=0 dq-kernel-64:dq_atomic=0,dq=128x64/8/2 --out "$WORK/repeat"
+    --variants dq-kernel:dq_atomic=0 dq-kernel-64:dq_atomic=0,dq=128x64/8/2 reverse:dkdv_reverse=1 \
+    --out "$WORK/repeat"
 # The atomic dK/dV kernel's memory counters at 4k and 64k (batch x N = 64k, the bench's shapes):
 # does the backward's drift from 1.22-1.26x flash's (<= 16k) to 1.31x (32k-64k) come from L2?
 cat > "$WORK/dkdv_driver.py" <<'EOF'

@@ -123,6 +123,20 @@ def test_atomic_dq(phase, transpose):
         _check(q, k, v, causal=True, phase=phase, q_offset=5)
 
 
+@pytest.mark.parametrize("atomic", [False, True], ids=["dkdv", "dkdv_atomic_dq_t"])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "noncausal"])
+def test_dkdv_reverse_query_order(causal, atomic):
+    """dkdv_reverse: the dK/dV kernel's unmasked query blocks from the last one down. Ragged N =
+    101 in query tiles of 16 gives each key block 2-7 unmasked blocks to mirror (a wrong mirror
+    drops or repeats one); GQA, so each program sweeps two query heads."""
+    q, k, v = _inputs(1, 101, 101, 4, 2, 32, 32, torch.float32, seed=13)
+    base = triton_launch.default_configs(32, 32, torch.float32)
+    with triton_launch.override_configs(triton_launch.LaunchConfigs(
+            base.fwd, base.dkdv, base.dq, dq_atomic=atomic, dq_transpose=atomic, dkdv_reverse=True)):
+        assert triton_launch.dkdv_flags(triton_launch.default_configs(32, 32, torch.float32))["REVERSE_Q"]
+        _check(q, k, v, causal=causal, q_offset=0 if causal else 7)
+
+
 @pytest.mark.parametrize("distance", ["power", "linear"])
 def test_alpha_at_its_bound(distance):
     """alpha = MAX_ALPHA: at short range, where float32 still resolves the phase (up to 20**4 turns),
@@ -394,13 +408,13 @@ def test_deterministic_mode_takes_the_dq_kernel():
     atomic = triton_launch.with_variant(triton_launch.default_configs(32, 32, torch.float16),
                                         "dq_atomic=1,dq_transpose=1")
     assert triton_launch.dq_by_atomics(atomic)
-    assert triton_launch.dkdv_flags(atomic) == dict(DQ_ATOMIC=True, DQ_TRANSPOSE=True)
+    assert triton_launch.dkdv_flags(atomic) == dict(DQ_ATOMIC=True, DQ_TRANSPOSE=True, REVERSE_Q=False)
     assert triton_launch.dkdv_flags(replace(atomic, dq_atomic=False))["DQ_TRANSPOSE"] is False
     was = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True)
     try:
         assert not triton_launch.dq_by_atomics(atomic)
-        assert triton_launch.dkdv_flags(atomic) == dict(DQ_ATOMIC=False, DQ_TRANSPOSE=False)
+        assert triton_launch.dkdv_flags(atomic) == dict(DQ_ATOMIC=False, DQ_TRANSPOSE=False, REVERSE_Q=False)
     finally:
         torch.use_deterministic_algorithms(was)
 
@@ -446,6 +460,8 @@ VARIANTS = {  # spec: call arguments (FAR where the variant changes the far-tile
     "taylor_order=3,taylor_tolerance=1e-6": FAR,
     "taylor_order=2,taylor_tolerance=1e-6,dq_atomic=1,trig_terms=3": FAR,
     "dq_atomic=1,dq_transpose=1": dict(theta=0.75),  # both column halves padded (24 + 8 of 32)
+    "dkdv_reverse=1": {},  # the dK/dV kernel's unmasked query blocks from the last one down
+    "dkdv_reverse=1,dq_atomic=1,dq_transpose=1": dict(causal=False),  # every block unmasked
     "fwd=16x32/4/1/ws,dkdv=32x16/4/1/ws,dq=16x32/4/3/ws": {},
 }
 
@@ -465,7 +481,7 @@ def test_mufu_trig_within_the_half_precision_bar():
 
 
 def _check_variant(spec, call):
-    kwargs = dict(causal=True, **call)
+    kwargs = {"causal": True, **call}
     q, k, v = _inputs(1, 37, 37, 2, 1, 32, 32, torch.float16, seed=31)
     configs = triton_launch.with_variant(triton_launch.default_configs(32, 32, q.dtype), spec)
     if "taylor_order" in spec:  # every kernel's tiles must take the far-tile series

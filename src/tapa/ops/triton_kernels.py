@@ -189,7 +189,7 @@ def _dkdv_inner(dk_a, dk_p, dk_psum, dv, k_a, k_p, k_sum, v, pos_n, key_first,
                 TRIG_TERMS: tl.constexpr, TAYLOR_ORDER: tl.constexpr, PTX_ASM: tl.constexpr,
                 LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr,
                 WARP_SPECIALIZE: tl.constexpr, DQ_ATOMIC: tl.constexpr,
-                DQ_TRANSPOSE: tl.constexpr):
+                DQ_TRANSPOSE: tl.constexpr, REVERSE_Q: tl.constexpr):
     """dK/dV of one key block against query blocks [lo, hi); tiles are (keys, queries).
 
     With DQ_ATOMIC the tile's share of dQ is also added (float32 atomics) into dq_base, so that
@@ -197,11 +197,20 @@ def _dkdv_inner(dk_a, dk_p, dk_psum, dv, k_a, k_p, k_sum, v, pos_n, key_first,
     that share as dQ^T = K^T dS: its M is then the head columns instead of the query tile, so its
     dots get Hopper's wgmma (M >= 64) at the 32-query tile that fits the registers, while the
     atomics per score stay those of the 128-key tile.
+
+    REVERSE_Q visits the query blocks from the last one down to lo (the same blocks, mirrored).
+    The kernel sets it for the unmasked blocks only, after the few masked ones at its diagonal, so
+    that the dK/dV programs running at once, which all end at the last query block, read the same
+    query rows at about the same time instead of rows spread over the sequence (and add their dQ
+    shares to the same rows: atomic contention is the price).
     """
     offs_da = tl.arange(0, BLOCK_DA)
     offs_dp = AMP_DIM + tl.arange(0, BLOCK_DP)
     offs_dv = tl.arange(0, BLOCK_DV)
-    for start_m in tl.range(lo, hi, BLOCK_M, warp_specialize=WARP_SPECIALIZE):
+    for tile_m in tl.range(lo, hi, BLOCK_M, warp_specialize=WARP_SPECIALIZE):
+        start_m = tile_m
+        if REVERSE_Q:  # lo + last - tile_m: the blocks of [lo, hi) in the opposite order
+            start_m = lo + (tl.cdiv(hi - lo, BLOCK_M) - 1) * BLOCK_M - (tile_m - lo)
         offs_m = start_m + tl.arange(0, BLOCK_M)
         row_ok = offs_m < n_q
         rows = offs_m.to(tl.int64)[:, None]
@@ -278,7 +287,8 @@ def _bwd_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV, DQ,
                      TRIG_POLY: tl.constexpr, TRIG_TERMS: tl.constexpr,
                      TAYLOR_ORDER: tl.constexpr, PTX_ASM: tl.constexpr, LONG_PHASE: tl.constexpr,
                      DOT_PRECISION: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
-                     DQ_ATOMIC: tl.constexpr, DQ_TRANSPOSE: tl.constexpr):
+                     DQ_ATOMIC: tl.constexpr, DQ_TRANSPOSE: tl.constexpr,
+                     REVERSE_Q: tl.constexpr):
     start_n = tl.program_id(0) * BLOCK_N
     batch = tl.program_id(1) // kv_heads
     kv_head = tl.program_id(1) % kv_heads
@@ -328,7 +338,7 @@ def _bwd_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV, DQ,
             amp_grad_scale, phase_grad_scale,
             AMP_DIM, HEAD_DIM, V_DIM, BLOCK_DA, BLOCK_DP, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL,
             DIST_POWER, PHASE_QUAD, TRIG_POLY, TRIG_TERMS, TAYLOR_ORDER, PTX_ASM, LONG_PHASE,
-            DOT_PRECISION, WARP_SPECIALIZE, DQ_ATOMIC, DQ_TRANSPOSE)
+            DOT_PRECISION, WARP_SPECIALIZE, DQ_ATOMIC, DQ_TRANSPOSE, False)
         dk_a, dk_p, dk_psum, dv = _dkdv_inner(
             dk_a, dk_p, dk_psum, dv, k_a, k_p, k_sum, v, pos_n, key_first, q_base, do_base, dq_base,
             Lse + bh * n_q, Delta + bh * n_q, stride_qn, stride_dn, stride_dqn, n_q, q_offset,
@@ -336,7 +346,7 @@ def _bwd_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV, DQ,
             amp_grad_scale, phase_grad_scale,
             AMP_DIM, HEAD_DIM, V_DIM, BLOCK_DA, BLOCK_DP, BLOCK_DV, BLOCK_M, BLOCK_N, False,
             DIST_POWER, PHASE_QUAD, TRIG_POLY, TRIG_TERMS, TAYLOR_ORDER, PTX_ASM, LONG_PHASE,
-            DOT_PRECISION, WARP_SPECIALIZE, DQ_ATOMIC, DQ_TRANSPOSE)
+            DOT_PRECISION, WARP_SPECIALIZE, DQ_ATOMIC, DQ_TRANSPOSE, REVERSE_Q)
 
     dk_base = DK + batch.to(tl.int64) * stride_dkb + kv_head.to(tl.int64) * stride_dkh
     tl.store(dk_base + rows * stride_dkn + offs_da[None, :],

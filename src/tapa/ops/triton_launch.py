@@ -50,6 +50,10 @@ DQ_ATOMIC = False
 # dots run on wgmma at query tiles below 64, where a config does not choose. The 16-bit configs at
 # D = 128 choose it (timed in results/kernel-h200/run-5.md).
 DQ_TRANSPOSE = False
+# The dK/dV kernel's unmasked query blocks from the last one down (True) instead of up from its
+# diagonal, so that the key blocks' programs running at once read the same query rows together
+# (an L2 question, results/kernel-h200/PLAN.md), where a config does not choose. No default sets it.
+DKDV_REVERSE = False
 # Up to this many keys the forward takes `LaunchConfigs.fwd`, above it `fwd_long` where set.
 FWD_SHORT_KEYS = 16384
 
@@ -82,6 +86,7 @@ class LaunchConfigs:
     taylor_tolerance: float | None = None  # None: the module's TAYLOR_TOLERANCE
     dq_transpose: bool | None = None  # None: the module's DQ_TRANSPOSE (read only with dq_atomic)
     fwd_long: KernelConfig | None = None  # the forward above FWD_SHORT_KEYS keys; None: fwd at every length
+    dkdv_reverse: bool | None = None  # None: the module's DKDV_REVERSE
 
 
 # Fixed when the kernels are defined (TRITON_INTERPRET is read then); a module constant, so that
@@ -146,7 +151,8 @@ def _parse_flag(key: str, text: str) -> bool:
 def parse_variant(spec: str) -> dict:
     """Field changes of `LaunchConfigs` from 'key=value,key=value' (keys are its field names).
 
-    fwd/fwd_long/dkdv/dq=BMxBN[/warps[/stages]][/ws]; dq_atomic, dq_transpose, trig_poly=0|1;
+    fwd/fwd_long/dkdv/dq=BMxBN[/warps[/stages]][/ws]; dq_atomic, dq_transpose, dkdv_reverse,
+    trig_poly=0|1;
     trig_terms=3..6 (sin terms; float32 inputs keep at least FLOAT32_TRIG_ERROR);
     taylor_order=1..6; taylor_tolerance=<float>. An empty spec changes nothing.
     """
@@ -160,7 +166,7 @@ def parse_variant(spec: str) -> dict:
                              f"{sorted(names)}")
         if key in ("fwd", "fwd_long", "dkdv", "dq"):
             changes[key] = _parse_kernel_config(key, text)
-        elif key in ("dq_atomic", "dq_transpose", "trig_poly"):
+        elif key in ("dq_atomic", "dq_transpose", "dkdv_reverse", "trig_poly"):
             changes[key] = _parse_flag(key, text)
         elif key == "trig_terms":
             if not text.isdigit() or int(text) not in TRIG_COEFFICIENTS:
@@ -275,10 +281,11 @@ def dq_by_atomics(configs: LaunchConfigs | None = None) -> bool:
 
 def dkdv_flags(configs: LaunchConfigs | None = None) -> dict:
     """The dK/dV kernel's own constexprs: dQ by atomics (`dq_by_atomics`) and, with them, the
-    transposed dQ products."""
+    transposed dQ products; the query blocks' order."""
     dq_atomic = dq_by_atomics(configs)
     return dict(DQ_ATOMIC=dq_atomic,
-                DQ_TRANSPOSE=dq_atomic and bool(_chosen(configs, "dq_transpose", DQ_TRANSPOSE)))
+                DQ_TRANSPOSE=dq_atomic and bool(_chosen(configs, "dq_transpose", DQ_TRANSPOSE)),
+                REVERSE_Q=bool(_chosen(configs, "dkdv_reverse", DKDV_REVERSE)))
 
 
 # every name `_remember` records a training kernel under (`compiled_kernels`, the census)
