@@ -362,6 +362,8 @@ def test_comparisons_from_the_seeds(tmp_path):
     assert float(rows[2048]["p_welch"]) != float(rows[2048]["p_welch"])  # no spread on either side: nan
     markdown = (tmp_path / "out" / "comparisons.md").read_text()
     assert f"| TAPA | ROPE | 512 | 3/3 | 8.00 | 11.00 | 0.727 | 3.67 (4.0) | {p:.3f} | 0.050 |" in markdown
+    assert (tmp_path / "out" / "comparisons.png").stat().st_size > 0  # the pairs seed by seed
+    assert "![seed by seed](comparisons.png)" in (tmp_path / "out" / "README.md").read_text()
 
 
 def test_aggregate_refuses_mixed_protocols(tmp_path):

@@ -16,6 +16,7 @@ Every number written comes from the job JSONs. Written to --out:
     coverage.md                       the seeds each arm has per measurement (what is still missing)
     comparisons.csv, comparisons.md   the study's questions as pairs of arms, per length (zero-shot):
                                       one-sided Welch and exact Mann-Whitney p-values over seeds
+    comparisons.png                   those pairs seed by seed (one point per seed and length)
     repeats.csv, .md, .png            jobs run more than once (same seed): kept run vs repeat per length
     commands.md                       every job's exact commands
     README.md                         protocol, hardware, dates, tables. Rewritten in place when it
@@ -623,6 +624,42 @@ def plot_continual(continued: list[dict], rows: list[dict], out: Path, train_len
                             stride=stride)]
 
 
+def plot_comparisons(jobs: list[dict], path: Path, stage: str = "eval0") -> Path | None:
+    """One panel per compared pair (COMPARISONS): every seed's perplexity at each length, A's and
+    B's side by side, log-log, so how far the seeds overlap shows next to the tests' p."""
+    from tapa.eval.plots import _pyplot
+
+    found = seed_perplexities(jobs, stage)
+    pairs = [(a, b, question) for a, b, question in COMPARISONS if a in found and b in found]
+    if not pairs:
+        return None
+    plt = _pyplot()
+    fig, axes = _panel_grid(plt, len(pairs))
+    for ax, (first, second, question) in zip(axes.flat, pairs):
+        for arm, shift, marker in ((first, 0.94, "o"), (second, 1.06, "s")):
+            values = found[arm]["values"]
+            xs = [n * shift for n in values for _ in values[n]]
+            ys = [v for n in values for _, v in values[n]]
+            ax.scatter(xs, ys, marker=marker, s=18, alpha=0.8,
+                       color=_FAMILY_COLORS.get(found[arm]["job"]["family"]) if arm == first else "black",
+                       label=f"{found[arm]['job']['label']} (n={max(len(v) for v in values.values())})")
+        lengths = sorted(found[first]["values"])
+        shown = [v for arm in (first, second) for pts in found[arm]["values"].values() for _, v in pts]
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xticks(lengths, [length_label(n) for n in lengths])
+        ticks = nice_log_ticks(min(shown), max(shown), most=8)
+        ax.set_yticks(ticks, [f"{t:.0e}" if t >= 1e4 else _fmt(t, 1).removesuffix(".0") for t in ticks])
+        ax.set_ylim(min(shown) / 1.03, max(shown) * 1.03)
+        ax.minorticks_off()
+        ax.set_title(question, fontsize=8)
+        ax.set_xlabel("evaluation length")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=6)
+    return _save_panels(plt, fig, axes, len(pairs), "perplexity (one point per seed)",
+                        f"{STAGE_NAMES[stage]} perplexity of the compared arms, seed by seed", path)
+
+
 def plot_repeats(rows: list[dict], path: Path) -> Path | None:
     """One panel per repeated job and stage: perplexity vs length of the kept run and of its
     repeat (log-log), so where two runs of one seed part shows at a glance."""
@@ -960,7 +997,10 @@ def aggregate(paths, out_dir: str | Path, *, protocol_id: str | None = None,
     save("comparisons.md", tables["comparisons"])
     if comparisons:
         write_csv(out / "comparisons.csv", comparisons)
-        written.append(out / "comparisons.csv")
+        written += [out / "comparisons.csv", plot_comparisons(pretrained, out / "comparisons.png")]
+        tables["comparisons"] += "\n\n![seed by seed](comparisons.png)"
+    else:
+        (out / "comparisons.png").unlink(missing_ok=True)  # an earlier aggregate's
     grids = passkey_summary(continued)
     tables["passkey"] = passkey_markdown(grids)
     save("passkey.md", tables["passkey"])
