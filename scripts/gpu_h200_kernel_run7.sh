@@ -70,7 +70,7 @@ grep -E "^(FAILED|ERROR)|passed|failed" "$WORK/tests.log" | cut -c1-300 | tail -
 grep -A 22 "^\*\*As CUDA-graph" "$WORK/decode/decode.md" 2>/dev/null | head -24
 grep -E "^Worst|^As graphs" "$WORK/decode/decode.md" 2>/dev/null
 cat "$WORK/splits/decode_splits.md" 2>/dev/null | tail -8
-cat "$WORK/generate/generate.md" 2>/dev/null | tail -38
+cat "$WORK/generate/generate.md" 2>/dev/null | tail -40
 grep -A 12 "^## D=128, causal" "$WORK/repeat/attention.md" 2>/dev/null | head -14
 grep -A 10 "^| variant | D" "$WORK/repeat/attention.md" 2>/dev/null | head -10
 grep -hE "L2 Hit Rate|DRAM Throughput|L2 Cache Throughput|Memory Throughput|Duration" \

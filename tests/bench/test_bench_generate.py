@@ -19,7 +19,22 @@ def test_smoke_writes_every_model_mode_and_shape(tmp_path):
         for mode in ("eager", "static")}
     assert all(r["agree_steps"] == "6" for r in rows)  # float32 on CPU: the same greedy tokens
     assert all(float(r["ms_per_token"]) > 0 for r in rows)
-    assert "SMOKE RUN" in (tmp_path / "generate.md").read_text()
+    report = (tmp_path / "generate.md").read_text()
+    assert "SMOKE RUN" in report and "| x tapa |" in report  # the first model is the anchor
+    assert all(float(r["x_first"]) == 1.0 for r in rows if r["model"] == "tapa")
+    hybrid = [r for r in rows if r["model"] == "rope:LG:8"]
+    anchor = {(r["batch"], r["prompt"], r["mode"]): float(r["ms_per_token"]) for r in rows if r["model"] == "tapa"}
+    assert all(abs(float(r["x_first"]) - float(r["ms_per_token"]) / anchor[(r["batch"], r["prompt"], r["mode"])])
+               < 1e-9 for r in hybrid)
+    assert "**static mode, ms per token over tapa's**" in report and "rope:LG:8 1 / 12:" in report
+
+
+def test_rope_is_the_default_anchor_and_timed_first():
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    assert parser.parse_args([]).pes[0] == "rope"
 
 
 def test_agree_steps_counts_leading_equal_columns():

@@ -7,6 +7,8 @@ which the graph mode captures, is left out):
 - eager: `TapaLM.forward` with a KVCache, one call per token (each step slices the cache);
 - static: the static-shape step (`tapa.model.StaticDecoder`, what `TapaLM.generate` runs);
 - graph: the same step captured once as a CUDA graph and replayed (`TapaLM.generate` on CUDA).
+Every row is also set against the first model's (`--pes`, RoPE by default) in the same batch,
+prompt and mode: the model-level answer to "what does TAPA's decode cost against RoPE's".
 Each mode's tokens are compared with the eager loop's (`agree_steps`: how many leading tokens are
 equal). In bf16 the modes sum in different orders (the static step reads every cache slot, masked),
 so a near tie may flip late in a run; a wrong step differs from the first tokens on. Writes
@@ -40,8 +42,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt-lens", type=int, nargs="+", default=[4096, 32768])
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--new-tokens", type=int, default=64, help="tokens generated per run (default 64)")
-    parser.add_argument("--pes", nargs="+", default=["tapa", "tapa:LLLG:256", "rope"],
-                        help="models: a positional encoding, or PE:LAYER_PATTERN:LOCAL_WINDOW")
+    parser.add_argument("--pes", nargs="+", default=["rope", "tapa", "tapa:LLLG:256"],
+                        help="models: a positional encoding, or PE:LAYER_PATTERN:LOCAL_WINDOW; the "
+                             "first is the anchor of the 'x first' column (default: RoPE, timed "
+                             "first so that a cut run keeps it)")
     parser.add_argument("--out", type=Path, default=Path("runs/bench/generate"))
     parser.add_argument("--smoke", action="store_true", help="tiny model on CPU: tests the logic, not speed")
 
@@ -127,7 +131,6 @@ def run(args) -> int:
 
 def write_results(out: Path, rows: list[dict], *, command: str, device, smoke: bool) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    write_csv(out / "generate.csv", rows)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = ["# Greedy decoding of whole models: ms per generated token", "", f"- command: `{command}`",
@@ -139,10 +142,24 @@ def write_results(out: Path, rows: list[dict], *, command: str, device, smoke: b
              "sums in another order may flip a late near tie; a wrong step differs from the start)"]
     if smoke:
         lines.append("- SMOKE RUN on CPU: the times say nothing about speed")
-    lines += ["", "| model | batch | prompt | mode | ms / token | x eager | tokens as eager |",
-              "|---|---|---|---|---|---|---|"]
+    anchor = rows[0]["model"] if rows else ""
+    first = {(r["batch"], r["prompt"], r["mode"]): r["ms_per_token"] for r in rows if r["model"] == anchor}
+    for r in rows:
+        r["x_first"] = r["ms_per_token"] / first[(r["batch"], r["prompt"], r["mode"])] \
+            if (r["batch"], r["prompt"], r["mode"]) in first else float("nan")
+    write_csv(out / "generate.csv", rows)
+    lines += ["", f"| model | batch | prompt | mode | ms / token | x eager | x {anchor} | tokens as eager |",
+              "|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['model']} | {r['batch']} | {r['prompt']} | {r['mode']} | {r['ms_per_token']:.3f} | "
-              f"{r['x_eager']:.2f} | {r['agree_steps']} of {r['new_tokens']} |" for r in rows]
+              f"{r['x_eager']:.2f} | {r['x_first']:.2f} | {r['agree_steps']} of {r['new_tokens']} |"
+              for r in rows]
+    best = "graph" if any(r["mode"] == "graph" for r in rows) else "static"
+    others = [r for r in rows if r["model"] != anchor and r["mode"] == best and r["x_first"] == r["x_first"]]
+    if others:
+        lines += ["", f"**{best} mode, ms per token over {anchor}'s** (batch / prompt: ratio): " + "; ".join(
+            f"{model} " + ", ".join(f"{r['batch']} / {r['prompt']}: {r['x_first']:.2f}"
+                                    for r in others if r["model"] == model)
+            for model in dict.fromkeys(r["model"] for r in others))]
     (out / "generate.md").write_text("\n".join(lines) + "\n")
 
 
