@@ -4,19 +4,21 @@
 #   tests       the decode tests on CUDA in 8 xdist workers where xdist is installed:
 #               tests/model/test_static_decode.py (its decode-kernel test failed in Run 6 on a test
 #               bug, fixed since, and has never run on a GPU), the decode kernel and op, the decode
-#               bench. The split rule changed after Run 6 (`default_num_splits`: about four programs
-#               per SM, 8 splits at batch 8 x 8 kv heads where it took 5), and the decode autotuner's
-#               key gained the program count's bucket
+#               bench. The split rule changed after Run 6 (`default_num_splits`: about four
+#               programs per SM where two waves give under 8 splits: 8 at batch 8 x 8 kv heads,
+#               not 5), and the decode autotuner's key gained the program count's bucket
 #   decode      `tapa bench decode --graphs`: the full shape table (batch 1/8/32 x caches 4k-128k)
 #               under the new split rule, eager and as graph replays (Run 5's took 70 s with
 #               --profile; Run 6 timed only batch 8 at 8k-32k)
 #   splits      batch 1 and 32 at 4k/32k/128k by split count as graph replays, against the new
-#               default (64 splits at batch 1 from 8k up, never timed; 2 at batch 32)
+#               default (32-33 splits at batch 1, 2 at batch 32: Run 5's counts, swept for the first
+#               time as graphs)
 #   generate    `tapa bench generate` with the time Run 6 lacked (its 60 s cap cut it before the RoPE
 #               rows): whole-model greedy decoding, TAPA / TAPA hybrid / RoPE, ms per token
 #   repeat      the default, causal D=128 at 4k-64k, as a second round next to Run 6's fwd_n (the
 #               noise between two runs of the same kernels), and next to it the separate dQ kernel
-#               (`dq_atomic=0`, at its default tile and at Run 3's best, 128x64): Run 6's backward was 1.22-1.26x flash's up to 16k but 1.31x at
+#               (`dq_atomic=0`, at its default tile and at Run 3's best, 128x64): Run 6's
+#               backward was 1.22-1.26x flash's up to 16k but 1.31x at
 #               32k-64k, and the atomic dQ's traffic grows with N / block_n; and `dkdv_reverse=1`,
 #               the dK/dV kernel's unmasked query blocks from the last one down (concurrent
 #               programs on the same query rows: L2 reuse against atomic contention)

@@ -199,14 +199,19 @@ def _pow2(n: int, minimum: int = 16) -> int:
 
 def default_num_splits(batch: int, kv_heads: int, capacity: int, device: torch.device,
                        min_keys: int) -> int:
-    """About four programs per SM (never more), each split at least min_keys long.
+    """Enough programs for about two waves over the SMs; where that is only a few splits, about
+    four programs per SM. Each split is at least min_keys long.
 
-    Run 6 (results/kernel-h200/run-6.md) swept the count at batch 8 x 8 kv heads on 132 SMs: 8
-    splits (512 programs) beat the old two-wave rule's 5 (320) by 7-12% at 8k-32k keys, and 4
-    splits (256) lost at 8k-16k. At batch 32 this rule keeps the 2 splits that were within 1.02-1.06x
-    of SDPA; at batch 1 it takes 66 splits where the old rule took 33 (not yet timed)."""
+    With few splits a whole split more or less moves the last wave a lot: Run 6
+    (results/kernel-h200/run-6.md) swept the count at batch 8 x 8 kv heads on 132 SMs, where two
+    waves ask for 5 splits (320 programs, 2.4 waves); 8 splits (512) were 7-12% faster at 8k-32k
+    keys, and 4 (256) slower at 8k-16k. From 8 splits on the two-wave count stands as timed
+    (batch 1: 33 splits, 1.03-1.06x SDPA as graphs in Run 5), and at batch 32 both rules give 2."""
     sms = _num_sms(device.index or 0) if device.type == "cuda" else 4
-    wanted = (4 * sms) // (batch * kv_heads)
+    programs = batch * kv_heads
+    wanted = triton.cdiv(2 * sms, programs)
+    if wanted < 8:
+        wanted = max(wanted, (4 * sms) // programs)
     return max(1, min(wanted, triton.cdiv(capacity, min_keys), 128))
 
 
