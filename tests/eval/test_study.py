@@ -287,7 +287,8 @@ def test_aggregate_known_mean_and_std(tmp_path):
     carried.update(date="2026-11-30T00:00:00", complete=False)
     (tmp_path / "in" / "carried.job.json").write_text(json.dumps(carried))
 
-    study.aggregate([tmp_path / "in"], tmp_path / "out")
+    written = study.aggregate([tmp_path / "in"], tmp_path / "out")
+    assert {path.name for path in written} <= set(study.OUTPUTS)  # so stale copies can be removed
     rows = {(r["stage"], r["arm"], int(r["length"])): r
             for r in csv.DictReader(open(tmp_path / "out" / "perplexity.csv"))}
     first = rows[("zero-shot", "tapa", 512)]

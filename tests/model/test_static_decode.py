@@ -20,6 +20,15 @@ CONFIGS = {
 KERNEL_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # where impl="triton" runs
 
 
+def _eager_greedy(model: TapaLM, prompt: torch.Tensor, new_tokens: int) -> torch.Tensor:
+    """The eager loop `generate` must match: prefill, then forward with the KVCache per token."""
+    cache = model.new_kv_cache(prompt.shape[0], prompt.shape[1] + new_tokens)
+    tokens = [model(prompt, 0, cache)[:, -1:].argmax(-1)]
+    for _ in range(new_tokens - 1):
+        tokens.append(model(tokens[-1], cache.length, cache)[:, -1:].argmax(-1))
+    return torch.cat(tokens, dim=1)
+
+
 def _model(name: str, dtype=torch.float64, device="cpu") -> TapaLM:
     torch.manual_seed(0)
     cfg = ModelConfig(vocab_size=61, dim=32, n_layers=4, n_heads=2, ffn_dim=48, phase_init_scale=1.0,
@@ -75,15 +84,10 @@ def test_the_decode_kernel_path_on_full_buffers():
 def test_generate_matches_an_eager_greedy_loop():
     model = _model("hybrid-tapa")
     prompt = torch.randint(0, 61, (2, 5), generator=torch.Generator().manual_seed(2))
-    cache = model.new_kv_cache(2, 5 + 12)
-    token = model(prompt, 0, cache)[:, -1:].argmax(-1)
-    expected = [token]
-    for _ in range(11):
-        token = model(token, cache.length, cache)[:, -1:].argmax(-1)
-        expected.append(token)
+    expected = _eager_greedy(model, prompt, 12)
     out = model.generate(prompt, 12)
-    assert torch.equal(out, torch.cat(expected, dim=1)) and out.shape == (2, 12)
-    assert torch.equal(model.generate(prompt, 1), expected[0])
+    assert torch.equal(out, expected) and out.shape == (2, 12)
+    assert torch.equal(model.generate(prompt, 1), expected[:, :1])
 
 
 @torch.no_grad()
@@ -192,15 +196,12 @@ def test_a_step_no_graph_can_capture_is_refused():
     model = _model("tapa", device="cuda")
     prompt = torch.randint(0, 61, (2, 5), device="cuda", generator=torch.Generator("cuda").manual_seed(6))
     with torch.no_grad():
+        expected = _eager_greedy(model, prompt, 6)
         cache = model.new_kv_cache(2, 12)
-        token = model(prompt, 0, cache)[:, -1:].argmax(-1)
-        expected = [token]
-        for _ in range(5):
-            token = model(token, cache.length, cache)[:, -1:].argmax(-1)
-            expected.append(token)
+        model(prompt, 0, cache)
         with pytest.raises(ValueError, match="cuda_graph=True needs the split-KV decode kernel.*float64"):
             StaticDecoder(model, cache, cuda_graph=True)
-    assert torch.equal(model.generate(prompt, 6), torch.cat(expected, dim=1))
+    assert torch.equal(model.generate(prompt, 6), expected)
     model = _model("tapa", dtype=torch.bfloat16, device="cuda")
     with torch.no_grad():
         cache = model.new_kv_cache(2, 12)

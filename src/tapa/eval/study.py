@@ -380,8 +380,10 @@ def repeat_rows(jobs: list[dict], repeats: list[dict]) -> list[dict]:
     kept = {(j["protocol_id"], j["job"]): j for j in jobs}
     pairs = [(kept.get((r["protocol_id"], r["job"])), r, ("eval0", "eval1")) for r in repeats]
     latest = {(j["arm"], j["lr"], j["seed"]): j for j in pretrain_jobs(jobs)}
-    pairs += [(latest[(j["arm"], j["lr"], j["seed"])], j, ("eval0",)) for j in jobs
-              if "pretrain" in j["stages_done"] and latest[(j["arm"], j["lr"], j["seed"])] is not j]
+    for job in jobs:
+        kept_run = latest.get((job["arm"], job["lr"], job["seed"]))
+        if "pretrain" in job["stages_done"] and kept_run is not job:
+            pairs.append((kept_run, job, ("eval0",)))
     rows = []
     for job, repeat, stages in sorted((p for p in pairs if p[0] is not None),
                                       key=lambda p: (p[1]["job"], p[1]["date"])):
@@ -608,7 +610,6 @@ def plot_continual(continued: list[dict], rows: list[dict], out: Path, train_len
     current = latest.get("continual_lr_scale", ADDED_LATER["continual_lr_scale"])
     mine = [j for j in continued if continual_scale(j) == current]
     if len(mine) == len(continued):
-        (out / "perplexity_continual_all.png").unlink(missing_ok=True)  # an earlier aggregate's
         tables["continual figure"] = "![continual](perplexity_continual.png)"
         return [plot_perplexity(rows, out / "perplexity_continual.png", title=title,
                                 train_len=train_len, stride=stride)]
@@ -901,6 +902,13 @@ def readme_skeleton(jobs: list[dict], tables: dict[str, str], command: str) -> s
     return "\n".join(parts)
 
 
+# every file `aggregate` may write; those a run does not write are removed from out_dir
+OUTPUTS = ("jobs.csv", "lr_sweep.csv", "lr_sweep.md", "coverage.md", "perplexity_zero_shot.md",
+           "perplexity_zero_shot.png", "perplexity_continual.md", "perplexity_continual.png",
+           "perplexity_continual_all.png", "perplexity.csv", "comparisons.md", "comparisons.csv",
+           "comparisons.png", "passkey.md", "passkey.csv", "passkey.png", "training_curves.png",
+           "theory_trained.md", "theory_trained.csv", "theory_trained.png", "repeats.md",
+           "repeats.csv", "repeats.png", "commands.md", "README.md")
 NOTES_MARK = "<!-- notes -->"  # README: from this line to the section's end, the lead's prose
 
 
@@ -999,8 +1007,6 @@ def aggregate(paths, out_dir: str | Path, *, protocol_id: str | None = None,
         write_csv(out / "comparisons.csv", comparisons)
         written += [out / "comparisons.csv", plot_comparisons(pretrained, out / "comparisons.png")]
         tables["comparisons"] += "\n\n![seed by seed](comparisons.png)"
-    else:
-        (out / "comparisons.png").unlink(missing_ok=True)  # an earlier aggregate's
     grids = passkey_summary(continued)
     tables["passkey"] = passkey_markdown(grids)
     save("passkey.md", tables["passkey"])
@@ -1023,21 +1029,19 @@ def aggregate(paths, out_dir: str | Path, *, protocol_id: str | None = None,
         write_csv(out / "theory_trained.csv", theory)
         written += [out / "theory_trained.csv",
                     plot_theory(theory, pretrained, out / "theory_trained.png")]
-    else:
-        for name in ("theory_trained.md", "theory_trained.csv", "theory_trained.png"):
-            (out / name).unlink(missing_ok=True)
     again = repeat_rows(jobs, repeats)
     tables["repeats"] = repeats_markdown(again) + ("\n\n![repeats](repeats.png)" if again else "")
     save("repeats.md", tables["repeats"])
     if again:
         write_csv(out / "repeats.csv", again)
         written += [out / "repeats.csv", plot_repeats(again, out / "repeats.png")]
-    else:  # an earlier aggregate's files would describe jobs no longer here
-        for name in ("repeats.csv", "repeats.png"):
-            (out / name).unlink(missing_ok=True)
     save("commands.md", commands_markdown(jobs))
     readme, skeleton = out / "README.md", readme_skeleton(jobs, tables, command)
     save("README.md", merge_readme(readme.read_text(), skeleton) if readme.exists() else skeleton)
+    written = [path for path in written if path is not None]
+    for name in OUTPUTS:  # an earlier aggregate's file would describe jobs no longer here
+        if out / name not in written:
+            (out / name).unlink(missing_ok=True)
     return written
 
 

@@ -21,6 +21,13 @@ import torch
 from tapa.model.config import ModelConfig
 
 
+def ring_positions(pos, slots, size):
+    """The positions whose keys ring slots `slots` of a `size`-slot ring hold once position pos is
+    written (negative: none yet). Ints or broadcasting tensors (the decoding step's positions may
+    live on the device)."""
+    return pos - (pos - slots) % size
+
+
 class KVCache:
     """Keys and values of the slots seen so far; see the module docstring."""
 
@@ -60,7 +67,7 @@ class KVCache:
             values[:, start % size] = v[:, 0]
             filled = min(start + 1, size)
             ring = torch.arange(filled, device=k.device)
-            return keys[:, :filled], values[:, :filled], start - (start - ring) % size
+            return keys[:, :filled], values[:, :filled], ring_positions(start, ring, size)
         # prefill / chunk: the window before `start`, in slot order, then the new keys
         previous = min(start, size - 1)
         ring = torch.arange(start - previous, start, device=k.device) % size
@@ -71,6 +78,18 @@ class KVCache:
         keys[:, slots % size] = k[:, new - kept:]
         values[:, slots % size] = v[:, new - kept:]
         return all_keys, all_values, start - previous
+
+    def write_at(self, layer: int, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor,
+                 rows: torch.Tensor):
+        """One token per sequence at positions held on the device, pos (B,) (static shapes: no
+        host read, for CUDA graphs; `StaticDecoder`): k, v (B, 1, Hk, D) into their slots (ring
+        slots in local layers), given rows = arange(B). Returns the layer's whole key and value
+        buffers. The buffers must exist (a prefill allocated them)."""
+        keys, values = self.keys[layer], self.values[layer]
+        slot = pos % keys.shape[1] if self.local[layer] else pos
+        keys[rows, slot] = k[:, 0].to(keys.dtype)
+        values[rows, slot] = v[:, 0].to(values.dtype)
+        return keys, values
 
     def advance(self, new: int) -> None:
         self.length += new

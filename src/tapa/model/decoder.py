@@ -17,7 +17,7 @@ from torch import nn
 from tapa.model.attention import Attention, AttentionContext
 from tapa.model.cache import KVCache
 from tapa.model.config import ModelConfig
-from tapa.model.static_decode import StaticDecoder, cuda_graph_blocker
+from tapa.model.static_decode import StaticDecoder
 
 
 class RMSNorm(nn.Module):
@@ -147,8 +147,7 @@ class TapaLM(nn.Module):
         token = pick(self(input_ids, 0, cache))
         generated = [token]
         if max_new_tokens > 1:
-            graph = cuda_graph_blocker(self.config, cache) is None if cuda_graph is None else cuda_graph
-            decoder = StaticDecoder(self, cache, cuda_graph=graph)
+            decoder = StaticDecoder(self, cache, cuda_graph=cuda_graph)
             for _ in range(max_new_tokens - 1):
                 token = pick(decoder(token))
                 generated.append(token)

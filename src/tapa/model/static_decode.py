@@ -26,17 +26,21 @@ from __future__ import annotations
 import torch
 
 from tapa.model.attention import Attention, _cos_sin, _softmax
-from tapa.model.cache import KVCache
+from tapa.model.cache import KVCache, ring_positions
 from tapa.ops import tapa_attention_with_kvcache
 from tapa.ops.decode import decode_kernel_applies
 from tapa.positional import apply_rope
+
+
+def _first_global(cache: KVCache) -> int | None:
+    return next((i for i, local in enumerate(cache.local) if not local), None)
 
 
 def tapa_impl(cfg, cache: KVCache) -> str | None:
     """How the static step's global TAPA layers attend on `cache` (prefilled; the shapes never
     change, so this is decided once): "triton", the split-KV decode kernel, where it takes them,
     else what the eager step runs, attn_impl's op; None on a model without global TAPA layers."""
-    layer = next((i for i in range(cfg.n_layers) if not cache.local[i]), None)
+    layer = _first_global(cache)
     if not cfg.has_tapa_layers or layer is None:
         return None
     keys, values = cache.keys[layer], cache.values[layer]
@@ -47,16 +51,17 @@ def tapa_impl(cfg, cache: KVCache) -> str | None:
     return cfg.attn_impl if cfg.attn_impl in ("reference", "naive") else "auto"
 
 
-def cuda_graph_blocker(cfg, cache: KVCache) -> str | None:
+def cuda_graph_blocker(cfg, cache: KVCache, impl: str | None) -> str | None:
     """What keeps the static step on `cache` (prefilled) from being captured as a CUDA graph, or
     None: a device other than CUDA, or global TAPA layers the split-KV decode kernel does not take
-    (their fallback reads the cache lengths on the host, which a graph cannot capture)."""
+    (their fallback reads the cache lengths on the host, which a graph cannot capture). impl:
+    `tapa_impl(cfg, cache)`."""
     device = cache.keys[0].device
     if device.type != "cuda":
         return f"the model and cache on a CUDA device, got {device}"
-    if tapa_impl(cfg, cache) in (None, "triton"):
+    if impl in (None, "triton"):
         return None
-    keys = cache.keys[next(i for i in range(cfg.n_layers) if not cache.local[i])]
+    keys = cache.keys[_first_global(cache)]
     return (f"the split-KV decode kernel in the global TAPA layers, which does not take attn_impl="
             f"{cfg.attn_impl!r}, {keys.dtype}, {cfg.n_heads} heads on {keys.shape[2]} kv heads of "
             f"head_dim {keys.shape[-1]} (it takes 'auto' or 'triton', float16/bfloat16/float32, "
@@ -70,10 +75,10 @@ class StaticDecoder:
     decoder(tokens (B, 1)) -> logits (B, 1, vocab) of the next position, and the cache gains the
     token. With cuda_graph the first call captures the step and every call replays it; the logits
     returned then live in the graph's output buffer, overwritten by the next call (copy them to
-    keep them).
+    keep them). cuda_graph=None: wherever the step can be captured (`cuda_graph_blocker`).
     """
 
-    def __init__(self, model, cache: KVCache, *, cuda_graph: bool = False):
+    def __init__(self, model, cache: KVCache, *, cuda_graph: bool | None = False):
         cfg = model.config
         if not isinstance(cache, KVCache):
             raise TypeError(f"StaticDecoder needs a tapa.model.KVCache, got {type(cache).__name__}")
@@ -85,11 +90,12 @@ class StaticDecoder:
         if rope_globals and cfg.rope_method == "dynamic-ntk":
             raise ValueError("static decoding does not support the dynamic-NTK RoPE method (its "
                              "frequencies change with the length at every step); decode eagerly")
-        blocker = cuda_graph_blocker(cfg, cache) if cuda_graph else None
-        if blocker:
-            raise ValueError(f"cuda_graph=True needs {blocker}")
-        self.model, self.cache, self.cfg = model, cache, cfg
         self.tapa_impl = tapa_impl(cfg, cache)
+        blocker = cuda_graph_blocker(cfg, cache, self.tapa_impl) if cuda_graph is not False else None
+        if blocker and cuda_graph:
+            raise ValueError(f"cuda_graph=True needs {blocker}")
+        cuda_graph = blocker is None if cuda_graph is None else cuda_graph
+        self.model, self.cache, self.cfg = model, cache, cfg
         device = cache.keys[0].device
         self.rows = torch.arange(cache.batch, device=device)
         self.slots = torch.arange(cache.max_len, device=device)
@@ -126,18 +132,14 @@ class StaticDecoder:
             q, k = self._rotate(q, attn.local, pos), self._rotate(k, attn.local, pos)
         elif attn.family == "tapa":
             q = attn._apply_phase_matrix(q)
-        keys, values = cache.keys[attn.layer], cache.values[attn.layer]
-        size = keys.shape[1]
-        slot = pos % size if attn.local else pos
-        keys[self.rows, slot] = k[:, 0].to(keys.dtype)
-        values[self.rows, slot] = v[:, 0].to(values.dtype)
+        keys, values = cache.write_at(attn.layer, k, v, pos, self.rows)
         if attn.family == "tapa":
             out = tapa_attention_with_kvcache(q, keys, values, lengths, impl=self.tapa_impl,
                                               check_lengths=False, theta=cfg.theta, alpha=cfg.alpha,
                                               distance=cfg.distance, phase=cfg.phase)
-        elif attn.local:
-            # ring slot s holds the token at pos - ((pos - s) mod size); negative: none yet
-            held = pos[:, None] - (pos[:, None] - self.slots[None, :size]) % size
+        elif attn.local:  # the ring's slots that hold a token yet
+            size = keys.shape[1]
+            held = ring_positions(pos[:, None], self.slots[None, :size], size)
             out = _softmax(q, keys, values, mask=(held >= 0)[:, None, :])
         else:
             out = _softmax(q, keys, values, mask=(self.slots[None, :] <= pos[:, None])[:, None, :])

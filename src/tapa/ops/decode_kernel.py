@@ -215,6 +215,18 @@ def default_num_splits(batch: int, kv_heads: int, capacity: int, device: torch.d
     return max(1, min(wanted, triton.cdiv(capacity, min_keys), 128))
 
 
+def split_layout(batch: int, kv_heads: int, capacity: int, device: torch.device,
+                 num_splits: int | None = None) -> tuple[int, int]:
+    """(splits, keys per split) the kernel runs for num_splits asked (None: `default_num_splits`):
+    each split a whole number of aligned key blocks, so the count can come out lower."""
+    # the interpreter (tests) aligns splits finely, so small caches still get many ragged splits
+    align = SPLIT_ALIGN if device.type == "cuda" else 16
+    if num_splits is None:
+        num_splits = default_num_splits(batch, kv_heads, capacity, device, align)
+    keys_per_split = triton.cdiv(triton.cdiv(capacity, num_splits), align) * align
+    return triton.cdiv(capacity, keys_per_split), keys_per_split
+
+
 def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     """True when the decode kernel can run these shapes (few query rows per kv head)."""
     if q.dtype not in DTYPES or q.dim() != 4 or k.dim() != 4:
@@ -299,12 +311,7 @@ def _plan(q, k_cache, v_cache, cache_seqlens, cache_starts, theta, alpha, distan
     rows = group * q_len
     amp_dim, phase_dim = split_dims(head_dim, theta)
     block_dv = _pow2(v_dim)
-    # the interpreter (tests) aligns splits finely, so small caches still get many ragged splits
-    align = SPLIT_ALIGN if q.is_cuda else 16
-    if num_splits is None:
-        num_splits = default_num_splits(batch, kv_heads, capacity, q.device, align)
-    keys_per_split = triton.cdiv(triton.cdiv(capacity, num_splits), align) * align
-    num_splits = triton.cdiv(capacity, keys_per_split)
+    num_splits, keys_per_split = split_layout(batch, kv_heads, capacity, q.device, num_splits)
 
     out_shape, lse_shape = (batch, q_len, heads, v_dim), (batch, heads, q_len)
     out_strides, lse_strides = _contiguous_strides(out_shape), _contiguous_strides(lse_shape)

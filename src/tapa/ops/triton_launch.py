@@ -245,8 +245,9 @@ def _default_configs(head_dim: int, v_dim: int, dtype: torch.dtype) -> LaunchCon
             # At D=128 the atomic dQ's products run transposed (dQ^T = K^T dS^T): bwd x0.91-0.93 of
             # the untransposed kernel, the same bf16 errors (results/kernel-h200/run-5.md).
             # Up to FWD_SHORT_KEYS keys the forward takes 4-warp 64x64 tiles (two blocks per SM):
-            # fwd x0.84-0.90 at N <= 4096, x0.96-0.99 at 16k, x0.99-1.01 at 64k (run-5.md, causal;
-            # the default with both changes is not yet timed as one).
+            # fwd x0.84-0.90 at N <= 4096, x0.96-0.99 at 16k, x0.99-1.01 at 64k (run-5.md, causal).
+            # Both changes together: fwd+bwd x0.91-0.93 of the Run-4 default at 1k-64k, causal, and
+            # x0.84-0.88 non-causal (run-6.md).
             far_series = dict(taylor_order=3, taylor_tolerance=1e-6)
             short_forward = dict(fwd=KernelConfig(64, 64, 4, 2), fwd_long=configs.fwd)
             if width <= 64:
