@@ -48,6 +48,108 @@ def test_kv_cache_matches_full_forward(pe):
     torch.testing.assert_close(torch.cat(pieces, 1), full, atol=2e-5, rtol=1e-4)
 
 
+# global softmax layers (RoPE family, NoPE), alone and beside local ones; original_seq_len 8, so
+# that the prompts are past it and YaRN / dynamic NTK change the frequencies
+SOFTMAX_DECODING = {
+    "rope": dict(pe="rope"),
+    "rope-yarn": dict(pe="rope-yarn", rope_scale=4.0),
+    "rope-dynamic-ntk": dict(pe="rope-dynamic-ntk", rope_scale=4.0),
+    "nope": dict(pe="nope"),
+    "hybrid-rope": dict(pe="rope", n_layers=4, layer_pattern="LG", local_window=5),
+    "hybrid-nope": dict(pe="nope", n_layers=4, layer_pattern="LLLG", local_window=5),
+}
+
+
+def _decode(model, ids, prompt, attention_mask=None, chunk=1):
+    """Logits of ids (B, N): the first `prompt` tokens in one pass through a new KVCache, then
+    `chunk` tokens per forward; attention_mask (B, N) is cut to the slots of each call."""
+    cache = model.new_kv_cache(ids.shape[0], ids.shape[1])
+    pieces = []
+    for start in [0, *range(prompt, ids.shape[1], chunk)]:
+        stop = prompt if start == 0 else min(start + chunk, ids.shape[1])
+        mask = None if attention_mask is None else attention_mask[:, :stop]
+        pieces.append(model(ids[:, start:stop], start, cache, attention_mask=mask))
+    return torch.cat(pieces, dim=1)
+
+
+def _spy_softmax(monkeypatch):
+    """Records (mask given, is_causal, cuDNN SDPA enabled) of every softmax attention call."""
+    from tapa.model import attention
+
+    calls, real = [], attention._softmax
+
+    def spy(q, k, v, mask=None, is_causal=False):
+        calls.append((mask is not None, is_causal, torch.backends.cuda.cudnn_sdp_enabled()))
+        return real(q, k, v, mask=mask, is_causal=is_causal)
+
+    monkeypatch.setattr(attention, "_softmax", spy)
+    return calls
+
+
+@pytest.mark.parametrize("name", sorted(SOFTMAX_DECODING))
+@torch.no_grad()
+def test_one_token_decoding_takes_no_mask_and_gives_the_full_forward(name, monkeypatch):
+    """A new token with no padding sees every cached key: its global softmax layers call SDPA
+    without a mask and without cuDNN (a plan per key length); the prefill stays causal on torch's
+    own choice of backend. The logits equal the full forward's (float32), also for chunks of 3
+    tokens, which need the mask. Dynamic NTK rotates each key at the length it was cached at, so
+    it has no full-forward twin: the padded-batch test below holds it against the masked path."""
+    torch.manual_seed(1)
+    model = TapaLM(tiny_config(original_seq_len=8, **SOFTMAX_DECODING[name])).eval()
+    ids = torch.randint(0, VOCAB, (2, 29), generator=torch.Generator().manual_seed(2))
+    calls = _spy_softmax(monkeypatch)
+    steps = _decode(model, ids, 20)
+    globals_ = sum(model.config.layer_kind(i) == "global" for i in range(model.config.n_layers))
+    assert calls.count((False, False, False)) == 9 * globals_, calls  # 9 steps: no mask, no cuDNN
+    assert calls.count((False, True, True)) == globals_, calls  # the prefill
+    if name != "rope-dynamic-ntk":
+        full = model(ids)
+        torch.testing.assert_close(steps, full, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(_decode(model, ids, 20, chunk=3), full, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", sorted(SOFTMAX_DECODING))
+@torch.no_grad()
+def test_left_padded_decoding_equals_each_sequence_alone(name, monkeypatch):
+    """One token at a time after a left-padded prompt: the global layers' masked path (a padding
+    mask; still no cuDNN, which only they turn off) gives each row the logits of its sequence
+    decoded alone, which takes no mask (float32).
+    Row 0 is unpadded, so the mask is all it differs by; row 1's positions restart at its first
+    real token, and dynamic NTK takes each row's own length."""
+    torch.manual_seed(3)
+    model = TapaLM(tiny_config(original_seq_len=8, **SOFTMAX_DECODING[name])).eval()
+    seqs = [torch.randint(0, VOCAB, (n,), generator=torch.Generator().manual_seed(n)) for n in (27, 20)]
+    ids = torch.zeros(2, 27, dtype=torch.long)
+    mask = torch.zeros(2, 27, dtype=torch.long)
+    for row, seq in enumerate(seqs):
+        ids[row, 27 - len(seq):], mask[row, 27 - len(seq):] = seq, 1
+    calls = _spy_softmax(monkeypatch)
+    batched = _decode(model, ids, 18, attention_mask=mask)
+    globals_ = sum(model.config.layer_kind(i) == "global" for i in range(model.config.n_layers))
+    assert [call for call in calls if not call[2]] == [(True, False, False)] * 9 * globals_, calls
+    for row, seq in enumerate(seqs):
+        alone = _decode(model, seq[None], len(seq) - 9)[0]
+        torch.testing.assert_close(batched[row, 27 - len(seq):], alone, rtol=1e-5, atol=1e-5)
+
+
+@torch.no_grad()
+def test_decoding_keeps_the_callers_other_sdpa_backends(monkeypatch):
+    """Decoding turns cuDNN off and nothing else on: under the caller's sdpa_kernel(MATH) its steps
+    still see flash attention off."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from tapa.model import attention
+
+    model = TapaLM(tiny_config(pe="rope")).eval()
+    ids = torch.randint(0, VOCAB, (1, 12), generator=torch.Generator().manual_seed(5))
+    flash, real = [], attention._softmax
+    monkeypatch.setattr(attention, "_softmax", lambda *args, **kwargs: flash.append(
+        torch.backends.cuda.flash_sdp_enabled()) or real(*args, **kwargs))
+    with sdpa_kernel(SDPBackend.MATH):
+        _decode(model, ids, 8)
+    assert flash == [False] * 2 * 5 and torch.backends.cuda.flash_sdp_enabled()
+
+
 def test_causal_future_tokens_do_not_change_past_logits():
     torch.manual_seed(2)
     model = TapaLM(tiny_config()).eval()

@@ -4,7 +4,9 @@ attention, chosen once at construction.
 Layer kinds (`ModelConfig.layer_pattern`):
 - global, tapa family: `tapa.ops.tapa_attention` (fused kernel on CUDA); a few new tokens
   against a cache on CUDA go to `tapa.ops.tapa_attention_with_kvcache` (split-KV decoding);
-- global, RoPE family or NoPE: softmax attention (SDPA), scale 1/sqrt(head_dim);
+- global, RoPE family or NoPE: softmax attention (SDPA), scale 1/sqrt(head_dim); against a
+  cache without cuDNN's SDPA backend (a plan per key length), and one new token per sequence with
+  no padding takes no mask (it sees every cached key);
 - local: plain RoPE (`rope_base`, never scaled) and softmax inside a causal sliding window of
   `local_window` tokens (`tapa.positional.local.local_attention`).
 
@@ -20,11 +22,13 @@ Checkpoints written before the split (one `wq`/`wk` of all rows) load unchanged.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from tapa.model.config import ModelConfig
 from tapa.ops import split_dims, tapa_attention, tapa_attention_with_kvcache
@@ -188,6 +192,20 @@ def _cos_sin(cfg: ModelConfig, local: bool, row: torch.Tensor, length: int):
     return rope_cos_sin(inv_freq, row, attention_factor)
 
 
+def _without_cudnn():
+    """sdpa_kernel of the SDPA backends enabled now, less cuDNN: for queries against a KV cache,
+    whose key length grows by one every decoding step. cuDNN builds an execution plan for every
+    new shape (its plan cache is keyed on the sequence lengths and strides), milliseconds on the
+    host, and torch (2.10+ with cuDNN > 9.15) tries it first on H100/H200. The rest of the
+    caller's choice stands; where cuDNN is all that is enabled, it stays."""
+    cuda = torch.backends.cuda
+    enabled = [backend for backend, on in (
+        (SDPBackend.FLASH_ATTENTION, cuda.flash_sdp_enabled()),
+        (SDPBackend.EFFICIENT_ATTENTION, cuda.mem_efficient_sdp_enabled()),
+        (SDPBackend.MATH, cuda.math_sdp_enabled())) if on]
+    return sdpa_kernel(enabled) if enabled else contextlib.nullcontext()
+
+
 def _softmax(q, k, v, mask=None, is_causal=False):
     """SDPA on (B, N, H, D) tensors, GQA by grouping; mask (B or 1, Nq, Nk) bool."""
     q, k, v = (t.transpose(1, 2) for t in (q, k, v))
@@ -306,9 +324,15 @@ class Attention(nn.Module):
         return _masked_tapa(q, k, v, ctx, amp_dim=self.amp_dim, **op_args)
 
     def _global_softmax(self, q, k, v, key_slots, ctx: AttentionContext):
-        if ctx.key_mask is None and ctx.start == 0:
-            return _softmax(q, k, v, is_causal=True)
-        return _softmax(q, k, v, mask=ctx.visible(torch.arange(k.shape[1], device=q.device)))
+        """Keys are the slots 0 .. start + N - 1."""
+        if ctx.start == 0:  # prefill, training: torch's choice of backend
+            if ctx.key_mask is None:
+                return _softmax(q, k, v, is_causal=True)
+            return _softmax(q, k, v, mask=ctx.visible(torch.arange(k.shape[1], device=q.device)))
+        with _without_cudnn():
+            if ctx.key_mask is None and ctx.seq_len == 1 and k.shape[1] == ctx.start + 1:
+                return _softmax(q, k, v)  # one new token after every cached one: it sees them all
+            return _softmax(q, k, v, mask=ctx.visible(torch.arange(k.shape[1], device=q.device)))
 
     def _local(self, q, k, v, key_slots, ctx: AttentionContext):
         if ctx.key_mask is None and isinstance(key_slots, int):

@@ -13,6 +13,9 @@ buffers:
 - local layers: SDPA over the ring of `local_window` slots, masked where a slot holds no token yet;
 - RoPE rotations from tables of every position, indexed on the device.
 
+What the layers share (the masks, the rotation at pos, the TAPA lengths) is computed once per step,
+not per layer, and each RoPE layer rotates its q and k in one op: fewer kernels in every step.
+
 Nothing in a step reads a device value on the host, so on CUDA the step is captured once
 (`StaticDecoder(..., cuda_graph=True)`) and replayed. `TapaLM.generate` uses it.
 
@@ -22,6 +25,8 @@ length at every step.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 
@@ -69,6 +74,16 @@ def cuda_graph_blocker(cfg, cache: KVCache, impl: str | None) -> str | None:
             f"a graph cannot capture: decode with cuda_graph=False")
 
 
+class StepInputs(NamedTuple):
+    """What every layer of one step at slots pos (B,) reads, computed once per step (None where no
+    layer reads it)."""
+
+    lengths: torch.Tensor | None  # (B,) int32: the global TAPA layers' filled slots, pos + 1
+    rotations: dict  # {local: (cos, sin) (B, D) at pos} for the RoPE layers
+    visible: torch.Tensor | None  # (B, 1, max_len) bool: the global softmax layers' slots <= pos
+    ring_visible: torch.Tensor | None  # (B, 1, ring) bool: the local layers' ring slots holding a token
+
+
 class StaticDecoder:
     """Greedy-decoding steps of `model` against `cache` (a `KVCache` already holding the prompt).
 
@@ -105,6 +120,9 @@ class StaticDecoder:
         self.tables = {}
         for local in {block.attn.local for block in model.layers if block.attn.family == "rope"}:
             self.tables[local] = _cos_sin(cfg, local, positions, cache.max_len)
+        kinds = {"local" if block.attn.local else block.attn.family for block in model.layers}
+        self.has_tapa, self.has_softmax = "tapa" in kinds, bool(kinds & {"rope", "nope"})
+        self.ring = cache.capacity(cache.local.index(True)) if "local" in kinds else None
         self.cuda_graph = cuda_graph
         self.graph = self.tokens = self.logits = None
 
@@ -113,36 +131,37 @@ class StaticDecoder:
         """Logits (B, 1, vocab) of tokens (B, 1) at slots pos (B,); writes their keys and values."""
         model = self.model
         x = model.embed(tokens)
-        lengths = (pos + 1).to(torch.int32)  # the TAPA layers' filled slots, this token's included
+        shared = self._step_inputs(pos)
         for block in model.layers:
-            x = x + self._attention(block.attn, block.attn_norm(x), pos, lengths)
+            x = x + self._attention(block.attn, block.attn_norm(x), pos, shared)
             x = x + block.ffn(block.ffn_norm(x))
         return model.lm_head(model.norm(x))
 
-    def _rotate(self, x: torch.Tensor, local: bool, pos: torch.Tensor) -> torch.Tensor:
-        cos, sin = self.tables[local]
-        batch, _, heads, head_dim = x.shape
-        return apply_rope(x.reshape(1, batch, heads, head_dim), cos[pos], sin[pos]).view(batch, 1, heads, head_dim)
+    def _step_inputs(self, pos: torch.Tensor) -> StepInputs:
+        ring_visible = None
+        if self.ring is not None:
+            held = ring_positions(pos[:, None], self.slots[None, :self.ring], self.ring)
+            ring_visible = (held >= 0)[:, None, :]
+        return StepInputs(
+            lengths=(pos + 1).to(torch.int32) if self.has_tapa else None,
+            rotations={local: (cos[pos], sin[pos]) for local, (cos, sin) in self.tables.items()},
+            visible=(self.slots[None, :] <= pos[:, None])[:, None, :] if self.has_softmax else None,
+            ring_visible=ring_visible)
 
-    def _attention(self, attn: Attention, h: torch.Tensor, pos: torch.Tensor,
-                   lengths: torch.Tensor) -> torch.Tensor:
+    def _attention(self, attn: Attention, h: torch.Tensor, pos: torch.Tensor, shared: StepInputs) -> torch.Tensor:
         cfg, cache = self.cfg, self.cache
         q, k, v = attn.project(h)
         if attn.family == "rope":
-            q, k = self._rotate(q, attn.local, pos), self._rotate(k, attn.local, pos)
+            q, k = _rotate(q, k, *shared.rotations[attn.local])
         elif attn.family == "tapa":
             q = attn._apply_phase_matrix(q)
         keys, values = cache.write_at(attn.layer, k, v, pos, self.rows)
         if attn.family == "tapa":
-            out = tapa_attention_with_kvcache(q, keys, values, lengths, impl=self.tapa_impl,
+            out = tapa_attention_with_kvcache(q, keys, values, shared.lengths, impl=self.tapa_impl,
                                               check_lengths=False, theta=cfg.theta, alpha=cfg.alpha,
                                               distance=cfg.distance, phase=cfg.phase)
-        elif attn.local:  # the ring's slots that hold a token yet
-            size = keys.shape[1]
-            held = ring_positions(pos[:, None], self.slots[None, :size], size)
-            out = _softmax(q, keys, values, mask=(held >= 0)[:, None, :])
         else:
-            out = _softmax(q, keys, values, mask=(self.slots[None, :] <= pos[:, None])[:, None, :])
+            out = _softmax(q, keys, values, mask=shared.ring_visible if attn.local else shared.visible)
         return attn.wo(out.reshape(*h.shape[:2], -1))
 
     # --- the loop ---------------------------------------------------------------------------------
@@ -182,3 +201,12 @@ class StaticDecoder:
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
             self.logits = self.step(self.tokens, self.pos)
+
+
+def _rotate(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    """q (B, 1, H, D) and k (B, 1, Hk, D) rotated by cos/sin (B, D) of each sequence's position,
+    in one apply_rope (half the kernels of two)."""
+    batch, _, heads, head_dim = q.shape
+    both = torch.cat([q, k], dim=2).view(1, batch, -1, head_dim)
+    both = apply_rope(both, cos, sin).view(batch, 1, -1, head_dim)
+    return both[:, :, :heads], both[:, :, heads:]

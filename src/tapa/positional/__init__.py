@@ -88,11 +88,12 @@ def rope_cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor, attention_fact
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x (B, N, H, D) by cos/sin (N, D): x * cos + rotate_half(x) * sin, in x's dtype."""
+    """Rotate x (B, N, H, D) by cos/sin (N, D): x * cos + rotate_half(x) * sin, in x's dtype
+    (computed in float32)."""
     half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    cos, sin = cos[:, None, :], sin[:, None, :]
-    return (x.float() * cos + rotated.float() * sin).to(x.dtype)
+    x32 = x.float()  # one cast, before rotate_half (negation and concatenation are exact)
+    rotated = torch.cat([-x32[..., half:], x32[..., :half]], dim=-1)
+    return (x32 * cos[:, None, :] + rotated * sin[:, None, :]).to(x.dtype)
 
 
 __all__ = ["METHODS", "rope_inv_freq", "yarn_inv_freq", "rope_frequencies", "rope_cos_sin", "apply_rope"]
