@@ -30,6 +30,30 @@ def test_cpu_smoke_writes_results(tmp_path, capsys):
     assert (out / "throughput.png").is_file() and "throughput.png" in readme
 
 
+def test_a_cut_run_keeps_the_configs_it_measured(tmp_path, monkeypatch):
+    """Results are written after every config: a run stopped by a time limit (here: the fourth
+    config raises) leaves the first three on disk, marked partial, with the ratio where RoPE ran."""
+    import tapa.bench.model as bench
+
+    real, calls = bench.measure, []
+
+    def measure(cfg, **kwargs):
+        calls.append(cfg.label)
+        if len(calls) == 4:
+            raise KeyboardInterrupt("cut")
+        return real(cfg, **kwargs)
+
+    monkeypatch.setattr(bench, "measure", measure)
+    out = tmp_path / "bench"
+    assert main(["bench", "model", "--cpu-smoke", "--warmup", "1", "--steps", "1",
+                 "--lengths", "32", "64", "--out", str(out)]) == 130  # the CLI's code for an interrupt
+    rows = list(csv.DictReader(open(out / "results.csv")))
+    assert [(r["pe"], r["seq_len"]) for r in rows] == [("TAPA", "32"), ("TAPA hybrid (LLLG, w256)", "32"),
+                                                       ("RoPE", "32")]
+    assert all(r["tapa_over_rope"] for r in rows)
+    assert "PARTIAL: 3 of 6 configs so far" in (out / "README.md").read_text()
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA error")
 def test_needs_cuda_without_smoke_flag(tmp_path):
     with pytest.raises(SystemExit, match="needs a CUDA GPU"):

@@ -170,8 +170,10 @@ def measure(cfg: ModelConfig, *, seq_len: int, batch: int, warmup: int, steps: i
 
 def run_benchmark(*, model_kwargs: dict, lengths: list[int], pes: list[str], tokens_per_step: int,
                   warmup: int, steps: int, device: torch.device, peak_tflops: float | None,
-                  compile_model: bool = False, progress: bool = True) -> list[dict]:
-    """One row per (length, pe), with MFU and the TAPA / RoPE tokens/s ratio filled in."""
+                  compile_model: bool = False, progress: bool = True, on_row=None) -> list[dict]:
+    """One row per (length, pe), with MFU and the TAPA / RoPE tokens/s ratio filled in.
+    `on_row(rows)` is called after each config with the rows so far (ratios filled where the RoPE
+    row of that length has run), so that a run cut by a time limit keeps what it measured."""
     from tapa._optional import require
 
     configs = [(n, pe) for n in lengths for pe in pes]
@@ -193,12 +195,19 @@ def run_benchmark(*, model_kwargs: dict, lengths: list[int], pes: list[str], tok
         row["mfu"] = (round(row["tflops"] / peak_tflops, 4)
                       if peak_tflops and row.get("tflops") is not None else None)
         rows.append(row)
-    for row in rows:  # ratio against the RoPE row of the same length
+        _fill_ratios(rows)
+        if on_row is not None:
+            on_row(rows)
+    return rows
+
+
+def _fill_ratios(rows: list[dict]) -> None:
+    """tapa_over_rope of each row: its tokens/s over the RoPE row's of the same length, if run."""
+    for row in rows:
         rope = next((r for r in rows if r["seq_len"] == row["seq_len"] and r["pe"] == "RoPE"
                      and r.get("tokens_per_s")), None)
         if rope and row.get("tokens_per_s"):
             row["tapa_over_rope"] = round(row["tokens_per_s"] / rope["tokens_per_s"], 3)
-    return rows
 
 
 def gpu_slug(device_name: str) -> str:
@@ -297,15 +306,24 @@ def run(args: argparse.Namespace) -> int:
     if args.out is None:
         args.out = ("runs/bench/model-cpu-smoke" if args.cpu_smoke
                     else f"runs/bench/model-throughput-{gpu_slug(device_name)}")
+    total, written = len(lengths) * len(args.pes), {}
+
+    def write(rows: list[dict]) -> None:
+        notes = [] if len(rows) == total else [f"PARTIAL: {len(rows)} of {total} configs so far"]
+        if any(r.get("attention") == "tapa-reference" for r in rows) and not args.cpu_smoke:
+            notes.append("WARNING: the fused TAPA kernel was not used (tapa.ops.triton_attention "
+                         "missing or unsupported); TAPA rows time the PyTorch reference.")
+        write_results(rows, Path(args.out), command=command_line(args), device_name=device_name,
+                      peak_tflops=peak, notes=notes)
+        row = rows[-1]
+        print(f"[{len(rows)}/{total}] {row['pe']} L={row['seq_len']}: {row.get('tokens_per_s')} tok/s",
+              flush=True)
+        written["notes"] = notes
+
     rows = run_benchmark(model_kwargs=model_kwargs, lengths=lengths, pes=args.pes,
                          tokens_per_step=tokens_per_step, warmup=args.warmup, steps=args.steps,
-                         device=device, peak_tflops=peak, compile_model=args.compile)
-    notes = []
-    if any(r.get("attention") == "tapa-reference" for r in rows) and not args.cpu_smoke:
-        notes.append("WARNING: the fused TAPA kernel was not used (tapa.ops.triton_attention "
-                     "missing or unsupported); TAPA rows time the PyTorch reference.")
-    write_results(rows, Path(args.out), command=command_line(args), device_name=device_name,
-                  peak_tflops=peak, notes=notes)
+                         device=device, peak_tflops=peak, compile_model=args.compile, on_row=write)
+    notes = written["notes"]
     for row in rows:
         print(f"{row['pe']:>24} L={row['seq_len']:>6}  {row.get('attention'):>14}  "
               f"{row.get('tokens_per_s')} tok/s  MFU {row.get('mfu')}  "
