@@ -121,7 +121,11 @@ def configure(args):
         protocol = dataclasses.replace(protocol, name=f"{protocol.name}-steps{args.pretrain_steps}",
                                        pretrain_steps=args.pretrain_steps)
     estimates = dataclasses.replace(TINY_ESTIMATES if protocol.device == "cpu" else Estimates())
+    # A bigger model is slower per token in every stage that runs it, evaluations included: the
+    # toy-calibrated eval, passkey and theory times scale with it (training tokens/s by rate_scale)
     estimates.tokens_per_s *= protocol.rate_scale
+    for name in ("eval_s_per_method", "passkey_s_per_method", "theory_s"):
+        setattr(estimates, name, getattr(estimates, name) / protocol.rate_scale)
     if args.est_tokens_per_s:
         estimates.tokens_per_s = args.est_tokens_per_s
     if args.est_speedup:

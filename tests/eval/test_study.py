@@ -211,6 +211,19 @@ def test_plan_shares_runs_and_fills_the_protocol():
     assert sum(len(b) for b in batches) == 12
 
 
+def test_a_slower_protocol_scales_every_model_stage_estimate():
+    """scale-768's model is slower per token in training and in evaluation alike: its eval,
+    passkey and theory estimates grow by 1 / rate_scale with the training rate (not only the
+    training stages), so the runner does not start a group whose evaluations cannot fit."""
+    _, small, _, _ = run.configure(run.parse_args(["--protocol", "toy-gpu", "--jobs", "rope:0.001:0"]))
+    _, big, _, _ = run.configure(run.parse_args(["--protocol", "scale-768", "--jobs", "rope:0.001:0"]))
+    scale = arms.SCALE_768.rate_scale
+    assert big.tokens_per_s == pytest.approx(small.tokens_per_s * scale)
+    for name in ("eval_s_per_method", "passkey_s_per_method", "theory_s"):
+        assert getattr(big, name) == pytest.approx(getattr(small, name) / scale), name
+    assert big.startup_s == small.startup_s and big.data_build_s == small.data_build_s
+
+
 def test_an_arms_own_continual_lr_scale_shares_the_pretraining_run():
     """hybrid-tapa-clr03 reads hybrid-tapa's pretraining run and continues at its own 0.3x the lr
     (not the protocol's 0.1x) in a run of its own: cphase's continual flags are the same."""
