@@ -12,8 +12,13 @@
 #   model          `tapa bench model`: training throughput, 124M, TAPA / hybrid / RoPE at 2k-32k
 #                  (issue 13: TAPA/RoPE >= 0.9 at 32k; last run Run 4, 0.907). Its RoPE rotation is
 #                  the same unfused chain, so TAPA/RoPE at 2k (1.16 in Run 4) flatters TAPA
-#   model_compile  the same with --compile at 2k and 32k: torch.compile fuses the rotation, the
-#                  fairer RoPE anchor for training throughput
+#   model_compile  the same with --compile at 2k: torch.compile fuses the rotation, the fairer
+#                  RoPE anchor for training throughput (2k is where the eager anchor's ratio, 1.16,
+#                  says it pays for more than attention; at 32k attention dominates)
+#   fwd_short      the forward at 1k and 4k (1.154x / 1.108x flash in Runs 6-7, the 1.10 target's
+#                  misses) with two short-sequence tiles: 64x32/4/3 (164 registers, no stack, 64 KB
+#                  shared: three blocks per SM, against the default 64x64/4/2's two) and 64x64/4/3
+#                  (a third stage); results/kernel-h200/offline-census-5.md
 #   device tool: run(command="bash scripts/gpu_h200_kernel_run8.sh", kind="nvidia-h200")
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -23,10 +28,14 @@ python3 -c "import xdist" 2>/dev/null && PYTEST_ARGS+=(-n 8)
 step tests 90 python3 -m pytest tests/model/test_static_decode.py tests/model/test_model.py "${PYTEST_ARGS[@]}"
 step generate 130 python3 -m tapa.cli bench generate --out "$WORK/generate"
 step model 120 python3 -m tapa.cli bench model --out "$WORK/model"
-step model_compile 200 python3 -m tapa.cli bench model --compile --lengths 2048 32768 --out "$WORK/model_compile"
+step model_compile 140 python3 -m tapa.cli bench model --compile --lengths 2048 --out "$WORK/model_compile"
+step fwd_short 60 python3 -m tapa.bench.attention --head-dims 128 --causal causal --seq-lens 1024 4096 \
+    --long-range-len 0 --reference-len 0 --compile-jobs 4 \
+    --variants f64x32:fwd=64x32/4/3 f64x64s3:fwd=64x64/4/3 --out "$WORK/fwd_short"
 tar czf "$OUT/kernel_run8.tar.gz" -C /tmp kernel_run8
 echo "done at +$(($(date +%s) - START))s"
 grep -E "^(FAILED|ERROR)|passed|failed" "$WORK/tests.log" | cut -c1-300 | tail -12
 cat "$WORK/generate/generate.md" 2>/dev/null | tail -20
 grep -E "^\| 768d" "$WORK/model/README.md" "$WORK/model_compile/README.md" 2>/dev/null | cut -c1-260
 tail -n 5 "$WORK/model.log" "$WORK/model_compile.log"
+grep -A 8 "^| variant | D" "$WORK/fwd_short/attention.md" 2>/dev/null | head -8
