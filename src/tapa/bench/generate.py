@@ -139,7 +139,10 @@ def write_results(out: Path, rows: list[dict], *, command: str, device, smoke: b
              "- eager: forward with a KVCache per token; static: TapaLM.generate without a graph; "
              "graph: TapaLM.generate with the step captured once and replayed",
              "- tokens as eager: the leading generated tokens equal to the eager loop's, of all (bf16 "
-             "sums in another order may flip a late near tie; a wrong step differs from the start)"]
+             "sums in another order may flip a late near tie; a wrong step differs from the start)",
+             "- x first model: against this project's own model of that kind (a RoPE model here is SDPA "
+             "attention with the rotation as float32 elementwise ops), not a tuned serving stack; "
+             "`tapa bench decode` sets the TAPA step against SDPA's fastest backend"]
     if smoke:
         lines.append("- SMOKE RUN on CPU: the times say nothing about speed")
     anchor = rows[0]["model"] if rows else ""
