@@ -41,11 +41,8 @@ def test_kv_cache_matches_full_forward(pe):
     ids = torch.randint(0, VOCAB, (2, 29))
     with torch.no_grad():
         full = model(ids)
-        cache = model.new_kv_cache(2, 29)
-        pieces = [model(ids[:, :20], 0, cache)]
-        for pos in range(20, 29):  # one token at a time, as in generation
-            pieces.append(model(ids[:, pos:pos + 1], pos, cache))
-    torch.testing.assert_close(torch.cat(pieces, 1), full, atol=2e-5, rtol=1e-4)
+        steps = _decode(model, ids, 20)  # one token at a time after the prompt, as in generation
+    torch.testing.assert_close(steps, full, atol=2e-5, rtol=1e-4)
 
 
 # global softmax layers (RoPE family, NoPE), alone and beside local ones; original_seq_len 8, so

@@ -306,24 +306,26 @@ def run(args: argparse.Namespace) -> int:
     if args.out is None:
         args.out = ("runs/bench/model-cpu-smoke" if args.cpu_smoke
                     else f"runs/bench/model-throughput-{gpu_slug(device_name)}")
-    total, written = len(lengths) * len(args.pes), {}
+    total = len(lengths) * len(args.pes)
 
-    def write(rows: list[dict]) -> None:
+    def notes_for(rows: list[dict]) -> list[str]:
         notes = [] if len(rows) == total else [f"PARTIAL: {len(rows)} of {total} configs so far"]
         if any(r.get("attention") == "tapa-reference" for r in rows) and not args.cpu_smoke:
             notes.append("WARNING: the fused TAPA kernel was not used (tapa.ops.triton_attention "
                          "missing or unsupported); TAPA rows time the PyTorch reference.")
+        return notes
+
+    def write(rows: list[dict]) -> None:
         write_results(rows, Path(args.out), command=command_line(args), device_name=device_name,
-                      peak_tflops=peak, notes=notes)
+                      peak_tflops=peak, notes=notes_for(rows))
         row = rows[-1]
         print(f"[{len(rows)}/{total}] {row['pe']} L={row['seq_len']}: {row.get('tokens_per_s')} tok/s",
               flush=True)
-        written["notes"] = notes
 
     rows = run_benchmark(model_kwargs=model_kwargs, lengths=lengths, pes=args.pes,
                          tokens_per_step=tokens_per_step, warmup=args.warmup, steps=args.steps,
                          device=device, peak_tflops=peak, compile_model=args.compile, on_row=write)
-    notes = written["notes"]
+    notes = notes_for(rows)
     for row in rows:
         print(f"{row['pe']:>24} L={row['seq_len']:>6}  {row.get('attention'):>14}  "
               f"{row.get('tokens_per_s')} tok/s  MFU {row.get('mfu')}  "

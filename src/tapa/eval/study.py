@@ -572,17 +572,12 @@ def plot_perplexity(rows: list[dict], path: Path, *, title: str, train_len: int 
                         color=_FAMILY_COLORS.get(family), marker=_MARKERS[index % len(_MARKERS)],
                         linestyle="--" if eval_time else "-", alpha=max(0.4, 1.0 - 0.15 * index),
                         label=f"{mine[0]['label']} (n={max(r['n'] for r in mine)})")
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xticks(lengths, [length_label(n) for n in lengths])
-        ticks = nice_log_ticks(max(bottom, 1e-3), top)
-        ax.set_yticks(ticks, [_fmt(t, 1).removesuffix(".0") for t in ticks])
+        ticks = _log_length_axes(ax, lengths, max(bottom, 1e-3), top)
         if ax is axes[0][0]:
             ax.set_ylim(min(ticks[0], bottom / 1.02), max(ticks[-1], top * 1.02))
         else:
             ax.set_ylim(bottom / 1.02, top)
             ax.set_title(f"zoom: perplexity up to {top:.1f} (lines above leave the panel)", fontsize=9)
-        ax.minorticks_off()
         if train_len:
             ax.axvline(train_len, color="gray", linestyle=":", linewidth=1.2)
             ax.annotate(f"trained at {length_label(train_len)}", (train_len, 1.0),
@@ -644,15 +639,9 @@ def plot_comparisons(jobs: list[dict], path: Path, stage: str = "eval0") -> Path
             ax.scatter(xs, ys, marker=marker, s=18, alpha=0.8,
                        color=_FAMILY_COLORS.get(found[arm]["job"]["family"]) if arm == first else "black",
                        label=f"{found[arm]['job']['label']} (n={max(len(v) for v in values.values())})")
-        lengths = sorted(found[first]["values"])
         shown = [v for arm in (first, second) for pts in found[arm]["values"].values() for _, v in pts]
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xticks(lengths, [length_label(n) for n in lengths])
-        ticks = nice_log_ticks(min(shown), max(shown), most=8)
-        ax.set_yticks(ticks, [f"{t:.0e}" if t >= 1e4 else _fmt(t, 1).removesuffix(".0") for t in ticks])
+        _log_length_axes(ax, sorted(found[first]["values"]), min(shown), max(shown), most=8)
         ax.set_ylim(min(shown) / 1.03, max(shown) * 1.03)
-        ax.minorticks_off()
         ax.set_title(question, fontsize=8)
         ax.set_xlabel("evaluation length")
         ax.grid(True, alpha=0.3)
@@ -687,6 +676,18 @@ def plot_repeats(rows: list[dict], path: Path) -> Path | None:
         ax.legend(fontsize=7)
     return _save_panels(plt, fig, axes, len(panels), "perplexity",
                         "one job run twice: same command, seed and data order", path)
+
+
+def _log_length_axes(ax, lengths: list[int], low: float, high: float, most: int = 11) -> list[float]:
+    """Perplexity-vs-length axes, log-log: the evaluation lengths as x ticks, a few round
+    perplexities from low to high as y ticks (powers of ten past 1e4). Returns the y ticks."""
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xticks(lengths, [length_label(n) for n in lengths])
+    ticks = nice_log_ticks(low, high, most=most)
+    ax.set_yticks(ticks, [f"{t:.0e}" if t >= 1e4 else _fmt(t, 1).removesuffix(".0") for t in ticks])
+    ax.minorticks_off()
+    return ticks
 
 
 def _panel_grid(plt, panels: int, **subplots):

@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from tapa.model.config import ModelConfig
 from tapa.ops import split_dims, tapa_attention, tapa_attention_with_kvcache
@@ -192,18 +191,23 @@ def _cos_sin(cfg: ModelConfig, local: bool, row: torch.Tensor, length: int):
     return rope_cos_sin(inv_freq, row, attention_factor)
 
 
+@contextlib.contextmanager
 def _without_cudnn():
-    """sdpa_kernel of the SDPA backends enabled now, less cuDNN: for queries against a KV cache,
-    whose key length grows by one every decoding step. cuDNN builds an execution plan for every
-    new shape (its plan cache is keyed on the sequence lengths and strides), milliseconds on the
-    host, and torch (2.10+ with cuDNN > 9.15) tries it first on H100/H200. The rest of the
-    caller's choice stands; where cuDNN is all that is enabled, it stays."""
+    """SDPA without its cuDNN backend inside: for queries against a KV cache, whose key length
+    grows by one every decoding step. cuDNN builds an execution plan for every new shape (its plan
+    cache is keyed on the sequence lengths and strides), milliseconds on the host, and torch (2.10+
+    with cuDNN > 9.15) tries it first on H100/H200. Only cuDNN's flag moves (`sdpa_kernel` would
+    set every backend's, at 14 µs a call on this hot path); where no other backend is enabled,
+    cuDNN stays."""
     cuda = torch.backends.cuda
-    enabled = [backend for backend, on in (
-        (SDPBackend.FLASH_ATTENTION, cuda.flash_sdp_enabled()),
-        (SDPBackend.EFFICIENT_ATTENTION, cuda.mem_efficient_sdp_enabled()),
-        (SDPBackend.MATH, cuda.math_sdp_enabled())) if on]
-    return sdpa_kernel(enabled) if enabled else contextlib.nullcontext()
+    was = cuda.cudnn_sdp_enabled()
+    others = cuda.flash_sdp_enabled() or cuda.mem_efficient_sdp_enabled() or cuda.math_sdp_enabled()
+    if was and others:
+        cuda.enable_cudnn_sdp(False)
+    try:
+        yield
+    finally:
+        cuda.enable_cudnn_sdp(was)
 
 
 def _softmax(q, k, v, mask=None, is_causal=False):

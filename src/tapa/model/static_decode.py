@@ -116,10 +116,9 @@ class StaticDecoder:
         self.slots = torch.arange(cache.max_len, device=device)
         self.pos = torch.full((cache.batch,), cache.length, dtype=torch.long, device=device)
         self.length = cache.length  # the host's copy of pos, to catch a cache advanced elsewhere
-        positions = torch.arange(cache.max_len, device=device)
-        self.tables = {}
+        self.tables = {}  # the rotations of every slot's position
         for local in {block.attn.local for block in model.layers if block.attn.family == "rope"}:
-            self.tables[local] = _cos_sin(cfg, local, positions, cache.max_len)
+            self.tables[local] = _cos_sin(cfg, local, self.slots, cache.max_len)
         kinds = {"local" if block.attn.local else block.attn.family for block in model.layers}
         self.has_tapa, self.has_softmax = "tapa" in kinds, bool(kinds & {"rope", "nope"})
         self.ring = cache.capacity(cache.local.index(True)) if "local" in kinds else None
