@@ -156,13 +156,14 @@ TOY_GPU = Protocol(
     # machine has that much text; the runner reports the count from the corpus manifest
     data=("--max-train-bytes", "400000000", "--tokenizer-train-bytes", "50000000"))
 
-# The scale step: dim 768, 12 layers, head_dim 128, one seed. The same 100M tokens: the
-# 124M model ran ~246k tokens/s at L=2048 alone (results/model-throughput-h200), so one run should
-# fit one call at --concurrent 1 (about 410 s of pretraining); lower --pretrain-steps if the first
-# call says otherwise. rate_scale: 246k / 700k, until scripts/study/gpu_compile_probe.sh measures it.
+# The scale step: dim 768, 12 layers, head_dim 128, one seed. 2500 pretraining steps (81.9M
+# tokens) are the most each of its four groups fits in one call (results/toy-study/compile-probe.md);
+# the continual stage stays the toy's (5.0M tokens at 2048, 6% of this pretraining).
+# rate_scale: the scale model's eager training rate over the toy TAPA model's, 384k / 779k tokens/s
+# (scripts/study/gpu_compile_probe.sh, 2026-12-02).
 SCALE_768 = dataclasses.replace(TOY_GPU, name="scale-768",
                                 model=("--dim", "768", "--n-layers", "12", "--n-heads", "6"),
-                                rate_scale=0.35)
+                                pretrain_steps=2500, rate_scale=0.49)
 
 # Seconds-long CPU version of every stage, for tests and a dry run of the machinery.
 TINY_CPU = Protocol(
