@@ -324,9 +324,10 @@ def test_aggregate_known_mean_and_std(tmp_path):
     assert "| tapa | 0.001 | 0,1,2 | 0,1,2 | 0,1,2 | n/a |" in coverage  # no theory stage asked for
     assert "| RoPE | 0.001 | 0 (1/3) | - (0/3) | - (0/3) | - (0/3) |" in coverage
     for name in ("perplexity_zero_shot.png", "perplexity_continual.png", "passkey.png",
-                 "README.md", "commands.md", "jobs.csv"):
+                 "passkey_depths.png", "README.md", "commands.md", "jobs.csv"):
         assert (tmp_path / "out" / name).stat().st_size > 0, name
     readme = (tmp_path / "out" / "README.md").read_text()
+    assert "![passkey by depth](passkey_depths.png)" in readme
     assert "120,000,000" in readme and "H200" in readme and "TODO (lead)" in readme
     # the stale copy is the job's repeat: its 512-token zero-shot number next to the kept one's
     repeats = list(csv.DictReader(open(tmp_path / "out" / "repeats.csv")))
@@ -556,3 +557,29 @@ def test_aggregate_labels_continual_results_by_the_jobs_own_scale(tmp_path):
     coverage = (tmp_path / "out" / "coverage.md").read_text()
     assert "| continual x1 | continual x0.3 | continual x0.1 |" in coverage
     assert "learning rate x1 or x0.3 or x0.1 the pretraining one" in (tmp_path / "out" / "README.md").read_text()
+
+
+def test_passkey_depth_plot_needs_two_seeds_and_splits_hybrids(tmp_path, monkeypatch):
+    """The depth plot leaves out one-seed arms, and draws hybrids and all-global arms in rows."""
+    grid = {"lengths": [2048, 4096], "depths": [0.0, 1.0], "trials": 50, "seeds": 2,
+            "accuracy": [[0.5, 1.0], [0.0, 1.0]], "std": [[0.1, 0.0], [0.0, 0.0]]}
+    grids = {"tapa": {**grid, "label": "TAPA", "family": "tapa"},
+             "hybrid-tapa": {**grid, "label": "TAPA hybrid", "family": "hybrid"},
+             "nope": {**grid, "label": "NoPE", "family": "nope", "seeds": 1}}
+    import matplotlib.pyplot as plt
+
+    drawn = {}
+    real = plt.subplots
+
+    def spy(rows, cols, **kwargs):
+        fig, axes = real(rows, cols, **kwargs)
+        drawn["axes"] = axes
+        return fig, axes
+
+    monkeypatch.setattr(plt, "subplots", spy)
+    assert study.plot_passkey_depths(grids, tmp_path / "d.png").stat().st_size > 0
+    axes = drawn["axes"]
+    assert axes.shape == (2, 2)  # two rows (all-global, hybrids) x two lengths
+    labels = [[text.get_label() for text in ax.containers] for ax in axes[:, 0]]
+    assert labels == [["TAPA (n=2)"], ["TAPA hybrid (n=2)"]]  # NoPE (1 seed) left out
+    assert study.plot_passkey_depths({"nope": grids["nope"]}, tmp_path / "e.png") is None

@@ -11,6 +11,7 @@ Every number written comes from the job JSONs. Written to --out:
                                       several continual lrs, the .png holds the latest protocol's
                                       and perplexity_continual_all.png every one
     passkey.csv, passkey.md, passkey.png   accuracy per length and depth, mean over seeds
+    passkey_depths.png                accuracy vs the key's depth per length, arms with 2+ seeds
     theory_trained.csv, .md, .png     logit moments vs distance on trained weights (tapa.theory.trained)
     training_curves.png               pretraining loss vs step, per arm and seed
     coverage.md                       the seeds each arm has per measurement (what is still missing)
@@ -438,7 +439,8 @@ def passkey_summary(jobs: list[dict]) -> dict[str, dict]:
         cells = [[mean_std(g["accuracy"][li][di] for g in mine) for di in range(len(first["depths"]))]
                  for li in range(len(first["lengths"]))]
         label = next(j["label"] for j in jobs if j["arm"] == arm)
-        grids[arm] = {"label": label, "lr": lrs[arm], "lengths": first["lengths"],
+        family = next(j["family"] for j in jobs if j["arm"] == arm)
+        grids[arm] = {"label": label, "family": family, "lr": lrs[arm], "lengths": first["lengths"],
                       "depths": first["depths"], "trials": first["trials"], "filler": first["filler"],
                       "seeds": len(mine), "accuracy": [[c[0] for c in row] for row in cells],
                       "std": [[c[1] for c in row] for row in cells]}
@@ -720,6 +722,42 @@ def plot_passkey(grids: dict[str, dict], path: Path) -> Path:
                                                      "(accuracy, mean over seeds)")
 
 
+def plot_passkey_depths(grids: dict[str, dict], path: Path, min_seeds: int = 2) -> Path | None:
+    """Retrieval against the key's depth, one panel per length, a line per arm (mean over seeds,
+    bars one std): where in the context each kind of attention finds the key. Arms with fewer
+    than min_seeds seeds are left out; the hybrids and the all-global arms get a row each."""
+    chosen = [g for g in grids.values() if g["seeds"] >= min_seeds]
+    if not chosen:
+        return None
+    import matplotlib.pyplot as plt
+
+    rows = [("all-global attention", [g for g in chosen if g["family"] != "hybrid"]),
+            ("hybrids (local + global)", [g for g in chosen if g["family"] == "hybrid"])]
+    rows = [(name, mine) for name, mine in rows if mine]
+    lengths = chosen[0]["lengths"]
+    fig, axes = plt.subplots(len(rows), len(lengths), figsize=(3.6 * len(lengths), 3.2 * len(rows) + 0.8),
+                             squeeze=False, sharey=True)
+    for (name, mine), line in zip(rows, axes):
+        for li, (ax, length) in enumerate(zip(line, lengths)):
+            for grid in mine:
+                ax.errorbar(grid["depths"], grid["accuracy"][li], yerr=grid["std"][li], marker="o",
+                            markersize=3, capsize=2, linewidth=1.2,
+                            label=f"{grid['label']} (n={grid['seeds']})")
+            ax.set_title(f"{name}, {length_label(length)}", fontsize=9)
+            ax.set_xlabel("key depth")
+            ax.set_ylim(-0.03, 1.03)
+            ax.grid(alpha=0.3)
+        line[0].set_ylabel("accuracy")
+        line[-1].legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    fig.suptitle("passkey retrieval by the key's depth after the continual stage (0: the context's "
+                 f"start, 1: next to the question; mean over seeds, bars one std; arms with "
+                 f"{min_seeds}+ seeds)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
 def theory_rows(jobs: list[dict]) -> list[dict]:
     """The theory-on-trained-weights rows of every job (tapa.theory.trained, pooled over heads)."""
     rows = []
@@ -893,7 +931,7 @@ def readme_skeleton(jobs: list[dict], tables: dict[str, str], command: str) -> s
         "## Learning-rate sweep", "", tables["lr"], "",
         "![training curves](training_curves.png)", "",
         "## Passkey retrieval (after the continual stage)", "", tables["passkey"], "",
-        "![passkey](passkey.png)", "",
+        "![passkey](passkey.png)", "", tables.get("passkey depths", ""), "",
         "## Theory on trained weights", "",
         "The logit's mean and variance vs distance in the middle global layer of each pretrained "
         "model, on held-out text longer than training (`python3 -m tapa.theory.trained`), next to "
@@ -907,8 +945,8 @@ def readme_skeleton(jobs: list[dict], tables: dict[str, str], command: str) -> s
 OUTPUTS = ("jobs.csv", "lr_sweep.csv", "lr_sweep.md", "coverage.md", "perplexity_zero_shot.md",
            "perplexity_zero_shot.png", "perplexity_continual.md", "perplexity_continual.png",
            "perplexity_continual_all.png", "perplexity.csv", "comparisons.md", "comparisons.csv",
-           "comparisons.png", "passkey.md", "passkey.csv", "passkey.png", "training_curves.png",
-           "theory_trained.md", "theory_trained.csv", "theory_trained.png", "repeats.md",
+           "comparisons.png", "passkey.md", "passkey.csv", "passkey.png", "passkey_depths.png",
+           "training_curves.png", "theory_trained.md", "theory_trained.csv", "theory_trained.png", "repeats.md",
            "repeats.csv", "repeats.png", "commands.md", "README.md")
 NOTES_MARK = "<!-- notes -->"  # README: from this line to the section's end, the lead's prose
 
@@ -1020,6 +1058,10 @@ def aggregate(paths, out_dir: str | Path, *, protocol_id: str | None = None,
                    for di, d in enumerate(g["depths"])])
         written.append(out / "passkey.csv")
         written.append(plot_passkey(grids, out / "passkey.png"))
+        depths_png = plot_passkey_depths(grids, out / "passkey_depths.png")
+        if depths_png:
+            written.append(depths_png)
+            tables["passkey depths"] = "![passkey by depth](passkey_depths.png)"
     curves_png = plot_training_curves(pretrained, out / "training_curves.png")
     if curves_png:
         written.append(curves_png)
