@@ -1,0 +1,140 @@
+"""Per-score SASS census of the forward kernel's loops, offline (sm_90, no GPU).
+
+Compiles the default bf16 causal forward as `tapa.bench.kernel_report.offline_rows` does (the
+launcher's specialization), optionally writes its SASS, and for each loop of `_fwd_kernel` (the
+unmasked tiles, then the masked ones) splits the body into the part both tile paths share and the
+two arms of the far/near branch (the arm with the MUFU.LG2s is the near one). It prints the
+instruction classes of each part per iteration and per score of a thread (BLOCK_M * BLOCK_N /
+(32 * num_warps) scores). Counts are static: each instruction of one iteration once.
+
+    PYTHONPATH=src python scripts/fwd_loop_census.py --head-dim 64 --sass-dir /tmp/sass
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import re
+from pathlib import Path
+
+from tapa.bench import kernel_report
+
+_LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*)((?:\.[A-Z0-9_]+)*)\s*([^;]*);")
+CLASSES = (
+    ("fp32 arith", {"FFMA", "FMUL", "FADD"}),
+    ("fp32 cmp/sel", {"FMNMX", "FSEL", "FSETP", "FSET"}),
+    ("MUFU", {"MUFU"}),
+    ("conversion", {"F2F", "F2FP", "I2F", "I2FP", "F2I", "F2IP", "FRND"}),
+    ("IMAD", {"IMAD", "IMUL"}),
+    ("int/logic", {"IADD3", "LOP3", "SHF", "LEA", "ISETP", "SEL", "IABS", "IMNMX", "PRMT", "VIADD", "PLOP3"}),
+    ("move", {"MOV", "CS2R", "S2R"}),
+    ("tensor", {"HGMMA", "WARPGROUP", "HMMA"}),
+    ("memory/sync", {"LDG", "LDGSTS", "LDS", "STS", "LDSM", "BAR", "DEPBAR", "LDGDEPBAR", "LDL", "STL"}),
+    ("shuffle", {"SHFL"}),
+    ("control", {"BRA", "NOP", "BSSY", "BSYNC", "WARPSYNC"}),
+)
+
+
+def parse(sass: str) -> list[dict]:
+    """(address, predicate, opcode, modifiers, operands) of each instruction line."""
+    out = []
+    for line in sass.splitlines():
+        if match := _LINE.search(line):
+            addr, pred, op, mods, args = match.groups()
+            out.append(dict(addr=int(addr, 16), pred=(pred or "").strip(), op=op, mods=mods, args=args.strip()))
+    return out
+
+
+def klass(op: str) -> str:
+    for name, ops in CLASSES:
+        if op in ops:
+            return name
+    return "uniform" if op.startswith("U") or op in ("R2UR", "S2UR") else "other"
+
+
+def loops(ins: list[dict]) -> list[dict]:
+    """Each loop (a predicated backward BRA) with its if/else arms: a forward predicated BRA to X
+    whose fall-through ends in an unconditional BRA at X - 0x10 (None when there is none)."""
+    branches = [(i["addr"], int(m.group(1), 16), i["pred"]) for i in ins if i["op"] == "BRA"
+                and (m := re.match(r"(0x[0-9a-f]+)", i["args"]))]
+    found = []
+    for end, start, pred in branches:
+        if start >= end or not pred:
+            continue
+        arms = None
+        for at, x, p in branches:
+            if start <= at < end and x > at and p:
+                tail = [y for a, y, q in branches if a == x - 0x10 and not q and x < y <= end]
+                if tail:
+                    arms = ((at + 0x10, x - 0x10), (x, tail[0] - 0x10))
+                    break
+        found.append(dict(start=start, end=end, arms=arms))
+    return found
+
+
+def census(ins: list[dict], scores: int) -> str:
+    lines = []
+    for number, loop in enumerate(loops(ins), 1):
+        body = [i for i in ins if loop["start"] <= i["addr"] <= loop["end"]]
+        parts = {"shared": body}
+        if loop["arms"]:
+            arms = [[i for i in body if lo <= i["addr"] <= hi] for lo, hi in loop["arms"]]
+            arms.sort(key=lambda arm: sum(i["op"] == "MUFU" and ".LG2" in i["mods"] for i in arm))
+            inside = {i["addr"] for arm in arms for i in arm}
+            parts = {"shared": [i for i in body if i["addr"] not in inside], "far arm": arms[0],
+                     "near arm": arms[1]}
+        counts = {name: collections.Counter(klass(i["op"]) for i in part) for name, part in parts.items()}
+        far = counts["shared"] + counts.get("far arm", collections.Counter())
+        lines.append(f"\nloop {number} [{loop['start']:#x}, {loop['end']:#x}]: {len(body)} instructions; "
+                     + ", ".join(f"{name} {len(part)}" for name, part in parts.items()))
+        lines.append(f"| class | {' | '.join(parts)} | far-tile iteration | per score |")
+        lines.append("|---|" + "---|" * (len(parts) + 2))
+        for name in [c for c, _ in CLASSES] + ["uniform", "other"]:
+            if any(c[name] for c in counts.values()):
+                lines.append(f"| {name} | " + " | ".join(str(c[name]) for c in counts.values())
+                             + f" | {far[name]} | {far[name] / scores:.2f} |")
+        total = sum(far.values())
+        lines.append(f"| total | " + " | ".join(str(sum(c.values())) for c in counts.values())
+                     + f" | {total} | {total / scores:.2f} |")
+        ops = collections.Counter(i["op"] + (i["mods"] if i["op"] == "MUFU" else "")
+                                  for name, part in parts.items() if name != "near arm" for i in part)
+        lines.append("far-tile iteration opcodes: " + ", ".join(f"{op} {n}" for op, n in ops.most_common()))
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--sass-dir", type=Path, default=None, help="write each forward's SASS here")
+    args = parser.parse_args()
+    captured, sass_of = [], kernel_report.sass_of
+
+    def keep(cubin, cuobjdump):  # offline_rows disassembles each kernel it compiles, in order
+        text = sass_of(cubin, cuobjdump)
+        captured.append(text)
+        return text
+
+    kernel_report.sass_of = keep
+    try:
+        rows = kernel_report.offline_rows({"default": {}}, args.head_dim)
+    finally:
+        kernel_report.sass_of = sass_of
+    compiled = [row for row in rows if "error" not in row]
+    for row, text in zip(compiled, captured, strict=True):
+        if row["kernel"] != "fwd":
+            continue
+        block_m, block_n, warps = (int(x) for x in re.match(r"(\d+)x(\d+)/(\d+)", row["config"]).groups())
+        scores = block_m * block_n // (32 * warps)
+        print(f"\n## D={args.head_dim} fwd {row['config']}: {row['reg']} registers, {row['stack']} B stack, "
+              f"{scores} scores per thread per iteration")
+        if args.sass_dir:
+            args.sass_dir.mkdir(parents=True, exist_ok=True)
+            path = args.sass_dir / f"fwd_D{args.head_dim}_{row['config'].split()[0].replace('/', '-')}.sass"
+            path.write_text(text)
+            print(f"SASS: {path}")
+        print(census(parse(text), scores))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
