@@ -8,6 +8,7 @@ instruction classes of each part per iteration and per score of a thread (BLOCK_
 (32 * num_warps) scores). Counts are static: each instruction of one iteration once.
 
     PYTHONPATH=src python scripts/fwd_loop_census.py --head-dim 64 --sass-dir /tmp/sass
+    PYTHONPATH=src python scripts/fwd_loop_census.py --head-dim 64 --variant fwd_split_s=1
 """
 
 from __future__ import annotations
@@ -106,7 +107,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--sass-dir", type=Path, default=None, help="write each forward's SASS here")
+    parser.add_argument("--variant", default="", help="a kernel variant spec (TAPA_KERNEL_VARIANT's "
+                        "form) instead of the defaults")
     args = parser.parse_args()
+    from tapa.ops.triton_launch import parse_variant
+
+    changes = parse_variant(args.variant)
     captured, sass_of = [], kernel_report.sass_of
 
     def keep(cubin, cuobjdump):  # offline_rows disassembles each kernel it compiles, in order
@@ -116,7 +122,7 @@ def main() -> int:
 
     kernel_report.sass_of = keep
     try:
-        rows = kernel_report.offline_rows({"default": {}}, args.head_dim)
+        rows = kernel_report.offline_rows({args.variant or "default": changes}, args.head_dim)
     finally:
         kernel_report.sass_of = sass_of
     compiled = [row for row in rows if "error" not in row]
@@ -129,7 +135,8 @@ def main() -> int:
               f"{scores} scores per thread per iteration")
         if args.sass_dir:
             args.sass_dir.mkdir(parents=True, exist_ok=True)
-            path = args.sass_dir / f"fwd_D{args.head_dim}_{row['config'].split()[0].replace('/', '-')}.sass"
+            name = f"fwd_D{args.head_dim}_{row['config'].split()[0].replace('/', '-')}"
+            path = args.sass_dir / (name + (f"_{args.variant.replace('=', '').replace(',', '_')}" if args.variant else "") + ".sass")
             path.write_text(text)
             print(f"SASS: {path}")
         print(census(parse(text), scores))

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Issue 13, Run 9 in one call (step caps 250 s: it follows the scale step's three study calls in a
-# session; results/kernel-h200/run-8.md says why each step is here, PLAN.md what each result decides):
+# Issue 13, Run 9 in one call (step caps 300 s; results/kernel-h200/run-8.md and offline-census-6.md
+# say why each step is here, PLAN.md what each result decides):
 #   decode_profile  the kernels of one static decoding step, RoPE / TAPA / TAPA hybrid, batch 1 and
 #                   8, prompts 4k and 32k, with the CUDA-graph step's time next to their sum
 #                   (scripts/decode_kernel_profile.py). Run 8's RoPE graph step was 1.12-1.17x
@@ -10,8 +10,10 @@
 #                   (N=16k, B=4, H=16, causal, bf16): throughput, pipe utilization, issue stalls,
 #                   instruction mix. D=64 runs at 1.84-1.99x flash (Run 6); the claim to test is that
 #                   the per-score elementwise work, which does not shrink with D, bounds it there
-#   attention64     the D=64 default at 4k / 16k / 64k against flash and cuDNN in this run (no
-#                   D=64 row since Run 6)
+#   split_s         the forward variant fwd_split_s=1 (distances from row offsets and a column
+#                   ramp: 30 / 21 fewer instructions per 64x64 tile iteration at D=128 / 64 offline,
+#                   offline-census-6.md) next to the default at D=64 and D=128, 4k / 16k / 64k,
+#                   each checked against float64 first; the D=64 rows are also the first since Run 6
 #   device tool: run(command="bash scripts/gpu_h200_kernel_run9.sh", kind="nvidia-h200")
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -46,9 +48,9 @@ done
 EOF
 export WORK
 step ncu_fwd 100 bash "$WORK/ncu_fwd.sh"
-step attention64 70 python3 -m tapa.bench.attention --head-dims 64 --causal causal \
-    --seq-lens 4096 16384 65536 --long-range-len 0 --reference-len 0 --compile-jobs 4 --skip-checks \
-    --out "$WORK/attention64"
+step split_s 120 python3 -m tapa.bench.attention --head-dims 64 128 --causal causal \
+    --seq-lens 4096 16384 65536 --long-range-len 0 --reference-len 0 --compile-jobs 4 \
+    --variants split:fwd_split_s=1 --out "$WORK/split_s"
 tar czf "$OUT/kernel_run9.tar.gz" -C /tmp kernel_run9
 echo "done at +$(($(date +%s) - START))s"
 head -12 "$WORK/decode_profile/decode_kernels.md" 2>/dev/null | tail -6
@@ -57,4 +59,4 @@ for f in "$WORK"/ncu/fwd_*_details.txt; do
     grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|Issue Slots Busy|Executed Ipc Active|Registers Per Thread|Achieved Occupancy" \
         "$f" 2>/dev/null | head -9
 done
-grep -A 8 "^## D=64, causal" "$WORK/attention64/attention.md" 2>/dev/null | head -12
+grep -A 14 "^| variant | D" "$WORK/split_s/attention.md" 2>/dev/null | head -16

@@ -463,6 +463,8 @@ VARIANTS = {  # spec: call arguments (FAR where the variant changes the far-tile
     "dkdv_reverse=1": {},  # the dK/dV kernel's unmasked query blocks from the last one down
     "dkdv_reverse=1,dq_atomic=1,dq_transpose=1": dict(causal=False),  # every block unmasked
     "fwd=16x32/4/1/ws,dkdv=32x16/4/1/ws,dq=16x32/4/3/ws": {},
+    "fwd_split_s=1": {},  # the forward's distances from row offsets and a column ramp
+    "fwd_split_s=1,taylor_order=3,taylor_tolerance=1e-6": FAR,  # ... on far tiles too
 }
 
 

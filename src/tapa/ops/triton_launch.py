@@ -55,6 +55,11 @@ DQ_TRANSPOSE = False
 # (an L2 question), where a config does not choose. No default sets it: Run 7 timed it 1.4-5.5%
 # slower at 4k-64k, and ncu showed the L2 hit rate at 90-99% without it (results/kernel-h200/run-7.md).
 DKDV_REVERSE = False
+# The forward builds each tile's distances s from one float offset per row and a float column ramp
+# made once, not from an integer column index converted per tile (the same values, exactly: every
+# term is an integer below 2**24). Offline (Triton 3.6, sm_90) that removes one IADD3 and one I2FP
+# per column of a tile and iteration (offline-census-6.md); not yet timed on the GPU.
+FWD_SPLIT_S = False
 # Up to this many keys the forward takes `LaunchConfigs.fwd`, above it `fwd_long` where set.
 FWD_SHORT_KEYS = 16384
 
@@ -88,6 +93,7 @@ class LaunchConfigs:
     dq_transpose: bool | None = None  # None: the module's DQ_TRANSPOSE (read only with dq_atomic)
     fwd_long: KernelConfig | None = None  # the forward above FWD_SHORT_KEYS keys; None: fwd at every length
     dkdv_reverse: bool | None = None  # None: the module's DKDV_REVERSE
+    fwd_split_s: bool | None = None  # None: the module's FWD_SPLIT_S
 
 
 # Fixed when the kernels are defined (TRITON_INTERPRET is read then); a module constant, so that
@@ -153,7 +159,7 @@ def parse_variant(spec: str) -> dict:
     """Field changes of `LaunchConfigs` from 'key=value,key=value' (keys are its field names).
 
     fwd/fwd_long/dkdv/dq=BMxBN[/warps[/stages]][/ws]; dq_atomic, dq_transpose, dkdv_reverse,
-    trig_poly=0|1;
+    fwd_split_s, trig_poly=0|1;
     trig_terms=3..6 (sin terms; float32 inputs keep at least FLOAT32_TRIG_ERROR);
     taylor_order=1..6; taylor_tolerance=<float>. An empty spec changes nothing.
     """
@@ -167,7 +173,7 @@ def parse_variant(spec: str) -> dict:
                              f"{sorted(names)}")
         if key in ("fwd", "fwd_long", "dkdv", "dq"):
             changes[key] = _parse_kernel_config(key, text)
-        elif key in ("dq_atomic", "dq_transpose", "dkdv_reverse", "trig_poly"):
+        elif key in ("dq_atomic", "dq_transpose", "dkdv_reverse", "fwd_split_s", "trig_poly"):
             changes[key] = _parse_flag(key, text)
         elif key == "trig_terms":
             if not text.isdigit() or int(text) not in TRIG_COEFFICIENTS:
@@ -288,6 +294,11 @@ def dkdv_flags(configs: LaunchConfigs | None = None) -> dict:
     return dict(DQ_ATOMIC=dq_atomic,
                 DQ_TRANSPOSE=dq_atomic and bool(_chosen(configs, "dq_transpose", DQ_TRANSPOSE)),
                 REVERSE_Q=bool(_chosen(configs, "dkdv_reverse", DKDV_REVERSE)))
+
+
+def fwd_flags(configs: LaunchConfigs | None = None) -> dict:
+    """The forward kernel's own constexprs: how it builds the distances s (`FWD_SPLIT_S`)."""
+    return dict(SPLIT_S=bool(_chosen(configs, "fwd_split_s", FWD_SPLIT_S)))
 
 
 # every name `_remember` records a training kernel under (`compiled_kernels`, the census)
@@ -448,6 +459,7 @@ def forward(q, k, v, *, amp_dim, alpha, distance, phase, causal, q_offset, k_off
     lse = torch.empty((batch, heads, n_q), dtype=torch.float32, device=q.device)
     scalars, constexprs = _common_args(q, k, v, amp_dim, alpha, distance, phase, causal, q_offset,
                                        k_offset, configs)
+    constexprs.update(fwd_flags(configs))
     grid = (triton.cdiv(n_q, cfg.block_m), batch * heads)
     compiled = kernels._fwd_kernel[grid](
         q, k, v, out, lse, *_row_strides(q), *_row_strides(k), *_row_strides(v),
