@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 13, Run 9 in one call (step caps 300 s; results/kernel-h200/run-8.md and offline-census-6.md
+# Issue 13, Run 9 in one call (step caps 360 s; results/kernel-h200/run-8.md and offline-census-6.md
 # say why each step is here, PLAN.md what each result decides):
 #   decode_profile  the kernels of one static decoding step, RoPE / TAPA / TAPA hybrid, batch 1 and
 #                   8, prompts 4k and 32k, with the CUDA-graph step's time next to their sum
@@ -10,10 +10,12 @@
 #                   (N=16k, B=4, H=16, causal, bf16): throughput, pipe utilization, issue stalls,
 #                   instruction mix. D=64 runs at 1.84-1.99x flash (Run 6); the claim to test is that
 #                   the per-score elementwise work, which does not shrink with D, bounds it there
-#   split_s         the forward variant fwd_split_s=1 (distances from row offsets and a column
-#                   ramp: 30 / 21 fewer instructions per 64x64 tile iteration at D=128 / 64 offline,
-#                   offline-census-6.md) next to the default at D=64 and D=128, 4k / 16k / 64k,
-#                   each checked against float64 first; the D=64 rows are also the first since Run 6
+#   split_s         the forward variants fwd_split_s=1 (distances as row offsets less a column
+#                   ramp, u one FFMA), fwd_fast_scalars=1 (a far tile's log2 and 1/d0 by the MUFU)
+#                   and both (-10.5% / -9.2% instructions per far-tile iteration at D=128 / 64
+#                   offline, offline-census-6.md) next to the default at D=64 and D=128, 4k / 16k /
+#                   64k, each checked against float64 first; the D=64 rows are also the first since
+#                   Run 6
 #   device tool: run(command="bash scripts/gpu_h200_kernel_run9.sh", kind="nvidia-h200")
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -48,9 +50,10 @@ done
 EOF
 export WORK
 step ncu_fwd 100 bash "$WORK/ncu_fwd.sh"
-step split_s 120 python3 -m tapa.bench.attention --head-dims 64 128 --causal causal \
+step split_s 180 python3 -m tapa.bench.attention --head-dims 64 128 --causal causal \
     --seq-lens 4096 16384 65536 --long-range-len 0 --reference-len 0 --compile-jobs 4 \
-    --variants split:fwd_split_s=1 --out "$WORK/split_s"
+    --variants split:fwd_split_s=1 fast:fwd_fast_scalars=1 lean:fwd_split_s=1,fwd_fast_scalars=1 \
+    --out "$WORK/split_s"
 tar czf "$OUT/kernel_run9.tar.gz" -C /tmp kernel_run9
 echo "done at +$(($(date +%s) - START))s"
 head -12 "$WORK/decode_profile/decode_kernels.md" 2>/dev/null | tail -6

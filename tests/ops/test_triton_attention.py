@@ -463,8 +463,9 @@ VARIANTS = {  # spec: call arguments (FAR where the variant changes the far-tile
     "dkdv_reverse=1": {},  # the dK/dV kernel's unmasked query blocks from the last one down
     "dkdv_reverse=1,dq_atomic=1,dq_transpose=1": dict(causal=False),  # every block unmasked
     "fwd=16x32/4/1/ws,dkdv=32x16/4/1/ws,dq=16x32/4/3/ws": {},
-    "fwd_split_s=1": {},  # the forward's distances from row offsets and a column ramp
-    "fwd_split_s=1,taylor_order=3,taylor_tolerance=1e-6": FAR,  # ... on far tiles too
+    "fwd_split_s=1": {},  # the forward's distances as row offsets less a column ramp
+    "fwd_split_s=1,taylor_order=3,taylor_tolerance=1e-6": FAR,  # ... and far tiles' u from them
+    "fwd_split_s=1,fwd_fast_scalars=1,taylor_order=3,taylor_tolerance=1e-6": FAR,
 }
 
 
@@ -480,6 +481,12 @@ def test_variant_within_the_half_precision_bar(spec):
 def test_mufu_trig_within_the_half_precision_bar():
     _check_variant("trig_poly=0", {})
     _check_variant("trig_poly=0,dq_atomic=1", FAR)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="the MUFU's lg2.approx/rcp.approx are PTX (no interpreter)")
+def test_fast_far_tile_scalars_within_the_half_precision_bar():
+    _check_variant("fwd_split_s=1,fwd_fast_scalars=1,taylor_order=3,taylor_tolerance=1e-6", FAR)
 
 
 def _check_variant(spec, call):

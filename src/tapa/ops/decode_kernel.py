@@ -101,10 +101,10 @@ def _split_kernel(
         # the full-width tiles serve as both parts: q_amp and q_phase have the other part zeroed
         logits = tile_logits(
             q_amp, k, q_phase, k, q_phase_sum, k_phase_sum,
-            (query_slot[:, None] - keys[None, :]).to(tl.float32),
+            (query_slot[:, None] - keys[None, :]).to(tl.float32), 0.0, 0.0,
             (first_slot - (start + BLOCK_N - 1)).to(tl.float32), (seqlen - 1 - start).to(tl.float32),
             alpha, phase_scale, taylor_rho, b1, b2, b3, b4, b5, b6, DIST_POWER, PHASE_QUAD, TRIG_POLY,
-            TRIG_TERMS, TAYLOR_ORDER, PTX_ASM, LONG_PHASE, DOT_PRECISION) * amp_scale
+            TRIG_TERMS, TAYLOR_ORDER, PTX_ASM, LONG_PHASE, DOT_PRECISION, False, False) * amp_scale
         visible = key_valid[None, :] & (keys[None, :] <= query_slot[:, None]) & row_valid[:, None]
         logits = tl.where(visible, logits, float("-inf"))
 

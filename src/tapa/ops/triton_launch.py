@@ -55,11 +55,14 @@ DQ_TRANSPOSE = False
 # (an L2 question), where a config does not choose. No default sets it: Run 7 timed it 1.4-5.5%
 # slower at 4k-64k, and ncu showed the L2 hit rate at 90-99% without it (results/kernel-h200/run-7.md).
 DKDV_REVERSE = False
-# The forward builds each tile's distances s from one float offset per row and a float column ramp
+# The forward takes each tile's distances s as one float offset per row less a float column ramp
 # made once, not from an integer column index converted per tile (the same values, exactly: every
-# term is an integer below 2**24). Offline (Triton 3.6, sm_90) that removes one IADD3 and one I2FP
-# per column of a tile and iteration (offline-census-6.md); not yet timed on the GPU.
+# term is an integer below 2**24), and a far tile's u = s / d0 - 1 as one multiply-add per score
+# from the two. Offline (Triton 3.6, sm_90): offline-census-6.md, "After"; not yet timed on the GPU.
 FWD_SPLIT_S = False
+# The forward's far tiles take log2(d0) and 1 / d0 (per tile) from the MUFU's approximations, not
+# libdevice's log2f and an IEEE division (the near tiles' per-score log2 is the MUFU's already).
+FWD_FAST_SCALARS = False
 # Up to this many keys the forward takes `LaunchConfigs.fwd`, above it `fwd_long` where set.
 FWD_SHORT_KEYS = 16384
 
@@ -94,6 +97,7 @@ class LaunchConfigs:
     fwd_long: KernelConfig | None = None  # the forward above FWD_SHORT_KEYS keys; None: fwd at every length
     dkdv_reverse: bool | None = None  # None: the module's DKDV_REVERSE
     fwd_split_s: bool | None = None  # None: the module's FWD_SPLIT_S
+    fwd_fast_scalars: bool | None = None  # None: the module's FWD_FAST_SCALARS
 
 
 # Fixed when the kernels are defined (TRITON_INTERPRET is read then); a module constant, so that
@@ -159,7 +163,7 @@ def parse_variant(spec: str) -> dict:
     """Field changes of `LaunchConfigs` from 'key=value,key=value' (keys are its field names).
 
     fwd/fwd_long/dkdv/dq=BMxBN[/warps[/stages]][/ws]; dq_atomic, dq_transpose, dkdv_reverse,
-    fwd_split_s, trig_poly=0|1;
+    fwd_split_s, fwd_fast_scalars, trig_poly=0|1;
     trig_terms=3..6 (sin terms; float32 inputs keep at least FLOAT32_TRIG_ERROR);
     taylor_order=1..6; taylor_tolerance=<float>. An empty spec changes nothing.
     """
@@ -173,7 +177,8 @@ def parse_variant(spec: str) -> dict:
                              f"{sorted(names)}")
         if key in ("fwd", "fwd_long", "dkdv", "dq"):
             changes[key] = _parse_kernel_config(key, text)
-        elif key in ("dq_atomic", "dq_transpose", "dkdv_reverse", "fwd_split_s", "trig_poly"):
+        elif key in ("dq_atomic", "dq_transpose", "dkdv_reverse", "fwd_split_s", "fwd_fast_scalars",
+                     "trig_poly"):
             changes[key] = _parse_flag(key, text)
         elif key == "trig_terms":
             if not text.isdigit() or int(text) not in TRIG_COEFFICIENTS:
@@ -297,8 +302,10 @@ def dkdv_flags(configs: LaunchConfigs | None = None) -> dict:
 
 
 def fwd_flags(configs: LaunchConfigs | None = None) -> dict:
-    """The forward kernel's own constexprs: how it builds the distances s (`FWD_SPLIT_S`)."""
-    return dict(SPLIT_S=bool(_chosen(configs, "fwd_split_s", FWD_SPLIT_S)))
+    """The forward kernel's own constexprs: how it takes the distances s (`FWD_SPLIT_S`) and a far
+    tile's scalars (`FWD_FAST_SCALARS`)."""
+    return dict(SPLIT_S=bool(_chosen(configs, "fwd_split_s", FWD_SPLIT_S)),
+                FAST_SCALARS=bool(_chosen(configs, "fwd_fast_scalars", FWD_FAST_SCALARS)))
 
 
 # every name `_remember` records a training kernel under (`compiled_kernels`, the census)

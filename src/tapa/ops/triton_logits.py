@@ -212,10 +212,30 @@ def _log2(x, PTX_ASM: tl.constexpr):
 
 
 @triton.jit
-def _scaled_distance_weight(s, s_lo, s_hi, alpha, phase_scale, taylor_rho,
+def _distances(s, s_rows, s_cols, SPLIT_S: tl.constexpr):
+    """The tile's signed distances: s, or with SPLIT_S s_rows[:, None] - s_cols[None, :]."""
+    if SPLIT_S:
+        return s_rows[:, None] - s_cols[None, :]
+    else:
+        return s
+
+
+@triton.jit
+def _rcp(x, PTX_ASM: tl.constexpr):
+    """1 / x; with PTX_ASM (GPU) the MUFU's rcp.approx (about 1 ulp) instead of an IEEE division."""
+    if not PTX_ASM:
+        return 1.0 / x
+    else:
+        return tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=r,r", [x],
+                                         dtype=tl.float32, is_pure=True, pack=1)
+
+
+@triton.jit
+def _scaled_distance_weight(s, s_rows, s_cols, s_lo, s_hi, alpha, phase_scale, taylor_rho,
                             b1, b2, b3, b4, b5, b6, DIST_POWER: tl.constexpr,
                             TAYLOR_ORDER: tl.constexpr, PTX_ASM: tl.constexpr,
-                            LONG_PHASE: tl.constexpr):
+                            LONG_PHASE: tl.constexpr, SPLIT_S: tl.constexpr,
+                            FAST_SCALARS: tl.constexpr):
     """f(|s|) * phase_scale for a tile of signed distances s = m - n, s_lo <= s <= s_hi.
 
     Far from the diagonal (the tile on one side of it and its half-span <= taylor_rho * centre),
@@ -223,17 +243,30 @@ def _scaled_distance_weight(s, s_lo, s_hi, alpha, phase_scale, taylor_rho,
     TAYLOR_ORDER (<= 6) whose binomial coefficients b_k come from the host (b_k past the order are
     not read). LONG_PHASE (f(d) reaches LONG_PHASE_FROM): d ** alpha by `_exact_pow`, whose error
     does not grow with the result.
+
+    SPLIT_S: s is given as s_rows[:, None] - s_cols[None, :] (s itself is not read), so that u is
+    one multiply-add per element. FAST_SCALARS: the far tile's log2(d0) and 1 / d0 by the MUFU's
+    approximations (GPU only), not libdevice's log2f and an IEEE division.
     """
     if DIST_POWER:
         centre = (s_lo + s_hi) * 0.5
         d0 = tl.abs(centre)
         far = ((s_lo > 0) | (s_hi < 0)) & ((s_hi - s_lo) * 0.5 <= taylor_rho * d0)
         if far:
+            if FAST_SCALARS:
+                log2_d0 = _log2(d0, PTX_ASM)
+                to_u = tl.where(centre > 0, 1.0, -1.0) * _rcp(d0, PTX_ASM)
+            else:
+                log2_d0 = tl.log2(d0)
+                to_u = tl.where(centre > 0, 1.0, -1.0) / d0
             if LONG_PHASE:
                 p0 = _exact_pow(d0, alpha) * phase_scale
             else:
-                p0 = tl.exp2(alpha * tl.log2(d0)) * phase_scale
-            u = s * (tl.where(centre > 0, 1.0, -1.0) / d0) - 1.0
+                p0 = tl.exp2(alpha * log2_d0) * phase_scale
+            if SPLIT_S:  # u = s * to_u - 1 = (s_rows * to_u - 1) - s_cols * to_u
+                u = (s_rows * to_u - 1.0)[:, None] + s_cols[None, :] * (-to_u)
+            else:
+                u = s * to_u - 1.0
             # Horner from the leading (scalar) coefficient down: TAYLOR_ORDER FMAs per element
             tl.static_assert((TAYLOR_ORDER >= 1) & (TAYLOR_ORDER <= 6), "TAYLOR_ORDER must be 1..6")
             if TAYLOR_ORDER == 6:
@@ -259,14 +292,15 @@ def _scaled_distance_weight(s, s_lo, s_hi, alpha, phase_scale, taylor_rho,
             if TAYLOR_ORDER > 1:
                 h = h * u + p0 * b1
             fs = h * u + p0
-        elif LONG_PHASE:
-            d = tl.abs(s)
-            fs = tl.where(d > 0, _exact_pow(tl.maximum(d, 1.0), alpha), 0.0) * phase_scale
         else:
-            # log2(0) = -inf, so f(0) = 0
-            fs = tl.exp2(alpha * _log2(tl.abs(s), PTX_ASM)) * phase_scale
+            d = tl.abs(_distances(s, s_rows, s_cols, SPLIT_S))
+            if LONG_PHASE:
+                fs = tl.where(d > 0, _exact_pow(tl.maximum(d, 1.0), alpha), 0.0) * phase_scale
+            else:
+                # log2(0) = -inf, so f(0) = 0
+                fs = tl.exp2(alpha * _log2(d, PTX_ASM)) * phase_scale
     else:
-        fs = tl.abs(s) * (alpha * phase_scale)
+        fs = tl.abs(_distances(s, s_rows, s_cols, SPLIT_S)) * (alpha * phase_scale)
     return fs
 
 
@@ -275,14 +309,16 @@ def _scaled_distance_weight(s, s_lo, s_hi, alpha, phase_scale, taylor_rho,
 
 
 @triton.jit
-def _tile_amplitude_and_phase(a_amp, b_amp, a_phase, b_phase, a_phase_sum, b_phase_sum, s, s_lo, s_hi,
-                              alpha, phase_scale, taylor_rho, b1, b2, b3, b4, b5, b6,
+def _tile_amplitude_and_phase(a_amp, b_amp, a_phase, b_phase, a_phase_sum, b_phase_sum, s, s_rows,
+                              s_cols, s_lo, s_hi, alpha, phase_scale, taylor_rho, b1, b2, b3, b4, b5, b6,
                               DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr,
                               TAYLOR_ORDER: tl.constexpr, PTX_ASM: tl.constexpr,
-                              LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                              LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                              SPLIT_S: tl.constexpr, FAST_SCALARS: tl.constexpr):
     """(qk_amp, r, fs): the amplitude dot, the reduced phase r = t - round(t) and fs = f / sqrt(d_P)."""
-    fs = _scaled_distance_weight(s, s_lo, s_hi, alpha, phase_scale, taylor_rho, b1, b2, b3, b4, b5, b6,
-                                 DIST_POWER, TAYLOR_ORDER, PTX_ASM, LONG_PHASE)
+    fs = _scaled_distance_weight(s, s_rows, s_cols, s_lo, s_hi, alpha, phase_scale, taylor_rho,
+                                 b1, b2, b3, b4, b5, b6, DIST_POWER, TAYLOR_ORDER, PTX_ASM, LONG_PHASE,
+                                 SPLIT_S, FAST_SCALARS)
     if PHASE_QUAD:
         phi = tl.dot(a_phase, tl.trans(b_phase), input_precision=DOT_PRECISION)
     else:
@@ -293,22 +329,25 @@ def _tile_amplitude_and_phase(a_amp, b_amp, a_phase, b_phase, a_phase_sum, b_pha
 
 
 @triton.jit
-def tile_logits(a_amp, b_amp, a_phase, b_phase, a_phase_sum, b_phase_sum, s, s_lo, s_hi,
+def tile_logits(a_amp, b_amp, a_phase, b_phase, a_phase_sum, b_phase_sum, s, s_rows, s_cols, s_lo, s_hi,
                 alpha, phase_scale, taylor_rho, b1, b2, b3, b4, b5, b6,
                 DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr, TRIG_POLY: tl.constexpr,
                 TRIG_TERMS: tl.constexpr, TAYLOR_ORDER: tl.constexpr, PTX_ASM: tl.constexpr,
-                LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                SPLIT_S: tl.constexpr, FAST_SCALARS: tl.constexpr):
     """TAPA logits of the tile times sqrt(d_A): rows a_* (M, .) against rows b_* (N, .) -> (M, N).
 
     a_amp/b_amp and a_phase/b_phase are the amplitude and phase column tiles (they may be the
     same full-width tile with the other part zeroed); a_phase_sum/b_phase_sum (float32 row sums
     of the phase tiles) are read only without PHASE_QUAD. s (M, N) are the signed distances and
-    s_lo <= s <= s_hi their bounds over the tile (for the Taylor series of d ** alpha).
+    s_lo <= s <= s_hi their bounds over the tile (for the Taylor series of d ** alpha); with
+    SPLIT_S they come as s_rows (M,) and s_cols (N,), s = s_rows[:, None] - s_cols[None, :], and s
+    is not read. FAST_SCALARS: `_scaled_distance_weight`.
     """
     qk_amp, r, fs = _tile_amplitude_and_phase(
-        a_amp, b_amp, a_phase, b_phase, a_phase_sum, b_phase_sum, s, s_lo, s_hi, alpha, phase_scale,
-        taylor_rho, b1, b2, b3, b4, b5, b6, DIST_POWER, PHASE_QUAD, TAYLOR_ORDER, PTX_ASM, LONG_PHASE,
-        DOT_PRECISION)
+        a_amp, b_amp, a_phase, b_phase, a_phase_sum, b_phase_sum, s, s_rows, s_cols, s_lo, s_hi, alpha,
+        phase_scale, taylor_rho, b1, b2, b3, b4, b5, b6, DIST_POWER, PHASE_QUAD, TAYLOR_ORDER, PTX_ASM,
+        LONG_PHASE, DOT_PRECISION, SPLIT_S, FAST_SCALARS)
     return qk_amp * _cos_turns(r, TRIG_POLY, TRIG_TERMS)
 
 
@@ -323,8 +362,8 @@ def tile_logits_and_derivatives(a_amp, b_amp, a_phase, b_phase, a_phase_sum, b_p
     sqrt(d_A) is qk_amp * cos; its derivative by qk_amp is cos, and by the phase dot phi is
     -2 pi * phase_factor with phase_factor = qk_amp * sin * f / sqrt(d_P)."""
     qk_amp, r, fs = _tile_amplitude_and_phase(
-        a_amp, b_amp, a_phase, b_phase, a_phase_sum, b_phase_sum, s, s_lo, s_hi, alpha, phase_scale,
-        taylor_rho, b1, b2, b3, b4, b5, b6, DIST_POWER, PHASE_QUAD, TAYLOR_ORDER, PTX_ASM, LONG_PHASE,
-        DOT_PRECISION)
+        a_amp, b_amp, a_phase, b_phase, a_phase_sum, b_phase_sum, s, s, s, s_lo, s_hi, alpha,
+        phase_scale, taylor_rho, b1, b2, b3, b4, b5, b6, DIST_POWER, PHASE_QUAD, TAYLOR_ORDER, PTX_ASM,
+        LONG_PHASE, DOT_PRECISION, False, False)
     cos, sin = _sincos_turns(r, TRIG_POLY, TRIG_TERMS)
     return qk_amp, cos, qk_amp * sin * fs
