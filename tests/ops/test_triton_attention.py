@@ -494,6 +494,28 @@ def test_fast_far_tile_scalars_within_the_half_precision_bar():
     _check_variant("dkdv_lean=1,dq_atomic=1,dq_transpose=1,taylor_order=3,taylor_tolerance=1e-6", FAR)
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="the MUFU's cos.approx is PTX (no interpreter)")
+@pytest.mark.parametrize("call", [{}, FAR, dict(alpha=0.5, q_offset=3000)], ids=["near", "far", "alpha0.5"])
+def test_cos_in_radians_within_the_half_precision_bar(call):
+    """fwd_cos_radians: the MUFU cos on the unreduced phase in radians; at alpha 0.5 and distances
+    up to 3036 the phase reaches tens of turns."""
+    _check_variant("trig_poly=0,fwd_cos_radians=1,fwd_split_s=1,fwd_fast_scalars=1", call)
+
+
+def test_cos_in_radians_only_where_it_applies():
+    """The host turns fwd_cos_radians on only with the MUFU trig and without LONG_PHASE, and then
+    the forward's phase_scale carries 2 pi."""
+    configs = triton_launch.with_variant(triton_launch.default_configs(128, 128, torch.bfloat16),
+                                         "trig_poly=0,fwd_cos_radians=1")
+    flags = dict(TRIG_POLY=False, LONG_PHASE=False)
+    assert triton_launch.fwd_flags(configs, flags)["COS_RADIANS"]
+    assert not triton_launch.fwd_flags(configs, dict(flags, LONG_PHASE=True))["COS_RADIANS"]
+    assert not triton_launch.fwd_flags(configs, dict(flags, TRIG_POLY=True))["COS_RADIANS"]
+    assert not triton_launch.fwd_flags(configs)["COS_RADIANS"]
+    assert not triton_launch.fwd_flags(None, flags)["COS_RADIANS"]  # off by default
+
+
 def _check_variant(spec, call):
     kwargs = {"causal": True, **call}
     q, k, v = _inputs(1, 37, 37, 2, 1, 32, 32, torch.float16, seed=31)

@@ -184,7 +184,7 @@ def offline_rows(variants: dict, head_dim: int = 128, max_distance: int = 16383)
                                              max_distance=max_distance, configs=configs)
         common = dict(AMP_DIM=head_dim // 2, HEAD_DIM=head_dim, V_DIM=head_dim, BLOCK_DA=head_dim // 2,
                       BLOCK_DP=head_dim // 2, BLOCK_DV=head_dim, CAUSAL=True, **flags)
-        kernels = [("fwd", triton_kernels._fwd_kernel, config, triton_launch.fwd_flags(configs))
+        kernels = [("fwd", triton_kernels._fwd_kernel, config, triton_launch.fwd_flags(configs, flags))
                    for config in dict.fromkeys(filter(None, (configs.fwd, configs.fwd_long)))]
         kernels.append((triton_launch.dkdv_kernel_name(dkdv), triton_kernels._bwd_dkdv_kernel,
                         configs.dkdv, dkdv))

@@ -104,7 +104,7 @@ def _split_kernel(
             (query_slot[:, None] - keys[None, :]).to(tl.float32), 0.0, 0.0,
             (first_slot - (start + BLOCK_N - 1)).to(tl.float32), (seqlen - 1 - start).to(tl.float32),
             alpha, phase_scale, taylor_rho, b1, b2, b3, b4, b5, b6, DIST_POWER, PHASE_QUAD, TRIG_POLY,
-            TRIG_TERMS, TAYLOR_ORDER, PTX_ASM, LONG_PHASE, DOT_PRECISION, False, False) * amp_scale
+            TRIG_TERMS, TAYLOR_ORDER, PTX_ASM, LONG_PHASE, DOT_PRECISION, False, False, False) * amp_scale
         visible = key_valid[None, :] & (keys[None, :] <= query_slot[:, None]) & row_valid[:, None]
         logits = tl.where(visible, logits, float("-inf"))
 

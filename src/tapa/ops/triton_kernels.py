@@ -43,7 +43,8 @@ def _fwd_inner(acc, m_i, l_i, q_a, q_p, q_sum, pos_m, q_first,
                CAUSAL: tl.constexpr, DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr,
                TRIG_POLY: tl.constexpr, TRIG_TERMS: tl.constexpr, TAYLOR_ORDER: tl.constexpr,
                PTX_ASM: tl.constexpr, LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-               WARP_SPECIALIZE: tl.constexpr, SPLIT_S: tl.constexpr, FAST_SCALARS: tl.constexpr):
+               WARP_SPECIALIZE: tl.constexpr, SPLIT_S: tl.constexpr, FAST_SCALARS: tl.constexpr,
+               COS_RADIANS: tl.constexpr):
     offs_da = tl.arange(0, BLOCK_DA)
     offs_dp = AMP_DIM + tl.arange(0, BLOCK_DP)
     offs_dv = tl.arange(0, BLOCK_DV)
@@ -72,7 +73,7 @@ def _fwd_inner(acc, m_i, l_i, q_a, q_p, q_sum, pos_m, q_first,
                             q_first - (key_first + (BLOCK_N - 1)), q_first + (BLOCK_M - 1) - key_first,
                             alpha, phase_scale, taylor_rho, b1, b2, b3, b4, b5, b6, DIST_POWER,
                             PHASE_QUAD, TRIG_POLY, TRIG_TERMS, TAYLOR_ORDER, PTX_ASM, LONG_PHASE,
-                            DOT_PRECISION, SPLIT_S, FAST_SCALARS)  # x sqrt(d_A)
+                            DOT_PRECISION, SPLIT_S, FAST_SCALARS, COS_RADIANS)  # x sqrt(d_A)
         if MASKED:
             visible = key_ok[None, :]
             if CAUSAL:
@@ -103,7 +104,8 @@ def _fwd_kernel(Q, K, V, Out, Lse,
                 DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr, TRIG_POLY: tl.constexpr,
                 TRIG_TERMS: tl.constexpr, TAYLOR_ORDER: tl.constexpr, PTX_ASM: tl.constexpr,
                 LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                WARP_SPECIALIZE: tl.constexpr, SPLIT_S: tl.constexpr, FAST_SCALARS: tl.constexpr):
+                WARP_SPECIALIZE: tl.constexpr, SPLIT_S: tl.constexpr, FAST_SCALARS: tl.constexpr,
+                COS_RADIANS: tl.constexpr):
     block = tl.program_id(0)
     if CAUSAL:  # the longest rows first, so that the last wave is short
         block = tl.num_programs(0) - 1 - block
@@ -145,14 +147,14 @@ def _fwd_kernel(Q, K, V, Out, Lse,
                                AMP_DIM, HEAD_DIM, V_DIM, BLOCK_DA, BLOCK_DP, BLOCK_DV, BLOCK_M,
                                BLOCK_N, False, CAUSAL, DIST_POWER, PHASE_QUAD, TRIG_POLY, TRIG_TERMS,
                                TAYLOR_ORDER, PTX_ASM, LONG_PHASE, DOT_PRECISION, WARP_SPECIALIZE,
-                               SPLIT_S, FAST_SCALARS)
+                               SPLIT_S, FAST_SCALARS, COS_RADIANS)
     acc, m_i, l_i = _fwd_inner(acc, m_i, l_i, q_a, q_p, q_sum, pos_m, q_first, k_base, v_base,
                                stride_kn, stride_vn, n_k, k_offset, full, hi,
                                logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6,
                                AMP_DIM, HEAD_DIM, V_DIM, BLOCK_DA, BLOCK_DP, BLOCK_DV, BLOCK_M,
                                BLOCK_N, True, CAUSAL, DIST_POWER, PHASE_QUAD, TRIG_POLY, TRIG_TERMS,
                                TAYLOR_ORDER, PTX_ASM, LONG_PHASE, DOT_PRECISION, WARP_SPECIALIZE,
-                               SPLIT_S, FAST_SCALARS)
+                               SPLIT_S, FAST_SCALARS, COS_RADIANS)
     l_safe = tl.where(l_i > 0, l_i, 1.0)  # only padding rows have no visible key
     out = acc / l_safe[:, None]
     o_base = Out + batch.to(tl.int64) * stride_ob + head.to(tl.int64) * stride_oh

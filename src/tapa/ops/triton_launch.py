@@ -66,6 +66,11 @@ FWD_FAST_SCALARS = False
 # The dK/dV kernel with both of the forward's changes above (its tiles are keys x queries, so the
 # offsets are per key row and the ramp runs over the queries). Not yet timed on the GPU.
 DKDV_LEAN = False
+# The forward's MUFU cos takes the phase in radians, unreduced (2 pi folded into phase_scale): the
+# MUFU reduces its argument itself, so the turn reduction and the scaling back by 2 pi go (3 of the
+# 6 instructions the phase takes after fs per score, offline-census-6.md). Only with the MUFU trig
+# and without LONG_PHASE; its accuracy for large phases is the MUFU's, checked on the GPU only.
+FWD_COS_RADIANS = False
 # Up to this many keys the forward takes `LaunchConfigs.fwd`, above it `fwd_long` where set.
 FWD_SHORT_KEYS = 16384
 
@@ -102,6 +107,7 @@ class LaunchConfigs:
     fwd_split_s: bool | None = None  # None: the module's FWD_SPLIT_S
     fwd_fast_scalars: bool | None = None  # None: the module's FWD_FAST_SCALARS
     dkdv_lean: bool | None = None  # None: the module's DKDV_LEAN
+    fwd_cos_radians: bool | None = None  # None: the module's FWD_COS_RADIANS
 
 
 # Fixed when the kernels are defined (TRITON_INTERPRET is read then); a module constant, so that
@@ -167,7 +173,7 @@ def parse_variant(spec: str) -> dict:
     """Field changes of `LaunchConfigs` from 'key=value,key=value' (keys are its field names).
 
     fwd/fwd_long/dkdv/dq=BMxBN[/warps[/stages]][/ws]; dq_atomic, dq_transpose, dkdv_reverse,
-    fwd_split_s, fwd_fast_scalars, dkdv_lean, trig_poly=0|1;
+    fwd_split_s, fwd_fast_scalars, fwd_cos_radians, dkdv_lean, trig_poly=0|1;
     trig_terms=3..6 (sin terms; float32 inputs keep at least FLOAT32_TRIG_ERROR);
     taylor_order=1..6; taylor_tolerance=<float>. An empty spec changes nothing.
     """
@@ -182,7 +188,7 @@ def parse_variant(spec: str) -> dict:
         if key in ("fwd", "fwd_long", "dkdv", "dq"):
             changes[key] = _parse_kernel_config(key, text)
         elif key in ("dq_atomic", "dq_transpose", "dkdv_reverse", "fwd_split_s", "fwd_fast_scalars",
-                     "dkdv_lean", "trig_poly"):
+                     "fwd_cos_radians", "dkdv_lean", "trig_poly"):
             changes[key] = _parse_flag(key, text)
         elif key == "trig_terms":
             if not text.isdigit() or int(text) not in TRIG_COEFFICIENTS:
@@ -306,11 +312,15 @@ def dkdv_flags(configs: LaunchConfigs | None = None) -> dict:
                 LEAN=bool(_chosen(configs, "dkdv_lean", DKDV_LEAN)))
 
 
-def fwd_flags(configs: LaunchConfigs | None = None) -> dict:
-    """The forward kernel's own constexprs: how it takes the distances s (`FWD_SPLIT_S`) and a far
-    tile's scalars (`FWD_FAST_SCALARS`)."""
+def fwd_flags(configs: LaunchConfigs | None = None, logit_flags: dict | None = None) -> dict:
+    """The forward kernel's own constexprs: how it takes the distances s (`FWD_SPLIT_S`), a far
+    tile's scalars (`FWD_FAST_SCALARS`) and the cos's argument (`FWD_COS_RADIANS`, only where the
+    call's `logits_args` flags take the MUFU trig without LONG_PHASE; none given: never)."""
+    radians = (bool(_chosen(configs, "fwd_cos_radians", FWD_COS_RADIANS)) and logit_flags is not None
+               and not logit_flags["TRIG_POLY"] and not logit_flags["LONG_PHASE"])
     return dict(SPLIT_S=bool(_chosen(configs, "fwd_split_s", FWD_SPLIT_S)),
-                FAST_SCALARS=bool(_chosen(configs, "fwd_fast_scalars", FWD_FAST_SCALARS)))
+                FAST_SCALARS=bool(_chosen(configs, "fwd_fast_scalars", FWD_FAST_SCALARS)),
+                COS_RADIANS=radians)
 
 
 # every name `_remember` records a training kernel under (`compiled_kernels`, the census)
@@ -471,7 +481,9 @@ def forward(q, k, v, *, amp_dim, alpha, distance, phase, causal, q_offset, k_off
     lse = torch.empty((batch, heads, n_q), dtype=torch.float32, device=q.device)
     scalars, constexprs = _common_args(q, k, v, amp_dim, alpha, distance, phase, causal, q_offset,
                                        k_offset, configs)
-    constexprs.update(fwd_flags(configs))
+    constexprs.update(fwd_flags(configs, constexprs))
+    if constexprs["COS_RADIANS"]:  # the phase in radians: phase_scale (scalars[1]) takes the 2 pi
+        scalars = [scalars[0], scalars[1] * 2 * math.pi, *scalars[2:]]
     grid = (triton.cdiv(n_q, cfg.block_m), batch * heads)
     compiled = kernels._fwd_kernel[grid](
         q, k, v, out, lse, *_row_strides(q), *_row_strides(k), *_row_strides(v),

@@ -314,8 +314,10 @@ def _tile_amplitude_and_phase(a_amp, b_amp, a_phase, b_phase, a_phase_sum, b_pha
                               DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr,
                               TAYLOR_ORDER: tl.constexpr, PTX_ASM: tl.constexpr,
                               LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                              SPLIT_S: tl.constexpr, FAST_SCALARS: tl.constexpr):
-    """(qk_amp, r, fs): the amplitude dot, the reduced phase r = t - round(t) and fs = f / sqrt(d_P)."""
+                              SPLIT_S: tl.constexpr, FAST_SCALARS: tl.constexpr,
+                              REDUCE: tl.constexpr):
+    """(qk_amp, r, fs): the amplitude dot, the reduced phase r = t - round(t) and fs = f / sqrt(d_P)
+    (without REDUCE, r is t itself)."""
     fs = _scaled_distance_weight(s, s_rows, s_cols, s_lo, s_hi, alpha, phase_scale, taylor_rho,
                                  b1, b2, b3, b4, b5, b6, DIST_POWER, TAYLOR_ORDER, PTX_ASM, LONG_PHASE,
                                  SPLIT_S, FAST_SCALARS)
@@ -325,7 +327,9 @@ def _tile_amplitude_and_phase(a_amp, b_amp, a_phase, b_phase, a_phase_sum, b_pha
         phi = a_phase_sum[:, None] + b_phase_sum[None, :]
     t = _phase_product(phi, fs, LONG_PHASE, PTX_ASM)
     qk_amp = tl.dot(a_amp, tl.trans(b_amp), input_precision=DOT_PRECISION)
-    return qk_amp, _turns_fraction(t, LONG_PHASE), fs
+    if REDUCE:
+        t = _turns_fraction(t, LONG_PHASE)
+    return qk_amp, t, fs
 
 
 @triton.jit
@@ -334,7 +338,7 @@ def tile_logits(a_amp, b_amp, a_phase, b_phase, a_phase_sum, b_phase_sum, s, s_r
                 DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr, TRIG_POLY: tl.constexpr,
                 TRIG_TERMS: tl.constexpr, TAYLOR_ORDER: tl.constexpr, PTX_ASM: tl.constexpr,
                 LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                SPLIT_S: tl.constexpr, FAST_SCALARS: tl.constexpr):
+                SPLIT_S: tl.constexpr, FAST_SCALARS: tl.constexpr, COS_RADIANS: tl.constexpr):
     """TAPA logits of the tile times sqrt(d_A): rows a_* (M, .) against rows b_* (N, .) -> (M, N).
 
     a_amp/b_amp and a_phase/b_phase are the amplitude and phase column tiles (they may be the
@@ -342,13 +346,21 @@ def tile_logits(a_amp, b_amp, a_phase, b_phase, a_phase_sum, b_phase_sum, s, s_r
     of the phase tiles) are read only without PHASE_QUAD. s (M, N) are the signed distances and
     s_lo <= s <= s_hi their bounds over the tile (for the Taylor series of d ** alpha); with
     SPLIT_S they come as s_rows (M,) and s_cols (N,), s = s_rows[:, None] - s_cols[None, :], and s
-    is not read. FAST_SCALARS: `_scaled_distance_weight`.
+    is not read. FAST_SCALARS: `_scaled_distance_weight`. COS_RADIANS (MUFU cos only, GPU; the
+    host sets it only without TRIG_POLY and LONG_PHASE, and folds 2 pi into phase_scale): the phase
+    goes to cos.approx in radians, unreduced (the MUFU reduces its argument itself: ptxas scales it
+    by 1 / 2 pi in front of MUFU.COS), instead of reduced in turns here and scaled back by 2 pi.
     """
     qk_amp, r, fs = _tile_amplitude_and_phase(
         a_amp, b_amp, a_phase, b_phase, a_phase_sum, b_phase_sum, s, s_rows, s_cols, s_lo, s_hi, alpha,
         phase_scale, taylor_rho, b1, b2, b3, b4, b5, b6, DIST_POWER, PHASE_QUAD, TAYLOR_ORDER, PTX_ASM,
-        LONG_PHASE, DOT_PRECISION, SPLIT_S, FAST_SCALARS)
-    return qk_amp * _cos_turns(r, TRIG_POLY, TRIG_TERMS)
+        LONG_PHASE, DOT_PRECISION, SPLIT_S, FAST_SCALARS, not COS_RADIANS)
+    if COS_RADIANS:
+        cos = tl.inline_asm_elementwise("cos.approx.ftz.f32 $0, $1;", "=r,r", [r],
+                                        dtype=tl.float32, is_pure=True, pack=1)
+    else:
+        cos = _cos_turns(r, TRIG_POLY, TRIG_TERMS)
+    return qk_amp * cos
 
 
 @triton.jit
@@ -365,6 +377,6 @@ def tile_logits_and_derivatives(a_amp, b_amp, a_phase, b_phase, a_phase_sum, b_p
     qk_amp, r, fs = _tile_amplitude_and_phase(
         a_amp, b_amp, a_phase, b_phase, a_phase_sum, b_phase_sum, s, s_rows, s_cols, s_lo, s_hi, alpha,
         phase_scale, taylor_rho, b1, b2, b3, b4, b5, b6, DIST_POWER, PHASE_QUAD, TAYLOR_ORDER, PTX_ASM,
-        LONG_PHASE, DOT_PRECISION, SPLIT_S, FAST_SCALARS)
+        LONG_PHASE, DOT_PRECISION, SPLIT_S, FAST_SCALARS, True)
     cos, sin = _sincos_turns(r, TRIG_POLY, TRIG_TERMS)
     return qk_amp, cos, qk_amp * sin * fs
