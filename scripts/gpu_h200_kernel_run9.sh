@@ -14,7 +14,9 @@
 #                   / 64k, each checked against float64 first: fwd_split_s=1 (distances as row
 #                   offsets less a column ramp, u one FFMA), fwd_fast_scalars=1 (a far tile's log2
 #                   and 1/d0 by the MUFU), fwd_cos_radians=1 (the MUFU cos on the unreduced phase);
-#                   all three: -22% instructions per far-tile iteration offline
+#                   all three: -22% instructions per far-tile iteration offline; and the dK/dV
+#                   kernel's MUFU sin/cos on the unreduced phase (dkdv_cos_radians=1, -2.8% of its
+#                   static instructions offline)
 #   variants64      the same at D=64 (the first D=64 rows since Run 6), where the default cos is
 #                   the polynomial: the radians variant needs trig_poly=0 (all: -29% offline)
 #   cuda_tests      the variants' CUDA-only float64 checks (the MUFU paths have no interpreter)
@@ -54,8 +56,9 @@ export WORK
 step ncu_fwd 100 bash "$WORK/ncu_fwd.sh"
 step variants128 150 python3 -m tapa.bench.attention --head-dims 128 --causal causal \
     --seq-lens 4096 16384 65536 --long-range-len 0 --reference-len 0 --compile-jobs 4 \
-    --variants split:fwd_split_s=1 fast:fwd_fast_scalars=1 radians:fwd_cos_radians=1 \
-    lean:fwd_split_s=1,fwd_fast_scalars=1,fwd_cos_radians=1 --out "$WORK/variants128"
+    --variants split:fwd_split_s=1 radians:fwd_cos_radians=1 \
+    lean:fwd_split_s=1,fwd_fast_scalars=1,fwd_cos_radians=1 bwd_radians:dkdv_cos_radians=1 \
+    --out "$WORK/variants128"
 step variants64 150 python3 -m tapa.bench.attention --head-dims 64 --causal causal \
     --seq-lens 4096 16384 65536 --long-range-len 0 --reference-len 0 --compile-jobs 4 \
     --variants split:fwd_split_s=1 fast:fwd_fast_scalars=1 both:fwd_split_s=1,fwd_fast_scalars=1 \

@@ -10,6 +10,7 @@ Every comparison is relative RMSE against `naive_tapa_attention` in float64 on t
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import replace
 
 import pytest
@@ -408,14 +409,15 @@ def test_deterministic_mode_takes_the_dq_kernel():
     atomic = triton_launch.with_variant(triton_launch.default_configs(32, 32, torch.float16),
                                         "dq_atomic=1,dq_transpose=1")
     assert triton_launch.dq_by_atomics(atomic)
-    assert triton_launch.dkdv_flags(atomic) == dict(DQ_ATOMIC=True, DQ_TRANSPOSE=True, REVERSE_Q=False, LEAN=False)
+    assert triton_launch.dkdv_flags(atomic) == dict(DQ_ATOMIC=True, DQ_TRANSPOSE=True, REVERSE_Q=False, LEAN=False,
+                                                         COS_RADIANS=False)
     assert triton_launch.dkdv_flags(replace(atomic, dq_atomic=False))["DQ_TRANSPOSE"] is False
     was = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True)
     try:
         assert not triton_launch.dq_by_atomics(atomic)
         assert triton_launch.dkdv_flags(atomic) == dict(DQ_ATOMIC=False, DQ_TRANSPOSE=False, REVERSE_Q=False,
-                                                         LEAN=False)
+                                                         LEAN=False, COS_RADIANS=False)
     finally:
         torch.use_deterministic_algorithms(was)
 
@@ -501,6 +503,8 @@ def test_cos_in_radians_within_the_half_precision_bar(call):
     """fwd_cos_radians: the MUFU cos on the unreduced phase in radians; at alpha 0.5 and distances
     up to 3036 the phase reaches tens of turns."""
     _check_variant("trig_poly=0,fwd_cos_radians=1,fwd_split_s=1,fwd_fast_scalars=1", call)
+    _check_variant("trig_poly=0,dq_atomic=1,dq_transpose=1,dkdv_cos_radians=1", call)
+    _check_variant("trig_poly=0,dq_atomic=0,dkdv_cos_radians=1", call)  # dQ by its own kernel
 
 
 def test_cos_in_radians_only_where_it_applies():
@@ -514,6 +518,11 @@ def test_cos_in_radians_only_where_it_applies():
     assert not triton_launch.fwd_flags(configs, dict(flags, TRIG_POLY=True))["COS_RADIANS"]
     assert not triton_launch.fwd_flags(configs)["COS_RADIANS"]
     assert not triton_launch.fwd_flags(None, flags)["COS_RADIANS"]  # off by default
+    both = triton_launch.with_variant(configs, "dkdv_cos_radians=1")
+    assert triton_launch.dkdv_flags(both, flags)["COS_RADIANS"]
+    assert not triton_launch.dkdv_flags(both, dict(flags, LONG_PHASE=True))["COS_RADIANS"]
+    scalars, grads = triton_launch.with_radians([1.0, 0.5, 0.1], [0.25, -2 * math.pi])
+    assert scalars == [1.0, math.pi, 0.1] and grads == [0.25, -1.0]
 
 
 def _check_variant(spec, call):

@@ -177,11 +177,11 @@ def offline_rows(variants: dict, head_dim: int = 128, max_distance: int = 16383)
     rows = []
     for label, changes in variants.items():
         configs = variant_configs(changes, head_dim)
-        dkdv = triton_launch.dkdv_flags(configs)
-        dq_atomic = dkdv["DQ_ATOMIC"]
         _, flags = triton_launch.logits_args(alpha=0.1, distance="power", phase="quadratic",
                                              phase_dim=head_dim // 2, dtype=torch.bfloat16,
                                              max_distance=max_distance, configs=configs)
+        dkdv = triton_launch.dkdv_flags(configs, flags)
+        dq_atomic = dkdv["DQ_ATOMIC"]
         common = dict(AMP_DIM=head_dim // 2, HEAD_DIM=head_dim, V_DIM=head_dim, BLOCK_DA=head_dim // 2,
                       BLOCK_DP=head_dim // 2, BLOCK_DV=head_dim, CAUSAL=True, **flags)
         kernels = [("fwd", triton_kernels._fwd_kernel, config, triton_launch.fwd_flags(configs, flags))

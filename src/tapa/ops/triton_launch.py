@@ -71,6 +71,9 @@ DKDV_LEAN = False
 # 6 instructions the phase takes after fs per score, offline-census-6.md). Only with the MUFU trig
 # and without LONG_PHASE; its accuracy for large phases is the MUFU's, checked on the GPU only.
 FWD_COS_RADIANS = False
+# The same in the dK/dV kernel: its MUFU cos and sin on the unreduced phase (phase_scale and the
+# phase gradient's scale adjusted for the 2 pi). Not yet timed on the GPU.
+DKDV_COS_RADIANS = False
 # Up to this many keys the forward takes `LaunchConfigs.fwd`, above it `fwd_long` where set.
 FWD_SHORT_KEYS = 16384
 
@@ -108,6 +111,7 @@ class LaunchConfigs:
     fwd_fast_scalars: bool | None = None  # None: the module's FWD_FAST_SCALARS
     dkdv_lean: bool | None = None  # None: the module's DKDV_LEAN
     fwd_cos_radians: bool | None = None  # None: the module's FWD_COS_RADIANS
+    dkdv_cos_radians: bool | None = None  # None: the module's DKDV_COS_RADIANS
 
 
 # Fixed when the kernels are defined (TRITON_INTERPRET is read then); a module constant, so that
@@ -173,7 +177,7 @@ def parse_variant(spec: str) -> dict:
     """Field changes of `LaunchConfigs` from 'key=value,key=value' (keys are its field names).
 
     fwd/fwd_long/dkdv/dq=BMxBN[/warps[/stages]][/ws]; dq_atomic, dq_transpose, dkdv_reverse,
-    fwd_split_s, fwd_fast_scalars, fwd_cos_radians, dkdv_lean, trig_poly=0|1;
+    fwd_split_s, fwd_fast_scalars, fwd_cos_radians, dkdv_lean, dkdv_cos_radians, trig_poly=0|1;
     trig_terms=3..6 (sin terms; float32 inputs keep at least FLOAT32_TRIG_ERROR);
     taylor_order=1..6; taylor_tolerance=<float>. An empty spec changes nothing.
     """
@@ -188,7 +192,7 @@ def parse_variant(spec: str) -> dict:
         if key in ("fwd", "fwd_long", "dkdv", "dq"):
             changes[key] = _parse_kernel_config(key, text)
         elif key in ("dq_atomic", "dq_transpose", "dkdv_reverse", "fwd_split_s", "fwd_fast_scalars",
-                     "fwd_cos_radians", "dkdv_lean", "trig_poly"):
+                     "fwd_cos_radians", "dkdv_lean", "dkdv_cos_radians", "trig_poly"):
             changes[key] = _parse_flag(key, text)
         elif key == "trig_terms":
             if not text.isdigit() or int(text) not in TRIG_COEFFICIENTS:
@@ -302,25 +306,39 @@ def dq_by_atomics(configs: LaunchConfigs | None = None) -> bool:
     return bool(_chosen(configs, "dq_atomic", DQ_ATOMIC)) and not torch.are_deterministic_algorithms_enabled()
 
 
-def dkdv_flags(configs: LaunchConfigs | None = None) -> dict:
+def dkdv_flags(configs: LaunchConfigs | None = None, logit_flags: dict | None = None) -> dict:
     """The dK/dV kernel's own constexprs: dQ by atomics (`dq_by_atomics`) and, with them, the
-    transposed dQ products; the query blocks' order; `DKDV_LEAN`."""
+    transposed dQ products; the query blocks' order; `DKDV_LEAN`; `DKDV_COS_RADIANS` (with the
+    call's `logits_args` flags, as `fwd_flags`)."""
     dq_atomic = dq_by_atomics(configs)
     return dict(DQ_ATOMIC=dq_atomic,
                 DQ_TRANSPOSE=dq_atomic and bool(_chosen(configs, "dq_transpose", DQ_TRANSPOSE)),
                 REVERSE_Q=bool(_chosen(configs, "dkdv_reverse", DKDV_REVERSE)),
-                LEAN=bool(_chosen(configs, "dkdv_lean", DKDV_LEAN)))
+                LEAN=bool(_chosen(configs, "dkdv_lean", DKDV_LEAN)),
+                COS_RADIANS=_cos_radians(configs, "dkdv_cos_radians", DKDV_COS_RADIANS, logit_flags))
 
 
 def fwd_flags(configs: LaunchConfigs | None = None, logit_flags: dict | None = None) -> dict:
     """The forward kernel's own constexprs: how it takes the distances s (`FWD_SPLIT_S`), a far
     tile's scalars (`FWD_FAST_SCALARS`) and the cos's argument (`FWD_COS_RADIANS`, only where the
     call's `logits_args` flags take the MUFU trig without LONG_PHASE; none given: never)."""
-    radians = (bool(_chosen(configs, "fwd_cos_radians", FWD_COS_RADIANS)) and logit_flags is not None
-               and not logit_flags["TRIG_POLY"] and not logit_flags["LONG_PHASE"])
     return dict(SPLIT_S=bool(_chosen(configs, "fwd_split_s", FWD_SPLIT_S)),
                 FAST_SCALARS=bool(_chosen(configs, "fwd_fast_scalars", FWD_FAST_SCALARS)),
-                COS_RADIANS=radians)
+                COS_RADIANS=_cos_radians(configs, "fwd_cos_radians", FWD_COS_RADIANS, logit_flags))
+
+
+def _cos_radians(configs: LaunchConfigs | None, name: str, default: bool, logit_flags: dict | None) -> bool:
+    """A kernel's COS_RADIANS: asked for, and the call's logits take the MUFU trig without
+    LONG_PHASE (no flags given: never)."""
+    return (bool(_chosen(configs, name, default)) and logit_flags is not None
+            and not logit_flags["TRIG_POLY"] and not logit_flags["LONG_PHASE"])
+
+
+def with_radians(scalars: list, grad_scales: list | None = None) -> tuple[list, list | None]:
+    """A COS_RADIANS kernel's scalars: phase_scale (scalars[1], after the logit scale) carries 2 pi,
+    and the phase gradient's scale (grad_scales[1]) gives it back."""
+    scalars = [scalars[0], scalars[1] * 2 * math.pi, *scalars[2:]]
+    return scalars, None if grad_scales is None else [grad_scales[0], grad_scales[1] / (2 * math.pi)]
 
 
 # every name `_remember` records a training kernel under (`compiled_kernels`, the census)
@@ -482,8 +500,8 @@ def forward(q, k, v, *, amp_dim, alpha, distance, phase, causal, q_offset, k_off
     scalars, constexprs = _common_args(q, k, v, amp_dim, alpha, distance, phase, causal, q_offset,
                                        k_offset, configs)
     constexprs.update(fwd_flags(configs, constexprs))
-    if constexprs["COS_RADIANS"]:  # the phase in radians: phase_scale (scalars[1]) takes the 2 pi
-        scalars = [scalars[0], scalars[1] * 2 * math.pi, *scalars[2:]]
+    if constexprs["COS_RADIANS"]:
+        scalars, _ = with_radians(scalars)
     grid = (triton.cdiv(n_q, cfg.block_m), batch * heads)
     compiled = kernels._fwd_kernel[grid](
         q, k, v, out, lse, *_row_strides(q), *_row_strides(k), *_row_strides(v),
@@ -514,7 +532,9 @@ def backward(dout, dlse, q, k, v, out, lse, *, amp_dim, alpha, distance, phase, 
                                        k_offset, configs)
     grad_scales = [1 / math.sqrt(amp_dim), -2 * math.pi / math.sqrt(amp_dim)]
     dk, dv = torch.empty_like(k), torch.empty_like(v)
-    dkdv = dkdv_flags(configs)
+    dkdv = dkdv_flags(configs, constexprs)
+    dkdv_scalars, dkdv_grad_scales = with_radians(scalars, grad_scales) if dkdv["COS_RADIANS"] else (
+        scalars, grad_scales)
     dq_atomic = dkdv["DQ_ATOMIC"]
     # the atomics accumulate in float32 (like FlashAttention-2's dq_accum)
     dq = (torch.zeros(q.shape, dtype=torch.float32, device=q.device) if dq_atomic
@@ -524,8 +544,8 @@ def backward(dout, dlse, q, k, v, out, lse, *, amp_dim, alpha, distance, phase, 
     compiled = kernels._bwd_dkdv_kernel[(triton.cdiv(n_k, cfg.block_n), batch * kv_heads)](
         q, k, v, dout, lse, delta, dk, dv, dq, *_row_strides(q), *_row_strides(k),
         *_row_strides(v), *_row_strides(dout), *_row_strides(dk), *_row_strides(dv),
-        *_row_strides(dq), n_q, n_k, q_offset, k_offset, kv_heads, heads // kv_heads, *scalars,
-        *grad_scales, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
+        *_row_strides(dq), n_q, n_k, q_offset, k_offset, kv_heads, heads // kv_heads, *dkdv_scalars,
+        *dkdv_grad_scales, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages, WARP_SPECIALIZE=cfg.warp_specialize, **dkdv, **constexprs)
     _remember(dkdv_kernel_name(dkdv), cfg, constexprs, compiled)
     if dq_atomic:

@@ -176,13 +176,26 @@ def _cos_poly(u, TERMS: tl.constexpr):
 
 
 @triton.jit
+def _mufu_cos(x):
+    """cos(x), x in radians, by the MUFU's cos.approx (GPU only)."""
+    return tl.inline_asm_elementwise("cos.approx.ftz.f32 $0, $1;", "=r,r", [x],
+                                     dtype=tl.float32, is_pure=True, pack=1)
+
+
+@triton.jit
+def _mufu_sin(x):
+    """sin(x), x in radians, by the MUFU's sin.approx (GPU only)."""
+    return tl.inline_asm_elementwise("sin.approx.ftz.f32 $0, $1;", "=r,r", [x],
+                                     dtype=tl.float32, is_pure=True, pack=1)
+
+
+@triton.jit
 def _cos_turns(r, TRIG_POLY: tl.constexpr, TRIG_TERMS: tl.constexpr):
     """cos(2 pi r) for r in [-1/2, 1/2]."""
     if TRIG_POLY:
         return _sin_poly(0.25 - tl.abs(r), TRIG_TERMS)  # cos(2 pi r) = sin(2 pi (1/4 - |r|))
     else:
-        return tl.inline_asm_elementwise("cos.approx.ftz.f32 $0, $1;", "=r,r", [r * TWO_PI],
-                                         dtype=tl.float32, is_pure=True, pack=1)
+        return _mufu_cos(r * TWO_PI)
 
 
 @triton.jit
@@ -194,11 +207,7 @@ def _sincos_turns(r, TRIG_POLY: tl.constexpr, TRIG_TERMS: tl.constexpr):
         return _sin_poly(u, TRIG_TERMS), tl.where(r < 0, -sin_abs, sin_abs)
     else:
         x = r * TWO_PI
-        cos = tl.inline_asm_elementwise("cos.approx.ftz.f32 $0, $1;", "=r,r", [x],
-                                        dtype=tl.float32, is_pure=True, pack=1)
-        sin = tl.inline_asm_elementwise("sin.approx.ftz.f32 $0, $1;", "=r,r", [x],
-                                        dtype=tl.float32, is_pure=True, pack=1)
-        return cos, sin
+        return _mufu_cos(x), _mufu_sin(x)
 
 
 @triton.jit
@@ -356,8 +365,7 @@ def tile_logits(a_amp, b_amp, a_phase, b_phase, a_phase_sum, b_phase_sum, s, s_r
         phase_scale, taylor_rho, b1, b2, b3, b4, b5, b6, DIST_POWER, PHASE_QUAD, TAYLOR_ORDER, PTX_ASM,
         LONG_PHASE, DOT_PRECISION, SPLIT_S, FAST_SCALARS, not COS_RADIANS)
     if COS_RADIANS:
-        cos = tl.inline_asm_elementwise("cos.approx.ftz.f32 $0, $1;", "=r,r", [r],
-                                        dtype=tl.float32, is_pure=True, pack=1)
+        cos = _mufu_cos(r)
     else:
         cos = _cos_turns(r, TRIG_POLY, TRIG_TERMS)
     return qk_amp * cos
@@ -370,13 +378,19 @@ def tile_logits_and_derivatives(a_amp, b_amp, a_phase, b_phase, a_phase_sum, b_p
                                 TRIG_POLY: tl.constexpr, TRIG_TERMS: tl.constexpr,
                                 TAYLOR_ORDER: tl.constexpr, PTX_ASM: tl.constexpr,
                                 LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                                SPLIT_S: tl.constexpr, FAST_SCALARS: tl.constexpr):
+                                SPLIT_S: tl.constexpr, FAST_SCALARS: tl.constexpr,
+                                COS_RADIANS: tl.constexpr):
     """(qk_amp, cos, phase_factor) of the tile (arguments as `tile_logits`): the logit times
     sqrt(d_A) is qk_amp * cos; its derivative by qk_amp is cos, and by the phase dot phi is
-    -2 pi * phase_factor with phase_factor = qk_amp * sin * f / sqrt(d_P)."""
+    -2 pi * phase_factor with phase_factor = qk_amp * sin * f / sqrt(d_P). With COS_RADIANS (as
+    in `tile_logits`: phase_scale carries 2 pi) the MUFU's cos and sin take the unreduced phase,
+    and phase_factor carries the 2 pi too (the caller's gradient scale drops it)."""
     qk_amp, r, fs = _tile_amplitude_and_phase(
         a_amp, b_amp, a_phase, b_phase, a_phase_sum, b_phase_sum, s, s_rows, s_cols, s_lo, s_hi, alpha,
         phase_scale, taylor_rho, b1, b2, b3, b4, b5, b6, DIST_POWER, PHASE_QUAD, TAYLOR_ORDER, PTX_ASM,
-        LONG_PHASE, DOT_PRECISION, SPLIT_S, FAST_SCALARS, True)
-    cos, sin = _sincos_turns(r, TRIG_POLY, TRIG_TERMS)
+        LONG_PHASE, DOT_PRECISION, SPLIT_S, FAST_SCALARS, not COS_RADIANS)
+    if COS_RADIANS:
+        cos, sin = _mufu_cos(r), _mufu_sin(r)
+    else:
+        cos, sin = _sincos_turns(r, TRIG_POLY, TRIG_TERMS)
     return qk_amp, cos, qk_amp * sin * fs
