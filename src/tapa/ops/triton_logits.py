@@ -27,7 +27,9 @@ per score each exp2 / log2 / cos costs about a quarter of the matmul work at D=1
 Flags (constexpr, the same names in every kernel): DIST_POWER (f = d ** alpha, else alpha * d),
 PHASE_QUAD (phi = a_P . b_P, else the sums), TRIG_POLY, TRIG_TERMS, TAYLOR_ORDER, PTX_ASM (MUFU's
 lg2.approx near the diagonal; GPU only), LONG_PHASE, DOT_PRECISION ("ieee" for float32 operands,
-else "tf32").
+else "tf32"). Kernel variants (off by default, `tapa.ops.triton_launch`): SPLIT_S (the distances
+as row and column parts), FAST_SCALARS (a far tile's scalars by the MUFU), COS_RADIANS (the MUFU
+trig on the unreduced phase in radians).
 """
 
 import triton
