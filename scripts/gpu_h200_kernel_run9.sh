@@ -24,7 +24,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/device_steps.sh kernel_run9
-step decode_profile 80 python3 scripts/decode_kernel_profile.py --out "$WORK/decode_profile"
+step decode_profile 80 python3 scripts/decode_kernel_profile.py --steps 10 --out "$WORK/decode_profile"
 cat > "$WORK/fwd_driver.py" <<'EOF'
 import sys
 import torch
