@@ -113,22 +113,11 @@ def main() -> int:
     from tapa.ops.triton_launch import parse_variant
 
     changes = parse_variant(args.variant)
-    captured, sass_of = [], kernel_report.sass_of
-
-    def keep(cubin, cuobjdump):  # offline_rows disassembles each kernel it compiles, in order
-        text = sass_of(cubin, cuobjdump)
-        captured.append(text)
-        return text
-
-    kernel_report.sass_of = keep
-    try:
-        rows = kernel_report.offline_rows({args.variant or "default": changes}, args.head_dim)
-    finally:
-        kernel_report.sass_of = sass_of
-    compiled = [row for row in rows if "error" not in row]
-    for row, text in zip(compiled, captured, strict=True):
-        if row["kernel"] != "fwd":
+    rows = kernel_report.offline_rows({args.variant or "default": changes}, args.head_dim, keep_sass=True)
+    for row in rows:
+        if row["kernel"] != "fwd" or "error" in row:
             continue
+        text = row["sass"]
         block_m, block_n, warps = (int(x) for x in re.match(r"(\d+)x(\d+)/(\d+)", row["config"]).groups())
         scores = block_m * block_n // (32 * warps)
         print(f"\n## D={args.head_dim} fwd {row['config']}: {row['reg']} registers, {row['stack']} B stack, "

@@ -76,10 +76,10 @@ compile_for_hopper(decode_kernel._merge_kernel, dict(BLOCK_S=128, BLOCK_DV=128),
 fused = dict(AMP_DIM=32, HEAD_DIM=64, V_DIM=64, BLOCK_DA=32, BLOCK_DP=32, BLOCK_DV=64, CAUSAL=True)
 compile_for_hopper(triton_kernels._bwd_dkdv_kernel,
                    dict(fused, **logit_flags("bf16", True, False, True, False, 4, 3), BLOCK_M=32, BLOCK_N=128,
-                        DQ_ATOMIC=True, DQ_TRANSPOSE=False, REVERSE_Q=False, LEAN=False, COS_RADIANS=False, WARP_SPECIALIZE=False), "bf16", 8, 2)
+                        DQ_ATOMIC=True, DQ_TRANSPOSE=False, REVERSE_Q=False, COS_RADIANS=False, WARP_SPECIALIZE=False), "bf16", 8, 2)
 compile_for_hopper(triton_kernels._bwd_dkdv_kernel,  # dQ^T = K^T dS (wgmma with M = the columns)
                    dict(fused, **logit_flags("bf16", True, True, False, False), BLOCK_M=32, BLOCK_N=128,
-                        DQ_ATOMIC=True, DQ_TRANSPOSE=True, REVERSE_Q=True, LEAN=True, COS_RADIANS=True, WARP_SPECIALIZE=False), "bf16", 8, 2)
+                        DQ_ATOMIC=True, DQ_TRANSPOSE=True, REVERSE_Q=True, COS_RADIANS=True, WARP_SPECIALIZE=False), "bf16", 8, 2)
 print("compiled for sm_90")
 """
 
@@ -110,7 +110,7 @@ kernel = triton_kernels._fwd_kernel
 constexprs = dict(AMP_DIM=16, HEAD_DIM=32, V_DIM=32, BLOCK_DA=16, BLOCK_DP=16, BLOCK_DV=32, BLOCK_M=64,
                   BLOCK_N=32, CAUSAL=True, DIST_POWER=False, PHASE_QUAD=True, TRIG_POLY=True, TRIG_TERMS=6,
                   TAYLOR_ORDER=6, PTX_ASM=True, LONG_PHASE=sys.argv[1] == "1", DOT_PRECISION="ieee",
-                  WARP_SPECIALIZE=False, **triton_launch.fwd_flags(None, {}))
+                  WARP_SPECIALIZE=False, **triton_launch.fwd_flags())
 signature = {name: "constexpr" if name in constexprs else "*fp32" if name[0].isupper()
              else "i32" if name.startswith(("stride", "n_", "q_off", "k_off", "heads", "group")) else "fp32"
              for name in kernel.arg_names}

@@ -409,15 +409,15 @@ def test_deterministic_mode_takes_the_dq_kernel():
     atomic = triton_launch.with_variant(triton_launch.default_configs(32, 32, torch.float16),
                                         "dq_atomic=1,dq_transpose=1")
     assert triton_launch.dq_by_atomics(atomic)
-    assert triton_launch.dkdv_flags(atomic) == dict(DQ_ATOMIC=True, DQ_TRANSPOSE=True, REVERSE_Q=False, LEAN=False,
-                                                         COS_RADIANS=False)
+    assert triton_launch.dkdv_flags(atomic) == dict(DQ_ATOMIC=True, DQ_TRANSPOSE=True, REVERSE_Q=False,
+                                                    COS_RADIANS=False)
     assert triton_launch.dkdv_flags(replace(atomic, dq_atomic=False))["DQ_TRANSPOSE"] is False
     was = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True)
     try:
         assert not triton_launch.dq_by_atomics(atomic)
         assert triton_launch.dkdv_flags(atomic) == dict(DQ_ATOMIC=False, DQ_TRANSPOSE=False, REVERSE_Q=False,
-                                                         LEAN=False, COS_RADIANS=False)
+                                                        COS_RADIANS=False)
     finally:
         torch.use_deterministic_algorithms(was)
 
@@ -469,9 +469,6 @@ VARIANTS = {  # spec: call arguments (FAR where the variant changes the far-tile
     "fwd_split_s=1": {},  # the forward's distances as row offsets less a column ramp
     "fwd_split_s=1,taylor_order=3,taylor_tolerance=1e-6": FAR,  # ... and far tiles' u from them
     "fwd_split_s=1,fwd_fast_scalars=1,taylor_order=3,taylor_tolerance=1e-6": FAR,
-    "dkdv_lean=1": {},  # the dK/dV kernel's distances as key offsets plus a query ramp
-    "dkdv_lean=1,dq_atomic=1,dq_transpose=1,taylor_order=3,taylor_tolerance=1e-6": FAR,
-    "dkdv_lean=1,dq_atomic=0,dkdv_reverse=1": dict(causal=False),
 }
 
 
@@ -493,7 +490,6 @@ def test_mufu_trig_within_the_half_precision_bar():
 @pytest.mark.skipif(not HAS_CUDA, reason="the MUFU's lg2.approx/rcp.approx are PTX (no interpreter)")
 def test_fast_far_tile_scalars_within_the_half_precision_bar():
     _check_variant("fwd_split_s=1,fwd_fast_scalars=1,taylor_order=3,taylor_tolerance=1e-6", FAR)
-    _check_variant("dkdv_lean=1,dq_atomic=1,dq_transpose=1,taylor_order=3,taylor_tolerance=1e-6", FAR)
 
 
 @pytest.mark.cuda

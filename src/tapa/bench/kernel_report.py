@@ -155,7 +155,8 @@ def _resource_usage(cubin: bytes, cuobjdump: str) -> dict:
     return {key.lower(): int(match.group(1)) if match else None for key, match in found.items()}
 
 
-def offline_rows(variants: dict, head_dim: int = 128, max_distance: int = 16383) -> list[dict]:
+def offline_rows(variants: dict, head_dim: int = 128, max_distance: int = 16383,
+                 keep_sass: bool = False) -> list[dict]:
     """Compile the fwd, dK/dV and dQ kernels of each variant ({label: changes}) for sm_90 without
     a GPU (bf16, causal, theta 0.5, power/quadratic) and census them: registers and stack from
     cuobjdump -res-usage.
@@ -164,7 +165,8 @@ def offline_rows(variants: dict, head_dim: int = 128, max_distance: int = 16383)
     pointer 16-byte aligned, every integer argument a multiple of 16 (strides, lengths, heads,
     offsets 0) except `group` = 1, a constant. Without these hints the loads are not vectorized
     and the loops not pipelined (no cp.async), which would misstate the kernels. A GPU run's
-    `attention_kernels.csv` has the kernels actually launched."""
+    `attention_kernels.csv` has the kernels actually launched. keep_sass: each row also holds its
+    kernel's SASS text ("sass")."""
     import torch
     import triton
     from triton.backends.compiler import GPUTarget
@@ -217,8 +219,11 @@ def offline_rows(variants: dict, head_dim: int = 128, max_distance: int = 16383)
                 rows.append(dict(row, error=first_line(err, 120)))
                 continue
             row.update(_resource_usage(compiled.asm["cubin"], cuobjdump), shared=compiled.metadata.shared)
-            counts = sass_opcodes(sass_of(compiled.asm["cubin"], cuobjdump))
+            sass = sass_of(compiled.asm["cubin"], cuobjdump)
+            counts = sass_opcodes(sass)
             row.update(instructions=sum(counts.values()), **{op: counts.get(op, 0) for op in CENSUS})
+            if keep_sass:
+                row["sass"] = sass
             rows.append(row)
     return rows
 

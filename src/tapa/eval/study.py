@@ -707,7 +707,7 @@ def _save_panels(plt, fig, axes, used: int, ylabel: str, title: str, path: Path)
         ax.set_ylabel(ylabel)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches="tight")  # tight: a legend may sit outside the axes
     plt.close(fig)
     return path
 
@@ -747,15 +747,11 @@ def plot_passkey_depths(grids: dict[str, dict], path: Path, min_seeds: int = 2) 
             ax.set_xlabel("key depth")
             ax.set_ylim(-0.03, 1.03)
             ax.grid(alpha=0.3)
-        line[0].set_ylabel("accuracy")
         line[-1].legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.02, 1.0))
-    fig.suptitle("passkey retrieval by the key's depth after the continual stage (0: the context's "
-                 f"start, 1: next to the question; mean over seeds, bars one std; arms with "
-                 f"{min_seeds}+ seeds)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return _save_panels(plt, fig, axes, axes.size, "accuracy",
+                        "passkey retrieval by the key's depth after the continual stage (0: the "
+                        "context's start, 1: next to the question; mean over seeds, bars one std; "
+                        f"arms with {min_seeds}+ seeds)", path)
 
 
 def theory_rows(jobs: list[dict]) -> list[dict]:

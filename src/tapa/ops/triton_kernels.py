@@ -204,8 +204,7 @@ def _dkdv_inner(dk_a, dk_p, dk_psum, dv, k_a, k_p, k_sum, v, pos_n, key_first,
                 TRIG_TERMS: tl.constexpr, TAYLOR_ORDER: tl.constexpr, PTX_ASM: tl.constexpr,
                 LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr,
                 WARP_SPECIALIZE: tl.constexpr, DQ_ATOMIC: tl.constexpr,
-                DQ_TRANSPOSE: tl.constexpr, REVERSE_Q: tl.constexpr, LEAN: tl.constexpr,
-                COS_RADIANS: tl.constexpr):
+                DQ_TRANSPOSE: tl.constexpr, REVERSE_Q: tl.constexpr, COS_RADIANS: tl.constexpr):
     """dK/dV of one key block against query blocks [lo, hi); tiles are (keys, queries).
 
     With DQ_ATOMIC the tile's share of dQ is also added (float32 atomics) into dq_base, so that
@@ -220,15 +219,12 @@ def _dkdv_inner(dk_a, dk_p, dk_psum, dv, k_a, k_p, k_sum, v, pos_n, key_first,
     query rows at about the same time instead of rows spread over the sequence (and add their dQ
     shares to the same rows: atomic contention is the price).
 
-    LEAN: the logits take the distances as one float offset per key row plus a query ramp made
-    once (the forward's `SPLIT_S`, transposed), and a far tile's scalars from the MUFU (its
-    `FAST_SCALARS`). COS_RADIANS: the forward's `COS_RADIANS` (the host scales phase_scale and
-    phase_grad_scale to match).
+    COS_RADIANS: the forward's `COS_RADIANS` (the host scales phase_scale and phase_grad_scale to
+    match).
     """
     offs_da = tl.arange(0, BLOCK_DA)
     offs_dp = AMP_DIM + tl.arange(0, BLOCK_DP)
     offs_dv = tl.arange(0, BLOCK_DV)
-    query_ramp = tl.arange(0, BLOCK_M).to(tl.float32)  # read only with LEAN
     for tile_m in tl.range(lo, hi, BLOCK_M, warp_specialize=WARP_SPECIALIZE):
         start_m = tile_m
         if REVERSE_Q:  # lo + last - tile_m: the blocks of [lo, hi) in the opposite order
@@ -236,24 +232,17 @@ def _dkdv_inner(dk_a, dk_p, dk_psum, dv, k_a, k_p, k_sum, v, pos_n, key_first,
         offs_m = start_m + tl.arange(0, BLOCK_M)
         row_ok = offs_m < n_q
         rows = offs_m.to(tl.int64)[:, None]
+        s = (q_offset + offs_m).to(tl.float32)[None, :] - pos_n[:, None]
         q_first = (q_offset + start_m).to(tl.float32)
-        key_offset = q_first - pos_n  # LEAN: s = key_offset[:, None] + query_ramp[None, :]
-        if LEAN:
-            if MASKED:
-                s = key_offset[:, None] + query_ramp[None, :]
-            else:
-                s = 0.0
-        else:
-            s = (q_offset + offs_m).to(tl.float32)[None, :] - pos_n[:, None]
         q_p = _load_tile(q_base + rows * stride_qn + offs_dp[None, :], row_ok, offs_dp < HEAD_DIM,
                          True, BLOCK_DP != HEAD_DIM - AMP_DIM)
         q_a = _load_tile(q_base + rows * stride_qn + offs_da[None, :], row_ok, offs_da < AMP_DIM,
                          True, BLOCK_DA != AMP_DIM)
         qk_amp, cos, phase_factor = tile_logits_and_derivatives(
-            k_a, q_a, k_p, q_p, k_sum, tl.sum(q_p.to(tl.float32), axis=1), s, key_offset, -query_ramp,
+            k_a, q_a, k_p, q_p, k_sum, tl.sum(q_p.to(tl.float32), axis=1), s,
             q_first - (key_first + (BLOCK_N - 1)), q_first + (BLOCK_M - 1) - key_first, alpha,
             phase_scale, taylor_rho, b1, b2, b3, b4, b5, b6, DIST_POWER, PHASE_QUAD, TRIG_POLY,
-            TRIG_TERMS, TAYLOR_ORDER, PTX_ASM, LONG_PHASE, DOT_PRECISION, LEAN, LEAN, COS_RADIANS)
+            TRIG_TERMS, TAYLOR_ORDER, PTX_ASM, LONG_PHASE, DOT_PRECISION, COS_RADIANS)
         # padding query rows load lse = +inf, so p = 0 there
         lse2 = tl.load(lse_ptr + offs_m, mask=row_ok, other=float("inf")) * LOG2E
         p = tl.exp2(qk_amp * cos * logit_scale - lse2[None, :])
@@ -317,7 +306,7 @@ def _bwd_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV, DQ,
                      TAYLOR_ORDER: tl.constexpr, PTX_ASM: tl.constexpr, LONG_PHASE: tl.constexpr,
                      DOT_PRECISION: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
                      DQ_ATOMIC: tl.constexpr, DQ_TRANSPOSE: tl.constexpr,
-                     REVERSE_Q: tl.constexpr, LEAN: tl.constexpr, COS_RADIANS: tl.constexpr):
+                     REVERSE_Q: tl.constexpr, COS_RADIANS: tl.constexpr):
     start_n = tl.program_id(0) * BLOCK_N
     batch = tl.program_id(1) // kv_heads
     kv_head = tl.program_id(1) % kv_heads
@@ -367,7 +356,7 @@ def _bwd_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV, DQ,
             amp_grad_scale, phase_grad_scale,
             AMP_DIM, HEAD_DIM, V_DIM, BLOCK_DA, BLOCK_DP, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL,
             DIST_POWER, PHASE_QUAD, TRIG_POLY, TRIG_TERMS, TAYLOR_ORDER, PTX_ASM, LONG_PHASE,
-            DOT_PRECISION, WARP_SPECIALIZE, DQ_ATOMIC, DQ_TRANSPOSE, False, LEAN, COS_RADIANS)
+            DOT_PRECISION, WARP_SPECIALIZE, DQ_ATOMIC, DQ_TRANSPOSE, False, COS_RADIANS)
         dk_a, dk_p, dk_psum, dv = _dkdv_inner(
             dk_a, dk_p, dk_psum, dv, k_a, k_p, k_sum, v, pos_n, key_first, q_base, do_base, dq_base,
             Lse + bh * n_q, Delta + bh * n_q, stride_qn, stride_dn, stride_dqn, n_q, q_offset,
@@ -375,7 +364,7 @@ def _bwd_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV, DQ,
             amp_grad_scale, phase_grad_scale,
             AMP_DIM, HEAD_DIM, V_DIM, BLOCK_DA, BLOCK_DP, BLOCK_DV, BLOCK_M, BLOCK_N, False,
             DIST_POWER, PHASE_QUAD, TRIG_POLY, TRIG_TERMS, TAYLOR_ORDER, PTX_ASM, LONG_PHASE,
-            DOT_PRECISION, WARP_SPECIALIZE, DQ_ATOMIC, DQ_TRANSPOSE, REVERSE_Q, LEAN, COS_RADIANS)
+            DOT_PRECISION, WARP_SPECIALIZE, DQ_ATOMIC, DQ_TRANSPOSE, REVERSE_Q, COS_RADIANS)
 
     dk_base = DK + batch.to(tl.int64) * stride_dkb + kv_head.to(tl.int64) * stride_dkh
     tl.store(dk_base + rows * stride_dkn + offs_da[None, :],
@@ -419,10 +408,10 @@ def _dq_inner(dq_a, dq_p, dq_psum, q_a, q_p, q_sum, do, lse2, delta, pos_m, q_fi
         k_a = _load_tile(k_base + rows * stride_kn + offs_da[None, :], key_ok, offs_da < AMP_DIM,
                          MASKED, BLOCK_DA != AMP_DIM)
         qk_amp, cos, phase_factor = tile_logits_and_derivatives(
-            q_a, k_a, q_p, k_p, q_sum, tl.sum(k_p.to(tl.float32), axis=1), s, s, s,
+            q_a, k_a, q_p, k_p, q_sum, tl.sum(k_p.to(tl.float32), axis=1), s,
             q_first - (key_first + (BLOCK_N - 1)), q_first + (BLOCK_M - 1) - key_first, alpha,
             phase_scale, taylor_rho, b1, b2, b3, b4, b5, b6, DIST_POWER, PHASE_QUAD, TRIG_POLY,
-            TRIG_TERMS, TAYLOR_ORDER, PTX_ASM, LONG_PHASE, DOT_PRECISION, False, False, False)
+            TRIG_TERMS, TAYLOR_ORDER, PTX_ASM, LONG_PHASE, DOT_PRECISION, False)
         p = tl.exp2(qk_amp * cos * logit_scale - lse2[:, None])
         if MASKED:
             visible = key_ok[None, :]

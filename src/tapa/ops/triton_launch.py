@@ -63,9 +63,6 @@ FWD_SPLIT_S = False
 # The forward's far tiles take log2(d0) and 1 / d0 (per tile) from the MUFU's approximations, not
 # libdevice's log2f and an IEEE division (the near tiles' per-score log2 is the MUFU's already).
 FWD_FAST_SCALARS = False
-# The dK/dV kernel with both of the forward's changes above (its tiles are keys x queries, so the
-# offsets are per key row and the ramp runs over the queries). Not yet timed on the GPU.
-DKDV_LEAN = False
 # The forward's MUFU cos takes the phase in radians, unreduced (2 pi folded into phase_scale): the
 # MUFU reduces its argument itself, so the turn reduction and the scaling back by 2 pi go (3 of the
 # 6 instructions the phase takes after fs per score, offline-census-6.md). Only with the MUFU trig
@@ -109,7 +106,6 @@ class LaunchConfigs:
     dkdv_reverse: bool | None = None  # None: the module's DKDV_REVERSE
     fwd_split_s: bool | None = None  # None: the module's FWD_SPLIT_S
     fwd_fast_scalars: bool | None = None  # None: the module's FWD_FAST_SCALARS
-    dkdv_lean: bool | None = None  # None: the module's DKDV_LEAN
     fwd_cos_radians: bool | None = None  # None: the module's FWD_COS_RADIANS
     dkdv_cos_radians: bool | None = None  # None: the module's DKDV_COS_RADIANS
 
@@ -177,7 +173,7 @@ def parse_variant(spec: str) -> dict:
     """Field changes of `LaunchConfigs` from 'key=value,key=value' (keys are its field names).
 
     fwd/fwd_long/dkdv/dq=BMxBN[/warps[/stages]][/ws]; dq_atomic, dq_transpose, dkdv_reverse,
-    fwd_split_s, fwd_fast_scalars, fwd_cos_radians, dkdv_lean, dkdv_cos_radians, trig_poly=0|1;
+    fwd_split_s, fwd_fast_scalars, fwd_cos_radians, dkdv_cos_radians, trig_poly=0|1;
     trig_terms=3..6 (sin terms; float32 inputs keep at least FLOAT32_TRIG_ERROR);
     taylor_order=1..6; taylor_tolerance=<float>. An empty spec changes nothing.
     """
@@ -192,7 +188,7 @@ def parse_variant(spec: str) -> dict:
         if key in ("fwd", "fwd_long", "dkdv", "dq"):
             changes[key] = _parse_kernel_config(key, text)
         elif key in ("dq_atomic", "dq_transpose", "dkdv_reverse", "fwd_split_s", "fwd_fast_scalars",
-                     "fwd_cos_radians", "dkdv_lean", "dkdv_cos_radians", "trig_poly"):
+                     "fwd_cos_radians", "dkdv_cos_radians", "trig_poly"):
             changes[key] = _parse_flag(key, text)
         elif key == "trig_terms":
             if not text.isdigit() or int(text) not in TRIG_COEFFICIENTS:
@@ -308,13 +304,12 @@ def dq_by_atomics(configs: LaunchConfigs | None = None) -> bool:
 
 def dkdv_flags(configs: LaunchConfigs | None = None, logit_flags: dict | None = None) -> dict:
     """The dK/dV kernel's own constexprs: dQ by atomics (`dq_by_atomics`) and, with them, the
-    transposed dQ products; the query blocks' order; `DKDV_LEAN`; `DKDV_COS_RADIANS` (with the
-    call's `logits_args` flags, as `fwd_flags`)."""
+    transposed dQ products; the query blocks' order; `DKDV_COS_RADIANS` (with the call's
+    `logits_args` flags, as `fwd_flags`)."""
     dq_atomic = dq_by_atomics(configs)
     return dict(DQ_ATOMIC=dq_atomic,
                 DQ_TRANSPOSE=dq_atomic and bool(_chosen(configs, "dq_transpose", DQ_TRANSPOSE)),
                 REVERSE_Q=bool(_chosen(configs, "dkdv_reverse", DKDV_REVERSE)),
-                LEAN=bool(_chosen(configs, "dkdv_lean", DKDV_LEAN)),
                 COS_RADIANS=_cos_radians(configs, "dkdv_cos_radians", DKDV_COS_RADIANS, logit_flags))
 
 
