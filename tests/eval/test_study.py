@@ -329,6 +329,7 @@ def test_aggregate_known_mean_and_std(tmp_path):
     readme = (tmp_path / "out" / "README.md").read_text()
     assert "![passkey by depth](passkey_depths.png)" in readme
     assert "120,000,000" in readme and "H200" in readme and "TODO (lead)" in readme
+    assert readme.startswith("# Toy-scale reproduction study (issue 11)\n")
     # the stale copy is the job's repeat: its 512-token zero-shot number next to the kept one's
     repeats = list(csv.DictReader(open(tmp_path / "out" / "repeats.csv")))
     assert [(r["stage"], r["length"]) for r in repeats][:1] == [("zero-shot", "512")]
@@ -583,3 +584,14 @@ def test_passkey_depth_plot_needs_two_seeds_and_splits_hybrids(tmp_path, monkeyp
     labels = [[text.get_label() for text in ax.containers] for ax in axes[:, 0]]
     assert labels == [["TAPA (n=2)"], ["TAPA hybrid (n=2)"]]  # NoPE (1 seed) left out
     assert study.plot_passkey_depths({"nope": grids["nope"]}, tmp_path / "e.png") is None
+
+
+def test_readme_title_names_a_protocol_other_than_the_toy_one(tmp_path):
+    """The scale step aggregates into its own folder: its README says which protocol it holds."""
+    job = synthetic_job("tapa", "tapa", 1e-3, 0, [7] * 6, protocol=arms.SCALE_768.to_dict())
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.job.json").write_text(json.dumps(job))
+    study.aggregate([tmp_path / "in"], tmp_path / "out")
+    readme = (tmp_path / "out" / "README.md").read_text()
+    assert readme.startswith("# Reproduction study (issue 11), protocol `scale-768`\n")
+    assert "- The plan's learning rates: 0.0005, 0.001, 0.002" in readme
