@@ -320,20 +320,31 @@ def test_parse_variant_round_trip_and_errors(monkeypatch):
 
 
 def test_gpu_defaults_by_head_size_and_dtype(monkeypatch):
-    """The GPU defaults (results/kernel-h200/probe-2026-12-01): 16-bit D=128 takes dQ by atomics,
-    MUFU trig and the degree-3 far-tile series; 16-bit D=64 a 128x64 dQ kernel, 3 sin terms and the
-    same series; float32 none of them (its grades would show in float32 results)."""
+    """The GPU defaults (results/kernel-h200/probe-2026-12-01, run-9.md): 16-bit D=128 takes dQ by
+    atomics, MUFU trig, the degree-3 far-tile series, the lean forward (split distances, MUFU
+    scalars, cos in radians) and the dK/dV kernel's trig in radians; 16-bit D=64 a 128x64 dQ
+    kernel, MUFU trig, the same series and the same forward; float32 none of them (its grades
+    would show in float32 results)."""
     monkeypatch.setattr(triton_launch, "_INTERPRETING", False)
     monkeypatch.delenv(triton_launch.VARIANT_ENV, raising=False)
+    lean = (True, True, True)
     d128 = triton_launch.default_configs(128, 128, torch.bfloat16)
     assert (d128.dq_atomic, d128.dq_transpose, d128.trig_poly, d128.taylor_order, d128.taylor_tolerance) == (
         True, True, False, 3, 1e-6)
+    assert (d128.fwd_split_s, d128.fwd_fast_scalars, d128.fwd_cos_radians, d128.dkdv_cos_radians) == (*lean, True)
     assert triton_launch.default_configs(128, 128, torch.float16) == d128
     d64 = triton_launch.default_configs(64, 64, torch.bfloat16)
-    assert (d64.dq, d64.trig_terms, d64.taylor_order, d64.dq_atomic) == (triton_launch.KernelConfig(128, 64, 8, 2), 3, 3, None)
+    assert (d64.dq, d64.trig_poly, d64.taylor_order, d64.dq_atomic) == (triton_launch.KernelConfig(128, 64, 8, 2), False, 3, None)
+    assert (d64.fwd_split_s, d64.fwd_fast_scalars, d64.fwd_cos_radians, d64.dkdv_cos_radians) == (*lean, None)
+    # the MUFU trig without LONG_PHASE: both kernels take the cos in radians where the config asks
+    flags = dict(TRIG_POLY=False, LONG_PHASE=False)
+    assert triton_launch.fwd_flags(d64, flags)["COS_RADIANS"] and not triton_launch.dkdv_flags(d64, flags)["COS_RADIANS"]
+    assert triton_launch.dkdv_flags(d128, flags)["COS_RADIANS"]
+    assert not triton_launch.fwd_flags(d128, dict(flags, LONG_PHASE=True))["COS_RADIANS"]
     for head_dim in (64, 128):
         plain = triton_launch.default_configs(head_dim, head_dim, torch.float32)
         assert (plain.dq_atomic, plain.trig_poly, plain.trig_terms, plain.taylor_order) == (None,) * 4
+        assert (plain.fwd_split_s, plain.fwd_cos_radians, plain.dkdv_cos_radians) == (None,) * 3
 
 
 def test_gpu_forward_tile_by_key_length(monkeypatch):
@@ -365,14 +376,15 @@ def test_gpu_forward_tile_by_key_length(monkeypatch):
     assert tiles(triton_launch.default_configs(128, 128, torch.bfloat16)) == [wide] * 5
     monkeypatch.setenv(triton_launch.VARIANT_ENV, "fwd_long=128x128/8/2")
     assert tiles(triton_launch.default_configs(64, 64, torch.bfloat16)) == [short] * 3 + [wide] * 2
-    # the spec scripts/gpu_h200_kernel_run6.sh times as the Run-4 default, at both head sizes
+    # an explicit fwd in TAPA_KERNEL_VARIANT replaces the short/long pair and keeps the other fields
     monkeypatch.setenv(triton_launch.VARIANT_ENV, "fwd=128x64/8/3,dq_transpose=0")
+    lean = dict(trig_poly=False, fwd_split_s=True, fwd_fast_scalars=True, fwd_cos_radians=True)
     run4 = dict(fwd=long_, dkdv=K(32, 128, 8, 2), taylor_order=3, taylor_tolerance=1e-6,
-                dq_transpose=False)
+                dq_transpose=False, **lean)
     assert triton_launch.default_configs(128, 128, torch.bfloat16) == triton_launch.LaunchConfigs(
-        dq=K(128, 16, 8, 2), dq_atomic=True, trig_poly=False, **run4)
+        dq=K(128, 16, 8, 2), dq_atomic=True, dkdv_cos_radians=True, **run4)
     assert triton_launch.default_configs(64, 64, torch.bfloat16) == triton_launch.LaunchConfigs(
-        dq=K(128, 64, 8, 2), trig_terms=3, **run4)
+        dq=K(128, 64, 8, 2), **run4)
     monkeypatch.delenv(triton_launch.VARIANT_ENV)
     with triton_launch.override_configs(triton_launch.LaunchConfigs(K(32, 32), K(16, 32), K(32, 16))):
         assert tiles(triton_launch.default_configs(128, 128, torch.bfloat16)) == [K(32, 32)] * 5

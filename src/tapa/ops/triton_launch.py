@@ -58,7 +58,8 @@ DKDV_REVERSE = False
 # The forward takes each tile's distances s as one float offset per row less a float column ramp
 # made once, not from an integer column index converted per tile (the same values, exactly: every
 # term is an integer below 2**24), and a far tile's u = s / d0 - 1 as one multiply-add per score
-# from the two. Offline (Triton 3.6, sm_90): offline-census-6.md, "After"; not yet timed on the GPU.
+# from the two. Offline (Triton 3.6, sm_90): offline-census-6.md, "After". The 16-bit configs at
+# D <= 128 choose it, with the next two (timed in results/kernel-h200/run-9.md).
 FWD_SPLIT_S = False
 # The forward's far tiles take log2(d0) and 1 / d0 (per tile) from the MUFU's approximations, not
 # libdevice's log2f and an IEEE division (the near tiles' per-score log2 is the MUFU's already).
@@ -66,10 +67,12 @@ FWD_FAST_SCALARS = False
 # The forward's MUFU cos takes the phase in radians, unreduced (2 pi folded into phase_scale): the
 # MUFU reduces its argument itself, so the turn reduction and the scaling back by 2 pi go (3 of the
 # 6 instructions the phase takes after fs per score, offline-census-6.md). Only with the MUFU trig
-# and without LONG_PHASE; its accuracy for large phases is the MUFU's, checked on the GPU only.
+# and without LONG_PHASE; its accuracy for large phases is the MUFU's, checked on the GPU only
+# (the CUDA tests of tests/ops/test_triton_attention.py, run-9.md).
 FWD_COS_RADIANS = False
 # The same in the dK/dV kernel: its MUFU cos and sin on the unreduced phase (phase_scale and the
-# phase gradient's scale adjusted for the 2 pi). Not yet timed on the GPU.
+# phase gradient's scale adjusted for the 2 pi). The 16-bit configs at D = 128 choose it (bwd
+# x0.986-0.989 of the kernel without it at 4k-64k, in two runs: run-9.md).
 DKDV_COS_RADIANS = False
 # Up to this many keys the forward takes `LaunchConfigs.fwd`, above it `fwd_long` where set.
 FWD_SHORT_KEYS = 16384
@@ -270,13 +273,20 @@ def _default_configs(head_dim: int, v_dim: int, dtype: torch.dtype) -> LaunchCon
             # fwd x0.84-0.90 at N <= 4096, x0.96-0.99 at 16k, x0.99-1.01 at 64k (run-5.md, causal).
             # Both changes together: fwd+bwd x0.91-0.93 of the Run-4 default at 1k-64k, causal, and
             # x0.84-0.88 non-causal (run-6.md).
+            # The forward's distances as row offsets less a column ramp, a far tile's scalars from
+            # the MUFU, and its MUFU cos on the unreduced phase in radians (offline-census-6.md):
+            # fwd x0.90-0.94 of the kernel without them at 4k-64k, D=128; at D=64, with the MUFU
+            # trig in place of the 3-term polynomial, fwd x0.92-0.95 and bwd x0.94-0.96
+            # (results/kernel-h200/run-9.md). Their bf16 errors equal the default's.
             far_series = dict(taylor_order=3, taylor_tolerance=1e-6)
             short_forward = dict(fwd=KernelConfig(64, 64, 4, 2), fwd_long=configs.fwd)
+            lean_forward = dict(trig_poly=False, fwd_split_s=True, fwd_fast_scalars=True,
+                                fwd_cos_radians=True)
             if width <= 64:
-                return replace(configs, dq=KernelConfig(128, 64, 8, 2), trig_terms=3, **far_series,
-                               **short_forward)
-            return replace(configs, dq_atomic=True, dq_transpose=True, trig_poly=False, **far_series,
-                           **short_forward)
+                return replace(configs, dq=KernelConfig(128, 64, 8, 2), **far_series, **short_forward,
+                               **lean_forward)
+            return replace(configs, dq_atomic=True, dq_transpose=True, dkdv_cos_radians=True,
+                           **far_series, **short_forward, **lean_forward)
         return configs
     if width <= 256:
         return LaunchConfigs(KernelConfig(64, 64, 4, 2), KernelConfig(16, 64, 4, 2),
