@@ -308,9 +308,18 @@ def test_parse_variant_round_trip_and_errors(monkeypatch):
                       ("dq_atomic=yes", "dq_atomic"),
                       ("dq_transpose=2", "dq_transpose"),
                       ("trig_terms=2", "trig_terms"), ("taylor_order=7", "taylor_order"),
-                      ("blocks=1", "key=value"), ("fwd=128", "BMxBN")):
+                      ("blocks=1", "key=value"), ("fwd=128", "BMxBN"),
+                      ("fwd=64x64/4/2/r7", "register cap"), ("fwd=64x64/4/2/r256", "register cap"),
+                      ("fwd=64x64/4/2/r16x", "register cap"), ("fwd=64x64/r168/4", "BMxBN")):
         with pytest.raises(ValueError, match=name):
             triton_launch.parse_variant(bad)
+    # a register cap: parsed, written back, and handed to the launch as Triton's maxnreg
+    capped = triton_launch.with_variant(base, "fwd=64x64/4/2/r168/ws,fwd_long=128x64/8/3")
+    assert capped.fwd == triton_launch.KernelConfig(64, 64, 4, 2, warp_specialize=True, max_registers=168)
+    assert str(capped.fwd) == "64x64/4/2/r168/ws" and capped.fwd_long.max_registers is None
+    assert triton_launch.with_variant(base, triton_launch.describe(capped)) == capped
+    assert capped.fwd.launch_options() == dict(num_warps=4, num_stages=2, maxnreg=168)
+    assert capped.fwd_long.launch_options() == dict(num_warps=8, num_stages=3)
     monkeypatch.setenv(triton_launch.VARIANT_ENV, "dq_atomic=1,trig_terms=5")
     chosen = triton_launch.default_configs(64, 64, torch.float16)
     assert (chosen.dq_atomic, chosen.trig_terms, chosen.fwd) == (True, 5, base.fwd)
@@ -561,3 +570,31 @@ def test_combined_variant_float32():
     exact = _run(naive_tapa_attention, q.double(), k.double(), v.double(), 0, causal=True, **FAR)
     for name in GRADS:
         assert rel_rmse(fused[name], exact[name]) < FLOAT32_TOLERANCE, name
+
+
+def test_register_caps_reach_every_launch_and_keep_the_results(monkeypatch):
+    """Register caps on all three kernels (Triton's maxnreg; the interpreter takes and ignores
+    the option, ptxas applies it on a GPU): each launch is handed its kernel's cap, and out, lse
+    and every gradient still match float64, with the separate dQ kernel and with dQ by atomics."""
+    K = triton_launch.KernelConfig
+    caps = {}
+
+    class Recording:  # a kernel, recording the maxnreg of each launch
+        def __init__(self, name, kernel):
+            self.name, self.kernel = name, kernel
+
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                caps.setdefault(self.name, set()).add(kwargs.get("maxnreg"))
+                return self.kernel[grid](*args, **kwargs)
+            return launch
+
+    for name in ("_fwd_kernel", "_bwd_dkdv_kernel", "_bwd_dq_kernel"):
+        monkeypatch.setattr(triton_launch.kernels, name, Recording(name, getattr(triton_launch.kernels, name)))
+    for dq_atomic in (False, True):
+        configs = triton_launch.LaunchConfigs(K(32, 16, max_registers=128), K(16, 32, max_registers=96),
+                                              K(32, 16, max_registers=64), dq_atomic=dq_atomic)
+        q, k, v = _inputs(1, 45, 45, 2, 1, 32, 32, torch.float32, seed=3 + dq_atomic)
+        with triton_launch.override_configs(configs):
+            _check(q, k, v, causal=True)
+    assert caps == {"_fwd_kernel": {128}, "_bwd_dkdv_kernel": {96}, "_bwd_dq_kernel": {64}}

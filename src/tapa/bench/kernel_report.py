@@ -213,8 +213,7 @@ def offline_rows(variants: dict, head_dim: int = 128, max_distance: int = 16383,
                 source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=hints)
                 compiled = triton.compile(source,
                                           target=GPUTarget("cuda", 90, 32),
-                                          options=dict(num_warps=config.num_warps,
-                                                       num_stages=config.num_stages))
+                                          options=config.launch_options())
             except Exception as err:  # noqa: BLE001  (e.g. out of shared memory: a finding)
                 rows.append(dict(row, error=first_line(err, 120)))
                 continue

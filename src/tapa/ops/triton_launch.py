@@ -80,18 +80,29 @@ FWD_SHORT_KEYS = 16384
 
 @dataclass(frozen=True)
 class KernelConfig:
-    """Block sizes and launch options of one kernel: queries x keys per tile, warps, stages, and
-    whether its main loop asks Triton for warp specialization (`tl.range(warp_specialize=)`)."""
+    """Block sizes and launch options of one kernel: queries x keys per tile, warps, stages,
+    whether its main loop asks Triton for warp specialization (`tl.range(warp_specialize=)`), and
+    a register cap per thread (Triton's `maxnreg`; None: ptxas chooses), which trades spills for
+    more blocks per SM."""
 
     block_m: int
     block_n: int
     num_warps: int = 4
     num_stages: int = 2
     warp_specialize: bool = False
+    max_registers: int | None = None
 
     def __str__(self):
         return (f"{self.block_m}x{self.block_n}/{self.num_warps}/{self.num_stages}"
+                + (f"/r{self.max_registers}" if self.max_registers else "")
                 + ("/ws" if self.warp_specialize else ""))
+
+    def launch_options(self) -> dict:
+        """The launch's compile options: warps, stages and, where set, the register cap."""
+        options = dict(num_warps=self.num_warps, num_stages=self.num_stages)
+        if self.max_registers:
+            options["maxnreg"] = self.max_registers
+        return options
 
 
 @dataclass(frozen=True)
@@ -143,10 +154,21 @@ class override_configs:
 
 
 def _parse_kernel_config(key: str, text: str) -> KernelConfig:
-    """'128x64/8/3' (warps and stages optional, '/ws' last for warp specialization)."""
+    """'128x64/8/3' (warps and stages optional, then '/rN' for a cap of N registers per thread,
+    '/ws' last for warp specialization)."""
     parts = text.split("/")
     warp_specialize = parts[-1] == "ws"
     if warp_specialize:
+        parts = parts[:-1]
+    max_registers = None
+    if len(parts) > 1 and parts[-1].startswith("r"):
+        try:
+            max_registers = int(parts[-1][1:])
+        except ValueError:
+            max_registers = -1
+        if not 24 <= max_registers <= 248 or max_registers % 8:
+            raise ValueError(f"kernel variant {key}={text!r}: a register cap is r24 .. r248 in steps "
+                             "of 8, e.g. r168")
         parts = parts[:-1]
     try:
         block_m, block_n = (int(x) for x in parts[0].split("x"))
@@ -154,9 +176,10 @@ def _parse_kernel_config(key: str, text: str) -> KernelConfig:
     except ValueError:
         numbers = None
     if numbers is None or len(numbers) > 2:
-        raise ValueError(f"kernel variant {key}={text!r}: expected BMxBN[/warps[/stages]][/ws], "
+        raise ValueError(f"kernel variant {key}={text!r}: expected BMxBN[/warps[/stages]][/rN][/ws], "
                          "e.g. 128x64/8/3")
-    config = KernelConfig(block_m, block_n, *numbers, warp_specialize=warp_specialize)
+    config = KernelConfig(block_m, block_n, *numbers, warp_specialize=warp_specialize,
+                          max_registers=max_registers)
     for name in ("block_m", "block_n", "num_warps"):
         value = getattr(config, name)
         if value < 1 or value & (value - 1):
@@ -511,8 +534,8 @@ def forward(q, k, v, *, amp_dim, alpha, distance, phase, causal, q_offset, k_off
     compiled = kernels._fwd_kernel[grid](
         q, k, v, out, lse, *_row_strides(q), *_row_strides(k), *_row_strides(v),
         *_row_strides(out), n_q, n_k, q_offset, k_offset, heads, heads // kv_heads, *scalars,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages, WARP_SPECIALIZE=cfg.warp_specialize, **constexprs)
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, WARP_SPECIALIZE=cfg.warp_specialize,
+        **cfg.launch_options(), **constexprs)
     _remember("fwd", cfg, constexprs, compiled)
     return out, lse
 
@@ -550,8 +573,8 @@ def backward(dout, dlse, q, k, v, out, lse, *, amp_dim, alpha, distance, phase, 
         q, k, v, dout, lse, delta, dk, dv, dq, *_row_strides(q), *_row_strides(k),
         *_row_strides(v), *_row_strides(dout), *_row_strides(dk), *_row_strides(dv),
         *_row_strides(dq), n_q, n_k, q_offset, k_offset, kv_heads, heads // kv_heads, *dkdv_scalars,
-        *dkdv_grad_scales, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages, WARP_SPECIALIZE=cfg.warp_specialize, **dkdv, **constexprs)
+        *dkdv_grad_scales, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        WARP_SPECIALIZE=cfg.warp_specialize, **cfg.launch_options(), **dkdv, **constexprs)
     _remember(dkdv_kernel_name(dkdv), cfg, constexprs, compiled)
     if dq_atomic:
         return dq.to(q.dtype), dk, dv
@@ -560,7 +583,6 @@ def backward(dout, dlse, q, k, v, out, lse, *, amp_dim, alpha, distance, phase, 
         q, k, v, dout, lse, delta, dq, *_row_strides(q), *_row_strides(k), *_row_strides(v),
         *_row_strides(dout), *_row_strides(dq), n_q, n_k, q_offset, k_offset, heads,
         heads // kv_heads, *scalars, *grad_scales, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, WARP_SPECIALIZE=cfg.warp_specialize,
-        **constexprs)
+        WARP_SPECIALIZE=cfg.warp_specialize, **cfg.launch_options(), **constexprs)
     _remember("dq", cfg, constexprs, compiled)
     return dq, dk, dv
