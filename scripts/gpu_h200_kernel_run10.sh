@@ -9,7 +9,8 @@
 #                   the 32k row Run 9 did not time
 #   variants64      dkdv_cos_radians at D=64 (on at D=128 since Run 9; not yet timed at D=64), and
 #                   register caps for 3 forward blocks per SM (12 warps) up to 16k keys and 2 above
-#                   (offline-census-7.md)
+#                   (offline-census-7.md); dQ by transposed atomics at D=64 (D=128's choice since
+#                   Run 5; at D=64 only the untransposed atomics were timed, in Run 3: a tie)
 #   decode_profile  the kernels of one static decoding step, RoPE / TAPA / TAPA hybrid, batch 1 and
 #                   8, prompts 4k and 32k, with the CUDA-graph step's time next to their sum
 #                   (scripts/decode_kernel_profile.py). Run 8's RoPE graph step was 1.12-1.17x
@@ -31,7 +32,8 @@ step attention 170 python3 -m tapa.bench.attention --head-dims 128 64 --causal c
 step variants64 90 python3 -m tapa.bench.attention --head-dims 64 --causal causal \
     --seq-lens 4096 16384 65536 --long-range-len 0 --reference-len 0 --compile-jobs 4 \
     --variants bwd_radians:dkdv_cos_radians=1 r168:fwd=64x64/4/2/r168,fwd_long=128x64/8/3 \
-    r168all:fwd=64x64/4/2/r168 long_r128:fwd_long=128x64/8/3/r128 --out "$WORK/variants64"
+    r168all:fwd=64x64/4/2/r168 long_r128:fwd_long=128x64/8/3/r128 atomic_t:dq_atomic=1,dq_transpose=1 \
+    --out "$WORK/variants64"
 step decode_profile 80 python3 scripts/decode_kernel_profile.py --steps 10 --out "$WORK/decode_profile"
 cat > "$WORK/fwd_driver.py" <<'EOF'
 import sys
