@@ -595,3 +595,45 @@ def test_readme_title_names_a_protocol_other_than_the_toy_one(tmp_path):
     readme = (tmp_path / "out" / "README.md").read_text()
     assert readme.startswith("# Reproduction study (issue 11), protocol `scale-768`\n")
     assert "- The plan's learning rates: 0.0005, 0.001, 0.002" in readme
+
+
+def test_compare_takes_the_base_continual_stage_of_the_same_protocol(tmp_path):
+    """`compare`: each arm of the scale protocol next to the toy protocol's (mean over its seeds),
+    both gaps to the anchor in their own protocol, and only the base's continual jobs whose
+    continual protocol is the compared one's (a x1 continual stage of the base is left out)."""
+    toy, scale = arms.TOY_GPU.to_dict(), arms.SCALE_768.to_dict()
+    base = [synthetic_job("rope-yarn", "rope", 1e-3, s, [8] * 6, [10] * 6, protocol=toy,
+                          continual_lr_scale=0.1) for s in (0, 1)]
+    base += [synthetic_job("hybrid-tapa", "hybrid", 1e-3, s, [9] * 6, [v] * 6, protocol=toy,
+                           continual_lr_scale=0.1) for s, v in ((0, 11.0), (1, 12.0))]
+    base.append(synthetic_job("hybrid-tapa", "hybrid", 1e-3, 2, [9] * 6, [50] * 6, protocol=toy,
+                              continual_lr_scale=1.0))  # another continual protocol: not compared
+    other = [synthetic_job("rope-yarn", "rope", 1e-3, 0, [7] * 6, [8] * 6, protocol=scale,
+                           continual_lr_scale=0.1),
+             synthetic_job("hybrid-tapa", "hybrid", 1e-3, 0, [7] * 6, [8.4] * 6, protocol=scale,
+                           continual_lr_scale=0.1)]
+    for name, jobs in (("base", base), ("other", other)):
+        (tmp_path / name).mkdir()
+        for index, job in enumerate(jobs):
+            (tmp_path / name / f"{index}.job.json").write_text(json.dumps(job))
+    written = study.compare([tmp_path / "base"], [tmp_path / "other"], tmp_path / "out")
+    assert [p.name for p in written] == ["vs_toy-gpu.md", "vs_toy-gpu.csv", "vs_toy-gpu.png"]
+    rows = list(csv.DictReader(open(tmp_path / "out" / "vs_toy-gpu.csv")))
+    hybrid = [r for r in rows if r["arm"] == "hybrid-tapa" and r["stage"] == "continual"]
+    assert len(hybrid) == 6 and all(r["base_n"] == "2" for r in hybrid)
+    assert math.isclose(float(hybrid[0]["base_mean"]), 11.5) and math.isclose(float(hybrid[0]["other_mean"]), 8.4)
+    assert math.isclose(float(hybrid[0]["base_gap"]), 0.15) and math.isclose(float(hybrid[0]["other_gap"]), 0.05)
+    text = (tmp_path / "out" / "vs_toy-gpu.md").read_text()
+    assert "| hybrid-tapa | +15.0% → +5.0% |" in text
+    assert "| rope-yarn | +0.0%" not in text  # the anchor has no gap row
+    # zero-shot: these synthetic anchor jobs have a zero-shot stage too, so that stage has gaps
+    zero = [r for r in rows if r["arm"] == "hybrid-tapa" and r["stage"] == "zero-shot"]
+    assert math.isclose(float(zero[0]["base_gap"]), 9 / 8 - 1) and math.isclose(float(zero[0]["other_gap"]), 0.0)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="no job JSONs"):
+        study.compare([tmp_path / "base"], [tmp_path / "empty"], tmp_path / "out")
+    with pytest.raises(ValueError, match="does not exist"):
+        study.compare([tmp_path / "base"], [tmp_path / "missing"], tmp_path / "out")
+    assert study.main(["compare", "--base", str(tmp_path / "base"), "--other", str(tmp_path / "other"),
+                       "--out", str(tmp_path / "cli")]) == 0
+    assert "--anchor rope-yarn" in (tmp_path / "cli" / "vs_toy-gpu.md").read_text()

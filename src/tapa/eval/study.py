@@ -25,6 +25,12 @@ Every number written comes from the job JSONs. Written to --out:
                                       every section the lines from a `<!-- notes -->` line on, are
                                       the lead's and are kept; so are sections the skeleton lacks
 Each arm is reported at its main lr: the lr with the most seeds (ties: the lowest validation loss).
+
+    python3 -m tapa.eval.study compare --base results/toy-study/jobs --other results/toy-study/scale-768/jobs --out results/toy-study/scale-768
+
+writes vs_<base protocol>.md, .csv and .png to --out: each arm of the other protocol next to the
+same arm of the base one (the base's continual stage from its jobs with the same continual
+protocol), and each protocol's gap to --anchor (default rope-yarn) at every length.
 """
 
 from __future__ import annotations
@@ -83,7 +89,7 @@ def load_jobs(paths, repeats: list | None = None) -> list[dict]:
         elif path.is_file():
             files.append(path)
         else:
-            raise ValueError(f"--in: {str(path)!r} does not exist")
+            raise ValueError(f"{str(path)!r} does not exist")
     found = []
     for path in files:
         if path.name.endswith(".tar.gz"):
@@ -1087,6 +1093,156 @@ def aggregate(paths, out_dir: str | Path, *, protocol_id: str | None = None,
     return written
 
 
+# ---------------------------------------------------------------------------------------------
+# one protocol against another (the scale step against the toy study)
+
+def _continual_protocol(job: dict) -> dict:
+    """What a job's continual numbers depend on besides its pretraining: the continual fields
+    of its protocol and its own continual lr scale."""
+    protocol = job["protocol"]
+    return {**{f: protocol.get(f, ADDED_LATER.get(f)) for f in CONTINUAL_FIELDS if f != "continual_lr_scale"},
+            "continual_lr_scale": continual_scale(job)}
+
+
+def protocol_rows(jobs: list[dict], continual_like: dict | None = None) -> list[dict]:
+    """perplexity_summary rows of both stages, each arm at its main lr; the continual stage only
+    of jobs whose continual protocol is `continual_like` (None: every job's, which must agree)."""
+    continued = [j for j in jobs if j["results"].get("eval1")]
+    if continual_like is not None:
+        continued = [j for j in continued if _continual_protocol(j) == continual_like]
+    elif len({json.dumps(_continual_protocol(j), sort_keys=True) for j in continued}) > 1:
+        raise ValueError("the jobs ran more than one continual protocol")
+    return perplexity_summary(pretrain_jobs(jobs), "eval0") + perplexity_summary(continued, "eval1")
+
+
+def compare_rows(base_jobs: list[dict], other_jobs: list[dict], anchor: str) -> list[dict]:
+    """Per stage, arm of `other` and length: the other protocol's and the base protocol's mean,
+    std and n, and each one's relative gap to the anchor arm in its own protocol (where both
+    protocols have the anchor at that stage and length). The base's continual stage is taken
+    from its jobs with the other's continual protocol."""
+    likes = {json.dumps(_continual_protocol(j), sort_keys=True) for j in other_jobs if j["results"].get("eval1")}
+    if len(likes) > 1:
+        raise ValueError("the compared jobs ran more than one continual protocol")
+    other = protocol_rows(other_jobs)
+    base = protocol_rows(base_jobs, json.loads(next(iter(likes))) if likes else None)
+    index = {(which, r["stage"], r["arm"], r["length"]): r
+             for which, rows in (("base", base), ("other", other)) for r in rows}
+    out = []
+    for r in other:
+        b = index.get(("base", r["stage"], r["arm"], r["length"]))
+        row = {"stage": r["stage"], "arm": r["arm"], "label": r["label"], "family": r["family"],
+               "length": r["length"], "other_lr": r["lr"], "other_mean": r["mean"],
+               "other_std": r["std"], "other_n": r["n"], "base_lr": b["lr"] if b else math.nan,
+               "base_mean": b["mean"] if b else math.nan, "base_std": b["std"] if b else math.nan,
+               "base_n": b["n"] if b else 0, "other_gap": math.nan, "base_gap": math.nan}
+        anchors = [index.get((which, r["stage"], anchor, r["length"])) for which in ("base", "other")]
+        if all(anchors) and b:
+            row["base_gap"] = b["mean"] / anchors[0]["mean"] - 1
+            row["other_gap"] = r["mean"] / anchors[1]["mean"] - 1
+        out.append(row)
+    return out
+
+
+def compare_markdown(rows: list[dict], base_name: str, other_name: str, anchor: str, anchor_label: str) -> str:
+    if not rows:
+        return "No arm of the compared protocol has results yet."
+    lines = []
+    for stage in dict.fromkeys(r["stage"] for r in rows):
+        mine = [r for r in rows if r["stage"] == stage]
+        lengths = sorted({r["length"] for r in mine})
+        lines += [f"**{stage} perplexity, {other_name} against {base_name}** (mean ± std over seeds; "
+                  f"n seeds, {base_name} / {other_name})", "",
+                  "| arm | protocol | n | lr | " + " | ".join(length_label(n) for n in lengths) + " |",
+                  "|---|---|---|---|" + "---|" * len(lengths)]
+        for arm in dict.fromkeys(r["arm"] for r in mine):
+            by_length = {r["length"]: r for r in mine if r["arm"] == arm}
+            first = next(iter(by_length.values()))
+            for which, name in (("base", base_name), ("other", other_name)):
+                ns = sorted({r[f"{which}_n"] for r in by_length.values()})
+                lrs = sorted({r[f"{which}_lr"] for r in by_length.values() if r[f"{which}_lr"] == r[f"{which}_lr"]})
+                cells = [_cell(by_length[n][f"{which}_mean"], by_length[n][f"{which}_std"], by_length[n][f"{which}_n"])
+                         if n in by_length else "" for n in lengths]
+                lines.append(f"| {first['label'] if which == 'base' else ''} | {name} | "
+                             f"{'/'.join(map(str, ns))} | {'/'.join(f'{lr:g}' for lr in lrs)} | "
+                             + " | ".join(cells) + " |")
+        gaps = [r for r in mine if r["other_gap"] == r["other_gap"] and r["arm"] != anchor]
+        if gaps:
+            lines += ["", f"Gap to {anchor_label} in the same protocol ({base_name} → {other_name}; "
+                      "perplexity over the anchor's, minus 1):", "",
+                      "| arm | " + " | ".join(length_label(n) for n in lengths) + " |",
+                      "|---|" + "---|" * len(lengths)]
+            for arm in dict.fromkeys(r["arm"] for r in gaps):
+                by_length = {r["length"]: r for r in gaps if r["arm"] == arm}
+                cells = [f"{by_length[n]['base_gap']:+.1%} → {by_length[n]['other_gap']:+.1%}"
+                         if n in by_length else "" for n in lengths]
+                lines.append(f"| {by_length[next(iter(by_length))]['label']} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines).rstrip()
+
+
+def plot_compare(rows: list[dict], path: Path, base_name: str, other_name: str) -> Path:
+    """Perplexity vs length per stage: the base protocol dashed with seed error bars, the other
+    solid, one colour per arm."""
+    from tapa.eval.plots import _pyplot
+
+    plt = _pyplot()
+    stages = list(dict.fromkeys(r["stage"] for r in rows))
+    fig, axes = plt.subplots(1, len(stages), figsize=(7 * len(stages), 5), squeeze=False)
+    cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    colors = {arm: cycle[i % len(cycle)] for i, arm in enumerate(dict.fromkeys(r["arm"] for r in rows))}
+    for ax, stage in zip(axes[0], stages):
+        mine = [r for r in rows if r["stage"] == stage]
+        values = [v for r in mine for v in (r["base_mean"], r["other_mean"]) if v == v]
+        for arm in dict.fromkeys(r["arm"] for r in mine):
+            line = sorted((r for r in mine if r["arm"] == arm), key=lambda r: r["length"])
+            color = colors[arm]  # one colour per arm in every panel
+            based = [r for r in line if r["base_n"]]
+            if based:
+                ax.errorbar([r["length"] for r in based], [r["base_mean"] for r in based],
+                            yerr=[0 if r["base_n"] < 2 else min(r["base_std"], 0.9 * r["base_mean"]) for r in based],
+                            color=color, linestyle="--", marker="o", capsize=3, alpha=0.6,
+                            label=f"{line[0]['label']}, {base_name} (n={max(r['base_n'] for r in based)})")
+            ax.plot([r["length"] for r in line], [r["other_mean"] for r in line], color=color,
+                    linestyle="-", marker="s", label=f"{line[0]['label']}, {other_name} (n={max(r['other_n'] for r in line)})")
+        _log_length_axes(ax, sorted({r["length"] for r in mine}), min(values), max(values))
+        ax.set_title(f"{stage}", fontsize=10)
+        ax.set_xlabel("evaluation length (tokens)")
+        ax.grid(True, which="major", alpha=0.3)
+        ax.legend(fontsize=7, loc="best")
+    axes[0][0].set_ylabel("perplexity, lower is better")
+    fig.suptitle(f"{other_name} (solid) against {base_name} (dashed)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+    return path
+
+
+def compare(base_paths, other_paths, out_dir: str | Path, *, anchor: str = "rope-yarn",
+            command: str = "python3 -m tapa.eval.study compare") -> list[Path]:
+    """vs_<base protocol>.md/.csv/.png in out_dir: every arm of the other jobs' protocol next to
+    the same arm of the base protocol, with both protocols' gaps to the anchor arm."""
+    base = select_protocol(load_jobs(base_paths))
+    other = select_protocol(load_jobs(other_paths))
+    base_name, other_name = base[0]["protocol"]["name"], other[0]["protocol"]["name"]
+    rows = compare_rows(base, other, anchor)
+    if not rows:
+        raise ValueError(f"no results in the jobs of protocol {other_name}")
+    labels = {j["arm"]: j["label"] for j in base + other}
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / f"vs_{base_name}"
+    text = (f"Generated by `{command}`: every number below comes from the job JSONs of protocol "
+            f"`{base_name}` ({len(base)} jobs) and `{other_name}` ({len(other)} jobs), each arm at "
+            "its main lr in its own protocol; the base's continual stage is taken from its jobs "
+            "with the same continual protocol.\n\n"
+            + compare_markdown(rows, base_name, other_name, anchor, labels.get(anchor, anchor))
+            + f"\n\n![{other_name} against {base_name}]({stem.name}.png)")
+    stem.with_suffix(".md").write_text(text + "\n")
+    write_csv(stem.with_suffix(".csv"), rows)
+    return [stem.with_suffix(".md"), stem.with_suffix(".csv"),
+            plot_compare(rows, stem.with_suffix(".png"), base_name, other_name)]
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python3 -m tapa.eval.study",
                                      description=__doc__.split("\n\n")[0])
@@ -1096,10 +1252,21 @@ def main(argv=None) -> int:
                      help="folders, *.job.json files or the runner's .tar.gz archives")
     agg.add_argument("--out", default="results/toy-study")
     agg.add_argument("--protocol-id", default=None, help="keep the jobs of this protocol only")
+    cmp = sub.add_parser("compare", help="one protocol's arms against another's (the scale step "
+                         "against the toy study)")
+    cmp.add_argument("--base", nargs="+", required=True, help="the base protocol's job JSONs (folders, files)")
+    cmp.add_argument("--other", nargs="+", required=True, help="the compared protocol's job JSONs")
+    cmp.add_argument("--anchor", default="rope-yarn", help="the arm each protocol's gaps are taken to")
+    cmp.add_argument("--out", required=True)
     args = parser.parse_args(argv)
-    command = "python3 -m tapa.eval.study aggregate --in " + " ".join(args.inputs) + f" --out {args.out}"
     try:
-        written = aggregate(args.inputs, args.out, protocol_id=args.protocol_id, command=command)
+        if args.action == "compare":
+            command = (f"python3 -m tapa.eval.study compare --base {' '.join(args.base)} --other "
+                       f"{' '.join(args.other)} --anchor {args.anchor} --out {args.out}")
+            written = compare(args.base, args.other, args.out, anchor=args.anchor, command=command)
+        else:
+            command = "python3 -m tapa.eval.study aggregate --in " + " ".join(args.inputs) + f" --out {args.out}"
+            written = aggregate(args.inputs, args.out, protocol_id=args.protocol_id, command=command)
     except ValueError as err:
         raise SystemExit(f"tapa.eval.study: {err}") from err
     print(f"wrote {len(written)} files to {args.out}: " + ", ".join(p.name for p in written))
