@@ -20,7 +20,6 @@ from pathlib import Path
 
 from tapa.bench import kernel_report
 
-_LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*)((?:\.[A-Z0-9_]+)*)\s*([^;]*);")
 CLASSES = (
     ("fp32 arith", {"FFMA", "FMUL", "FADD"}),
     ("fp32 cmp/sel", {"FMNMX", "FSEL", "FSETP", "FSET"}),
@@ -34,16 +33,6 @@ CLASSES = (
     ("shuffle", {"SHFL"}),
     ("control", {"BRA", "NOP", "BSSY", "BSYNC", "WARPSYNC"}),
 )
-
-
-def parse(sass: str) -> list[dict]:
-    """(address, predicate, opcode, modifiers, operands) of each instruction line."""
-    out = []
-    for line in sass.splitlines():
-        if match := _LINE.search(line):
-            addr, pred, op, mods, args = match.groups()
-            out.append(dict(addr=int(addr, 16), pred=(pred or "").strip(), op=op, mods=mods, args=args.strip()))
-    return out
 
 
 def klass(op: str) -> str:
@@ -128,7 +117,7 @@ def main() -> int:
             path = args.sass_dir / (name + (f"_{args.variant.replace('=', '').replace(',', '_')}" if args.variant else "") + ".sass")
             path.write_text(text)
             print(f"SASS: {path}")
-        print(census(parse(text), scores))
+        print(census(kernel_report.sass_instructions(text), scores))
     return 0
 
 

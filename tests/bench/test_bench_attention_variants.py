@@ -97,6 +97,8 @@ PTX = """
 def test_census_reads_sass_and_ptx():
     counts = kernel_report.sass_opcodes(SASS)
     assert counts == {"MUFU": 1, "FFMA": 2, "HGMMA": 1, "STL": 1, "REDG": 1}
+    second = kernel_report.sass_instructions(SASS)[1]  # the census script's view of a line
+    assert second == dict(addr=0x0A80, pred="@!P0", op="FFMA", mods=".FTZ", args="R3, R2, R5, R3")
     ptx = kernel_report.ptx_opcodes(PTX)
     assert (ptx["fma"], ptx["ex2"], ptx["wgmma"], ptx["mul"]) == (1, 1, 1, 1)
     table = kernel_report.markdown([

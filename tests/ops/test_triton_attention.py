@@ -399,6 +399,21 @@ def test_gpu_forward_tile_by_key_length(monkeypatch):
         assert tiles(triton_launch.default_configs(128, 128, torch.bfloat16)) == [K(32, 32)] * 5
 
 
+def _record_launches(monkeypatch, name: str, record) -> None:
+    """Wrap the Triton kernel `name` of triton_kernels so that each launch calls record(kwargs)
+    (its launch options and constexprs) before it runs."""
+    kernel = getattr(triton_launch.kernels, name)
+
+    class Recording:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                record(kwargs)
+                return kernel[grid](*args, **kwargs)
+            return launch
+
+    monkeypatch.setattr(triton_launch.kernels, name, Recording())
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_forward_tile_by_key_length_matches_the_reference(dtype, monkeypatch):
     """Configs with another forward tile above FWD_SHORT_KEYS keys (40 here): the forward launches
@@ -407,17 +422,9 @@ def test_forward_tile_by_key_length_matches_the_reference(dtype, monkeypatch):
     monkeypatch.setattr(triton_launch, "FWD_SHORT_KEYS", 40)
     K = triton_launch.KernelConfig
     configs = triton_launch.LaunchConfigs(K(16, 16), K(16, 32), K(32, 16), fwd_long=K(32, 32))
-    fwd_kernel, launched = triton_launch.kernels._fwd_kernel, []
-
-    class Recording:  # the forward kernel, recording the tile of each launch
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                launched.append(K(*(kwargs[name] for name in ("BLOCK_M", "BLOCK_N", "num_warps",
-                                                              "num_stages"))))
-                return fwd_kernel[grid](*args, **kwargs)
-            return launch
-
-    monkeypatch.setattr(triton_launch.kernels, "_fwd_kernel", Recording())
+    launched = []
+    _record_launches(monkeypatch, "_fwd_kernel", lambda kwargs: launched.append(
+        K(*(kwargs[name] for name in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")))))
     for k_len, causal, tile in ((40, True, configs.fwd), (41, True, configs.fwd_long),
                                 (77, False, configs.fwd_long)):
         q, k, v = _inputs(1, 37, k_len, 2, 1, 32, 32, dtype, seed=k_len)
@@ -578,19 +585,9 @@ def test_register_caps_reach_every_launch_and_keep_the_results(monkeypatch):
     and every gradient still match float64, with the separate dQ kernel and with dQ by atomics."""
     K = triton_launch.KernelConfig
     caps = {}
-
-    class Recording:  # a kernel, recording the maxnreg of each launch
-        def __init__(self, name, kernel):
-            self.name, self.kernel = name, kernel
-
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                caps.setdefault(self.name, set()).add(kwargs.get("maxnreg"))
-                return self.kernel[grid](*args, **kwargs)
-            return launch
-
     for name in ("_fwd_kernel", "_bwd_dkdv_kernel", "_bwd_dq_kernel"):
-        monkeypatch.setattr(triton_launch.kernels, name, Recording(name, getattr(triton_launch.kernels, name)))
+        _record_launches(monkeypatch, name,
+                         lambda kwargs, name=name: caps.setdefault(name, set()).add(kwargs.get("maxnreg")))
     for dq_atomic in (False, True):
         configs = triton_launch.LaunchConfigs(K(32, 16, max_registers=128), K(16, 32, max_registers=96),
                                               K(32, 16, max_registers=64), dq_atomic=dq_atomic)

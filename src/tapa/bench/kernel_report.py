@@ -25,8 +25,9 @@ CENSUS = ("HGMMA", "HMMA", "MUFU", "FFMA", "FMUL", "FADD", "FMNMX", "FSEL", "FSE
           "UTMALDG", "REDG", "RED", "ATOMG", "ATOM", "BAR", "SHFL", "WARPGROUP")
 PTX_CENSUS = ("wgmma", "mma", "ex2", "lg2", "cos", "sin", "fma", "mul", "add", "sub", "max", "ld",
               "st", "red", "atom", "bar", "shfl", "cvt")
-# "/*0a80*/   @!P0 FFMA.FTZ R3, R2, R5, R3 ;" -> FFMA
-_SASS_LINE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*)")
+# one SASS instruction line: /*address*/, predicate, opcode, .modifiers, operands
+# ("/*0a80*/   @!P0 FFMA.FTZ R3, R2, R5, R3 ;" -> 0a80, @!P0, FFMA, .FTZ, "R3, R2, R5, R3")
+_SASS_LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*)((?:\.[A-Z0-9_]+)*)\s*([^;]*);")
 _PTX_LINE = re.compile(r"^\s*(?:@!?%p\d+\s+)?([a-z][a-z0-9_]*)[.\s]")
 
 
@@ -62,10 +63,18 @@ def sass_of(cubin: bytes, cuobjdump: str) -> str:
     return _cuobjdump(cubin, cuobjdump, "-sass")
 
 
+def sass_instructions(sass: str) -> list[dict]:
+    """(addr, pred, op, mods, args) of each instruction line of a cuobjdump -sass text."""
+    out = []
+    for match in filter(None, map(_SASS_LINE.search, sass.splitlines())):
+        addr, pred, op, mods, args = match.groups()
+        out.append(dict(addr=int(addr, 16), pred=(pred or "").strip(), op=op, mods=mods, args=args.strip()))
+    return out
+
+
 def sass_opcodes(sass: str) -> collections.Counter:
     """Opcode (without modifiers) -> count, over the instruction lines of a cuobjdump -sass text."""
-    return collections.Counter(match.group(1) for match in map(_SASS_LINE.search, sass.splitlines())
-                               if match)
+    return collections.Counter(i["op"] for i in sass_instructions(sass))
 
 
 def ptx_opcodes(ptx: str) -> collections.Counter:

@@ -541,6 +541,14 @@ def nice_log_ticks(low: float, high: float, most: int = 11) -> list[float]:
     return chosen
 
 
+def log_error_bar(mean: float, std: float, n: int) -> tuple[float, float]:
+    """A seed-spread error bar (below, above the mean) for a log axis: one std, none for one seed.
+    A bar cannot reach zero there, so one std wider than the mean (a seed that collapsed, another
+    that did not) is cut at mean/10 below; above it stays one std."""
+    std = std if n > 1 else 0.0
+    return min(std, 0.9 * mean), std
+
+
 def plot_perplexity(rows: list[dict], path: Path, *, title: str, train_len: int | None,
                     stride: int | None = None) -> Path:
     """Perplexity vs length, log-log, one line per arm with one-std error bars over seeds. When
@@ -550,11 +558,7 @@ def plot_perplexity(rows: list[dict], path: Path, *, title: str, train_len: int 
     plt = _pyplot()
 
     def spread(r: dict) -> tuple[float, float]:
-        """The error bar below and above the mean. On a log axis a bar cannot reach zero, so one
-        std wider than the mean (a seed that collapsed, another that did not) is cut at mean/10
-        below; above it stays one std."""
-        std = r["std"] if r["n"] > 1 else 0.0
-        return min(std, 0.9 * r["mean"]), std
+        return log_error_bar(r["mean"], r["std"], r["n"])
 
     low = min(r["mean"] - spread(r)[0] for r in rows)
     high = max(r["mean"] + spread(r)[1] for r in rows)
@@ -1104,14 +1108,18 @@ def _continual_protocol(job: dict) -> dict:
             "continual_lr_scale": continual_scale(job)}
 
 
-def protocol_rows(jobs: list[dict], continual_like: dict | None = None) -> list[dict]:
+def _one_continual_protocol(jobs: list[dict]) -> dict | None:
+    """The continual protocol the jobs with a continual stage share (None: no such job)."""
+    found = {json.dumps(_continual_protocol(j), sort_keys=True) for j in jobs if j["results"].get("eval1")}
+    if len(found) > 1:
+        raise ValueError("the compared jobs ran more than one continual protocol")
+    return json.loads(found.pop()) if found else None
+
+
+def protocol_rows(jobs: list[dict], continual_like: dict | None) -> list[dict]:
     """perplexity_summary rows of both stages, each arm at its main lr; the continual stage only
-    of jobs whose continual protocol is `continual_like` (None: every job's, which must agree)."""
-    continued = [j for j in jobs if j["results"].get("eval1")]
-    if continual_like is not None:
-        continued = [j for j in continued if _continual_protocol(j) == continual_like]
-    elif len({json.dumps(_continual_protocol(j), sort_keys=True) for j in continued}) > 1:
-        raise ValueError("the jobs ran more than one continual protocol")
+    of jobs whose continual protocol is `continual_like`."""
+    continued = [j for j in jobs if j["results"].get("eval1") and _continual_protocol(j) == continual_like]
     return perplexity_summary(pretrain_jobs(jobs), "eval0") + perplexity_summary(continued, "eval1")
 
 
@@ -1120,11 +1128,9 @@ def compare_rows(base_jobs: list[dict], other_jobs: list[dict], anchor: str) -> 
     std and n, and each one's relative gap to the anchor arm in its own protocol (where both
     protocols have the anchor at that stage and length). The base's continual stage is taken
     from its jobs with the other's continual protocol."""
-    likes = {json.dumps(_continual_protocol(j), sort_keys=True) for j in other_jobs if j["results"].get("eval1")}
-    if len(likes) > 1:
-        raise ValueError("the compared jobs ran more than one continual protocol")
-    other = protocol_rows(other_jobs)
-    base = protocol_rows(base_jobs, json.loads(next(iter(likes))) if likes else None)
+    continual_like = _one_continual_protocol(other_jobs)
+    other = protocol_rows(other_jobs, continual_like)
+    base = protocol_rows(base_jobs, continual_like)
     index = {(which, r["stage"], r["arm"], r["length"]): r
              for which, rows in (("base", base), ("other", other)) for r in rows}
     out = []
@@ -1198,8 +1204,9 @@ def plot_compare(rows: list[dict], path: Path, base_name: str, other_name: str) 
             color = colors[arm]  # one colour per arm in every panel
             based = [r for r in line if r["base_n"]]
             if based:
+                bars = [log_error_bar(r["base_mean"], r["base_std"], r["base_n"]) for r in based]
                 ax.errorbar([r["length"] for r in based], [r["base_mean"] for r in based],
-                            yerr=[0 if r["base_n"] < 2 else min(r["base_std"], 0.9 * r["base_mean"]) for r in based],
+                            yerr=[[b[0] for b in bars], [b[1] for b in bars]],
                             color=color, linestyle="--", marker="o", capsize=3, alpha=0.6,
                             label=f"{line[0]['label']}, {base_name} (n={max(r['base_n'] for r in based)})")
             ax.plot([r["length"] for r in line], [r["other_mean"] for r in line], color=color,

@@ -30,8 +30,10 @@ MAX_HEAD_DIM = 256
 # and its degree (1..6; a lower degree narrows the band of tiles where the series applies).
 TAYLOR_TOLERANCE = 1e-8
 TAYLOR_ORDER = 6
-# cos/sin as polynomials on the FMA pipes (True) or the MUFU's cos.approx/sin.approx (False).
-# (Measured on the H200: the MUFU is about 5% faster, but its GPU accuracy is not yet checked.)
+# cos/sin as polynomials on the FMA pipes (True) or the MUFU's cos.approx/sin.approx (False), where
+# a config does not choose. The 16-bit configs at D <= 128 choose the MUFU (faster, and within the
+# accuracy bar on the H200: results/kernel-h200/probe-2026-12-01, run-9.md); float32 keeps the
+# polynomials.
 TRIG_POLY = True
 # Terms of the sin polynomial (cos takes one more); see triton_logits.TRIG_COEFFICIENTS.
 TRIG_TERMS = 6
@@ -162,14 +164,11 @@ def _parse_kernel_config(key: str, text: str) -> KernelConfig:
         parts = parts[:-1]
     max_registers = None
     if len(parts) > 1 and parts[-1].startswith("r"):
-        try:
-            max_registers = int(parts[-1][1:])
-        except ValueError:
-            max_registers = -1
-        if not 24 <= max_registers <= 248 or max_registers % 8:
+        cap = parts.pop()[1:]
+        if not cap.isdigit() or not 24 <= int(cap) <= 248 or int(cap) % 8:
             raise ValueError(f"kernel variant {key}={text!r}: a register cap is r24 .. r248 in steps "
                              "of 8, e.g. r168")
-        parts = parts[:-1]
+        max_registers = int(cap)
     try:
         block_m, block_n = (int(x) for x in parts[0].split("x"))
         numbers = [int(x) for x in parts[1:]]
