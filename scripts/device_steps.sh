@@ -16,3 +16,15 @@ step() {  # step NAME SECONDS COMMAND...: log to $WORK/NAME.log; rc and seconds 
     timeout --kill-after=5 "$limit" "$@" > "$WORK/$name.log" 2>&1
     echo "$name rc=$? seconds=$(($(date +%s) - t0))" | tee -a "$WORK/steps.txt"
 }
+
+ncu_details() {  # ncu_details STEM KERNEL_REGEX "SECTION ..." COMMAND...: Nsight Compute of the first
+    # matching launch of COMMAND (SM clock untouched) to STEM.ncu-rep, its details page to STEM_details.txt
+    local stem=$1 regex=$2 section sections=()
+    for section in $3; do sections+=(--section "$section"); done
+    shift 3
+    mkdir -p "$(dirname "$stem")"
+    ncu --clock-control none --kernel-name "regex:$regex" --launch-count 1 "${sections[@]}" \
+        -f -o "$stem" "$@" &&
+        ncu --import "$stem.ncu-rep" --page details > "${stem}_details.txt"
+}
+export -f ncu_details  # the steps run their ncu loops as child scripts

@@ -56,14 +56,11 @@ with torch.no_grad():
 torch.cuda.synchronize()
 EOF
 cat > "$WORK/ncu_fwd.sh" <<'EOF'
-mkdir -p "$WORK/ncu"
 for case in "tapa 64 _fwd_kernel" "flash 64 flash_fwd" "tapa 128 _fwd_kernel" "flash 128 flash_fwd"; do
     set -- $case
-    ncu --clock-control none --kernel-name "regex:$3" --launch-count 1 \
-        --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats \
-        --section InstructionStats --section LaunchStats --section Occupancy \
-        -f -o "$WORK/ncu/fwd_$1_$2" python3 "$WORK/fwd_driver.py" "$1" "$2" &&
-        ncu --import "$WORK/ncu/fwd_$1_$2.ncu-rep" --page details > "$WORK/ncu/fwd_$1_$2_details.txt"
+    ncu_details "$WORK/ncu/fwd_$1_$2" "$3" \
+        "SpeedOfLight ComputeWorkloadAnalysis WarpStateStats InstructionStats LaunchStats Occupancy" \
+        python3 "$WORK/fwd_driver.py" "$1" "$2"
 done
 EOF
 export WORK

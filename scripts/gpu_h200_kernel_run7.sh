@@ -56,12 +56,9 @@ tapa_attention(q, k, v, impl="triton").backward(torch.randn_like(q))
 torch.cuda.synchronize()
 EOF
 cat > "$WORK/ncu_dkdv.sh" <<'EOF'
-mkdir -p "$WORK/ncu"
 for n in 4096 65536; do
-    ncu --clock-control none --kernel-name regex:_bwd_dkdv_kernel --launch-count 1 \
-        --section SpeedOfLight --section MemoryWorkloadAnalysis --section LaunchStats \
-        -f -o "$WORK/ncu/dkdv_$n" python3 "$WORK/dkdv_driver.py" "$n" &&
-        ncu --import "$WORK/ncu/dkdv_$n.ncu-rep" --page details > "$WORK/ncu/dkdv_${n}_details.txt"
+    ncu_details "$WORK/ncu/dkdv_$n" _bwd_dkdv_kernel "SpeedOfLight MemoryWorkloadAnalysis LaunchStats" \
+        python3 "$WORK/dkdv_driver.py" "$n"
 done
 EOF
 export WORK
