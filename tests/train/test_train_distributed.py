@@ -103,6 +103,17 @@ def test_ddp_two_processes_match_one(single, cache_dir, tmp_path):
     assert (tmp_path / "report" / "README.md").is_file()
 
 
+def test_ddp_resumes_on_two_processes(single, cache_dir, tmp_path):
+    """A DDP run stopped at step 3 and resumed by 2 processes ends as the single-process run.
+    (The resume once failed: torch renamed the keys of the loaded weights to DDP's module.* in
+    place, and the optimizer check then found none of its parameters.)"""
+    run = tmp_path / "ddp"
+    _torchrun(2, _cli_args(*_configs(run, cache_dir)) + ["--parallel", "ddp", "--stop-after", "3"])
+    _torchrun(2, ["--run-dir", str(run), "--resume", "--no-progress", "--parallel", "ddp"])
+    assert _close(losses(run), losses(single)), (losses(run), losses(single))
+    _same_weights(run, single)
+
+
 def test_fsdp2_two_processes_match_one_and_resume_on_other_world_sizes(single, cache_dir, tmp_path):
     saved = tmp_path / "fsdp"
     configs = _configs(saved, cache_dir)

@@ -202,7 +202,9 @@ def load_training_state(checkpoint: Path, *, model: nn.Module, optimizer: torch.
         raise CheckpointError(f"checkpoint {str(checkpoint)!r} was saved for another model config: "
                               f"{diffs}")
     weights = load_weights(checkpoint, model_cfg)
-    set_model_state_dict(model, weights, options=_full_options())
+    # a copy: under DDP torch renames the keys of the dict it is given to the wrapper's
+    # (module.*), and `weights` still names the parameters below
+    set_model_state_dict(model, dict(weights), options=_full_options())
     try:
         optim_state = torch.load(checkpoint / OPTIMIZER, map_location="cpu", weights_only=True)
         rng_states = torch.load(checkpoint / RNG, map_location="cpu", weights_only=True)
