@@ -110,11 +110,10 @@ def test_census_reads_sass_and_ptx():
     assert "| fwd | 128x64/8/3 | 4 | 240 | 0 |" in table
 
 
-def test_run_wires_variants_combination_and_reports(tmp_path, monkeypatch):
-    """`run` end to end on CPU with the GPU parts stubbed: each variant is timed inside its own
-    configs (the stub reads them), the combination is built, checked and timed, files written."""
-    import argparse
-
+def _stub_gpu(monkeypatch):
+    """`attention.run`'s GPU parts replaced: timings read the configs each call runs under (wide
+    forward tiles 15 ms, else 16; atomic dQ 50 ms backward, else 70), float64 checks give ratio 1.3
+    (2.0 for trig_terms=3)."""
     import torch
 
     from tapa.ops import triton_launch
@@ -139,13 +138,45 @@ def test_run_wires_variants_combination_and_reports(tmp_path, monkeypatch):
     monkeypatch.setattr(attention, "accuracy_errors", fake_errors)
     monkeypatch.setattr(attention, "_plot", lambda rows, path: None)
     monkeypatch.setattr(attention_variants, "write_kernel_report", lambda out, quiet=False: [])
+
+
+def _args(*argv):
+    import argparse
+
     parser = argparse.ArgumentParser()
     attention.add_arguments(parser)
-    args = parser.parse_args(["--seq-lens", "4096", "16384", "--head-dims", "128", "--causal", "both",
-                              "--long-range-len", "0", "--reference-len", "0", "--combine-best",
-                              "--combine-head-dims", "64", "128", "--kernel-report", "--out", str(tmp_path),
-                              "--variants", "wide:fwd=128x128/8/2", "atomic:dq_atomic=1",
-                              "low:trig_terms=3"])
+    return parser.parse_args(list(argv))
+
+
+def test_long_range_check_runs_at_every_head_dim(tmp_path, monkeypatch):
+    """The 64k far-row check runs at each timed head dim (D=64 has its own tiles and defaults),
+    and the table shows the far rows' error ratio the accuracy bar reads."""
+    _stub_gpu(monkeypatch)
+    calls = []
+
+    def fake_long_range(n, *, distance, head_dim, **kwargs):
+        calls.append((n, distance, head_dim))
+        return dict(near_kernel=1e-3, near_reference=1e-3, far_kernel=2.8e-3 if head_dim == 64 else 1.4e-3,
+                    far_reference=2e-3 if head_dim == 64 else 1e-3)
+
+    monkeypatch.setattr(attention, "long_range_errors", fake_long_range)
+    args = _args("--seq-lens", "4096", "--head-dims", "128", "64", "--causal", "causal",
+                 "--long-range-len", "8192", "--reference-len", "0", "--out", str(tmp_path))
+    assert attention.run(args) == 0
+    assert sorted(calls) == [(8192, d, h) for d in ("linear", "power") for h in (64, 128)]
+    report = (tmp_path / "attention.md").read_text()
+    assert "| power | 64 | 1.000e-03 | 1.000e-03 | 2.800e-03 | 2.000e-03 | 1.40 |" in report
+    assert "| linear | 128 | 1.000e-03 | 1.000e-03 | 1.400e-03 | 1.000e-03 | 1.40 |" in report
+
+
+def test_run_wires_variants_combination_and_reports(tmp_path, monkeypatch):
+    """`run` end to end on CPU with the GPU parts stubbed: each variant is timed inside its own
+    configs (the stub reads them), the combination is built, checked and timed, files written."""
+    _stub_gpu(monkeypatch)
+    args = _args("--seq-lens", "4096", "16384", "--head-dims", "128", "--causal", "both",
+                 "--long-range-len", "0", "--reference-len", "0", "--combine-best",
+                 "--combine-head-dims", "64", "128", "--kernel-report", "--out", str(tmp_path),
+                 "--variants", "wide:fwd=128x128/8/2", "atomic:dq_atomic=1", "low:trig_terms=3")
     assert attention.run(args) == 0
     report = (tmp_path / "attention.md").read_text()
     assert "combination `best` from {'fwd+fwd_long+fwd_split_s+fwd_fast_scalars+fwd_cos_radians': 'wide', 'dkdv+dq+dq_atomic+dq_transpose+dkdv_reverse+dkdv_cos_radians': 'atomic'}" in report

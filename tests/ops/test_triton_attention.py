@@ -320,9 +320,10 @@ def test_parse_variant_round_trip_and_errors(monkeypatch):
     assert triton_launch.with_variant(base, triton_launch.describe(capped)) == capped
     assert capped.fwd.launch_options() == dict(num_warps=4, num_stages=2, maxnreg=168)
     assert capped.fwd_long.launch_options() == dict(num_warps=8, num_stages=3)
+    d64 = triton_launch.default_configs(64, 64, torch.float16)
     monkeypatch.setenv(triton_launch.VARIANT_ENV, "dq_atomic=1,trig_terms=5")
     chosen = triton_launch.default_configs(64, 64, torch.float16)
-    assert (chosen.dq_atomic, chosen.trig_terms, chosen.fwd) == (True, 5, base.fwd)
+    assert (chosen.dq_atomic, chosen.trig_terms, chosen.fwd) == (True, 5, d64.fwd)
     monkeypatch.setenv(triton_launch.VARIANT_ENV, "trig_terms=9")
     with pytest.raises(ValueError, match=triton_launch.VARIANT_ENV):
         triton_launch.default_configs(64, 64, torch.float16)
@@ -332,8 +333,9 @@ def test_gpu_defaults_by_head_size_and_dtype(monkeypatch):
     """The GPU defaults (results/kernel-h200/probe-2026-12-01, run-9.md): 16-bit D=128 takes dQ by
     atomics, MUFU trig, the degree-3 far-tile series, the lean forward (split distances, MUFU
     scalars, cos in radians) and the dK/dV kernel's trig in radians; 16-bit D=64 a 128x64 dQ
-    kernel, MUFU trig, the same series and the same forward; float32 none of them (its grades
-    would show in float32 results)."""
+    kernel, MUFU trig, the same series and the same forward, with the forward and dK/dV kernels
+    under a 168-register cap (run-11.md); float32 none of them (its grades would show in float32
+    results)."""
     monkeypatch.setattr(triton_launch, "_INTERPRETING", False)
     monkeypatch.delenv(triton_launch.VARIANT_ENV, raising=False)
     lean = (True, True, True)
@@ -345,6 +347,9 @@ def test_gpu_defaults_by_head_size_and_dtype(monkeypatch):
     d64 = triton_launch.default_configs(64, 64, torch.bfloat16)
     assert (d64.dq, d64.trig_poly, d64.taylor_order, d64.dq_atomic) == (triton_launch.KernelConfig(128, 64, 8, 2), False, 3, None)
     assert (d64.fwd_split_s, d64.fwd_fast_scalars, d64.fwd_cos_radians, d64.dkdv_cos_radians) == (*lean, None)
+    capped = triton_launch.KernelConfig(64, 64, 4, 2, max_registers=168)
+    assert (d64.fwd, d64.fwd_long, d64.dkdv) == (capped, None, triton_launch.KernelConfig(32, 64, 4, 2, max_registers=168))
+    assert (d128.fwd.max_registers, d128.fwd_long.max_registers, d128.dkdv.max_registers) == (None,) * 3
     # the MUFU trig without LONG_PHASE: both kernels take the cos in radians where the config asks
     flags = dict(TRIG_POLY=False, LONG_PHASE=False)
     assert triton_launch.fwd_flags(d64, flags)["COS_RADIANS"] and not triton_launch.dkdv_flags(d64, flags)["COS_RADIANS"]
@@ -357,13 +362,15 @@ def test_gpu_defaults_by_head_size_and_dtype(monkeypatch):
 
 
 def test_gpu_forward_tile_by_key_length(monkeypatch):
-    """16-bit, width <= 128: the 4-warp 64x64 forward up to FWD_SHORT_KEYS keys and 128x64/8/3 above
-    (results/kernel-h200/run-5.md); other widths and float32 one tile at every length. An explicit
+    """16-bit D=128: the 4-warp 64x64 forward up to FWD_SHORT_KEYS keys and 128x64/8/3 above
+    (results/kernel-h200/run-5.md); 16-bit D=64 the 64x64 one under a register cap at every length
+    (run-11.md); other widths and float32 one tile at every length. An explicit
     fwd (TAPA_KERNEL_VARIANT, a variant, override_configs) is the tile at every length."""
     monkeypatch.setattr(triton_launch, "_INTERPRETING", False)
     monkeypatch.delenv(triton_launch.VARIANT_ENV, raising=False)
     K, limit = triton_launch.KernelConfig, triton_launch.FWD_SHORT_KEYS
     short, long_, wide = K(64, 64, 4, 2), K(128, 64, 8, 3), K(128, 128, 8, 2)
+    capped = K(64, 64, 4, 2, max_registers=168)
 
     def tiles(configs):
         return [triton_launch.forward_config(configs, n_k)
@@ -371,9 +378,8 @@ def test_gpu_forward_tile_by_key_length(monkeypatch):
 
     assert limit == 16384
     for dtype in (torch.bfloat16, torch.float16):
-        for head_dim in (64, 128):
-            configs = triton_launch.default_configs(head_dim, head_dim, dtype)
-            assert tiles(configs) == [short] * 3 + [long_] * 2
+        assert tiles(triton_launch.default_configs(128, 128, dtype)) == [short] * 3 + [long_] * 2
+        assert tiles(triton_launch.default_configs(64, 64, dtype)) == [capped] * 5
         assert tiles(triton_launch.default_configs(256, 256, dtype)) == [K(64, 64, 4, 2)] * 5
     assert tiles(triton_launch.default_configs(64, 64, torch.float32)) == [long_] * 5
     assert triton_launch.default_configs(128, 128, torch.float32).fwd_long is None
@@ -384,7 +390,7 @@ def test_gpu_forward_tile_by_key_length(monkeypatch):
     monkeypatch.setenv(triton_launch.VARIANT_ENV, "fwd=128x128/8/2")
     assert tiles(triton_launch.default_configs(128, 128, torch.bfloat16)) == [wide] * 5
     monkeypatch.setenv(triton_launch.VARIANT_ENV, "fwd_long=128x128/8/2")
-    assert tiles(triton_launch.default_configs(64, 64, torch.bfloat16)) == [short] * 3 + [wide] * 2
+    assert tiles(triton_launch.default_configs(64, 64, torch.bfloat16)) == [capped] * 3 + [wide] * 2
     # an explicit fwd in TAPA_KERNEL_VARIANT replaces the short/long pair and keeps the other fields
     monkeypatch.setenv(triton_launch.VARIANT_ENV, "fwd=128x64/8/3,dq_transpose=0")
     lean = dict(trig_poly=False, fwd_split_s=True, fwd_fast_scalars=True, fwd_cos_radians=True)
@@ -393,7 +399,7 @@ def test_gpu_forward_tile_by_key_length(monkeypatch):
     assert triton_launch.default_configs(128, 128, torch.bfloat16) == triton_launch.LaunchConfigs(
         dq=K(128, 16, 8, 2), dq_atomic=True, dkdv_cos_radians=True, **run4)
     assert triton_launch.default_configs(64, 64, torch.bfloat16) == triton_launch.LaunchConfigs(
-        dq=K(128, 64, 8, 2), **run4)
+        dq=K(128, 64, 8, 2), **dict(run4, dkdv=K(32, 64, 4, 2, max_registers=168)))
     monkeypatch.delenv(triton_launch.VARIANT_ENV)
     with triton_launch.override_configs(triton_launch.LaunchConfigs(K(32, 32), K(16, 32), K(32, 16))):
         assert tiles(triton_launch.default_configs(128, 128, torch.bfloat16)) == [K(32, 32)] * 5

@@ -340,11 +340,12 @@ def _markdown(rows, error_rows, long_range, header, variants_md=""):
         lines.append("")
     if long_range:
         lines += ["## Long range (causal, output of the first and last 256 rows)", "",
-                  "| distance | near kernel | near reference | far kernel | far reference |",
-                  "|---|---|---|---|---|"]
-        for distance, e in long_range.items():
-            lines.append(f"| {distance} | {e['near_kernel']:.3e} | {e['near_reference']:.3e} | "
-                         f"{e['far_kernel']:.3e} | {e['far_reference']:.3e} |")
+                  "| distance | D | near kernel | near reference | far kernel | far reference | far ratio |",
+                  "|---|---|---|---|---|---|---|"]
+        for (distance, head_dim), e in long_range.items():
+            lines.append(f"| {distance} | {head_dim} | {e['near_kernel']:.3e} | {e['near_reference']:.3e} | "
+                         f"{e['far_kernel']:.3e} | {e['far_reference']:.3e} | "
+                         f"{e['far_kernel'] / e['far_reference']:.2f} |")
         lines.append("")
     rows = _first_rounds(rows)
     tapa_rows = [r for r in rows if r["impl"] == "tapa"]
@@ -439,10 +440,12 @@ def run(args) -> int:
             print(f"  {r['check']} {r['tensor']}: kernel {r['kernel']:.3e} reference "
                   f"{r['reference']:.3e} ratio {r['ratio']:.2f}", flush=True)
     if not args.skip_checks:
-        if args.long_range_len:
-            for distance in ("power", "linear"):
-                long_range[distance] = long_range_errors(args.long_range_len, distance=distance)
-                print(f"  long range {distance}: {long_range[distance]}", flush=True)
+        if args.long_range_len:  # at every timed head dim: each has its own tiles and defaults
+            for head_dim in args.head_dims:
+                for distance in ("power", "linear"):
+                    errors = long_range_errors(args.long_range_len, distance=distance, head_dim=head_dim)
+                    long_range[(distance, head_dim)] = errors
+                    print(f"  long range {distance} D={head_dim}: {errors}", flush=True)
     variant_errors = []
     if variants and not args.skip_checks:
         variant_errors = attention_variants.accuracy_rows({"default": {}, **variants}, args.check_len,
