@@ -332,9 +332,9 @@ def test_parse_variant_round_trip_and_errors(monkeypatch):
 def test_gpu_defaults_by_head_size_and_dtype(monkeypatch):
     """The GPU defaults (results/kernel-h200/probe-2026-12-01, run-9.md): 16-bit D=128 takes dQ by
     atomics, MUFU trig, the degree-3 far-tile series, the lean forward (split distances, MUFU
-    scalars, cos in radians) and the dK/dV kernel's trig in radians; 16-bit D=64 a 128x64 dQ
+    scalars, cos in radians) and the dK/dV kernel's trig in radians; 16-bit D=64 a 64x32/4/2 dQ
     kernel, MUFU trig, the same series and the same forward, with the forward and dK/dV kernels
-    under a 168-register cap (run-11.md); float32 none of them (its grades would show in float32
+    under a 168-register cap (run-11.md, run-12.md); float32 none of them (its grades would show in float32
     results)."""
     monkeypatch.setattr(triton_launch, "_INTERPRETING", False)
     monkeypatch.delenv(triton_launch.VARIANT_ENV, raising=False)
@@ -345,7 +345,7 @@ def test_gpu_defaults_by_head_size_and_dtype(monkeypatch):
     assert (d128.fwd_split_s, d128.fwd_fast_scalars, d128.fwd_cos_radians, d128.dkdv_cos_radians) == (*lean, True)
     assert triton_launch.default_configs(128, 128, torch.float16) == d128
     d64 = triton_launch.default_configs(64, 64, torch.bfloat16)
-    assert (d64.dq, d64.trig_poly, d64.taylor_order, d64.dq_atomic) == (triton_launch.KernelConfig(128, 64, 8, 2), False, 3, None)
+    assert (d64.dq, d64.trig_poly, d64.taylor_order, d64.dq_atomic) == (triton_launch.KernelConfig(64, 32, 4, 2), False, 3, None)
     assert (d64.fwd_split_s, d64.fwd_fast_scalars, d64.fwd_cos_radians, d64.dkdv_cos_radians) == (*lean, None)
     capped = triton_launch.KernelConfig(64, 64, 4, 2, max_registers=168)
     assert (d64.fwd, d64.fwd_long, d64.dkdv) == (capped, None, triton_launch.KernelConfig(32, 64, 4, 2, max_registers=168))
@@ -399,7 +399,7 @@ def test_gpu_forward_tile_by_key_length(monkeypatch):
     assert triton_launch.default_configs(128, 128, torch.bfloat16) == triton_launch.LaunchConfigs(
         dq=K(128, 16, 8, 2), dq_atomic=True, dkdv_cos_radians=True, **run4)
     assert triton_launch.default_configs(64, 64, torch.bfloat16) == triton_launch.LaunchConfigs(
-        dq=K(128, 64, 8, 2), **dict(run4, dkdv=K(32, 64, 4, 2, max_registers=168)))
+        dq=K(64, 32, 4, 2), **dict(run4, dkdv=K(32, 64, 4, 2, max_registers=168)))
     monkeypatch.delenv(triton_launch.VARIANT_ENV)
     with triton_launch.override_configs(triton_launch.LaunchConfigs(K(32, 32), K(16, 32), K(32, 16))):
         assert tiles(triton_launch.default_configs(128, 128, torch.bfloat16)) == [K(32, 32)] * 5

@@ -307,10 +307,11 @@ def _default_configs(head_dim: int, v_dim: int, dtype: torch.dtype) -> LaunchCon
             if width <= 64:
                 # D=64 under a 168-register cap (three blocks per SM, offline-census-7.md): the 4-warp
                 # 64x64 forward at every length, fwd x0.86-0.93 of the short/long pair, and a 32x64
-                # dK/dV, bwd x0.85-0.90 of the 32x128 one, at 4k-64k (results/kernel-h200/run-10.md).
+                # dK/dV, bwd x0.85-0.90 of the 32x128 one, at 4k-64k (results/kernel-h200/run-10.md,
+                # run-11.md). The dQ kernel at 64x32/4/2: bwd x0.92-0.95 of 128x64/8/2 (run-12.md).
                 capped = dict(fwd=KernelConfig(64, 64, 4, 2, max_registers=168), fwd_long=None,
                               dkdv=KernelConfig(32, 64, 4, 2, max_registers=168))
-                return replace(configs, dq=KernelConfig(128, 64, 8, 2), **far_series,
+                return replace(configs, dq=KernelConfig(64, 32, 4, 2), **far_series,
                                **lean_forward, **capped)
             return replace(configs, dq_atomic=True, dq_transpose=True, dkdv_cos_radians=True,
                            **far_series, **short_forward, **lean_forward)
