@@ -1,12 +1,15 @@
 # Sourced by the device-call scripts (scripts/gpu_h200_kernel_next.sh, ..._followup.sh): the common
 # preamble and `step`. Sets PYTHONPATH to the repository's src, OUT (the caller's default unless
-# the device tool set it) and WORK (emptied), and START for the step clock.
+# the device tool set it) and WORK (emptied), START for the step clock, and PYTEST_ARGS for the steps' pytest calls.
 #   source scripts/device_steps.sh NAME      (WORK=/tmp/NAME, OUT defaults to /tmp/NAME_out)
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 TQDM_DISABLE=1
 OUT=${OUT:-/tmp/${1}_out}
 WORK=/tmp/$1
 rm -rf "$WORK" && mkdir -p "$WORK" "$OUT"
 START=$(date +%s)
+# the steps' pytest options (pyproject adds -q); 8 xdist workers where xdist is installed
+PYTEST_ARGS=(-p no:cacheprovider -rfE --tb=short)
+python3 -c "import xdist" 2>/dev/null && PYTEST_ARGS+=(-n 8)
 
 step() {  # step NAME SECONDS COMMAND...: log to $WORK/NAME.log; rc and seconds to $WORK/steps.txt
     local name=$1 limit=$2 t0

@@ -27,8 +27,6 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/device_steps.sh kernel_run10
-PYTEST_ARGS=(-p no:cacheprovider -rfE --tb=short)
-python3 -c "import xdist" 2>/dev/null && PYTEST_ARGS+=(-n 8)
 step tests_ops 120 python3 -m pytest tests/ops/test_triton_attention.py tests/ops/test_checks.py \
     tests/ops/test_compile.py "${PYTEST_ARGS[@]}"
 step attention 170 python3 -m tapa.bench.attention --head-dims 128 64 --causal causal --compile-jobs 4 \

@@ -12,8 +12,6 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/device_steps.sh kernel_run11
-PYTEST_ARGS=(-p no:cacheprovider -rfE --tb=short)
-python3 -c "import xdist" 2>/dev/null && PYTEST_ARGS+=(-n 8)
 step tests_ops 80 python3 -m pytest tests/ops/test_triton_attention.py tests/ops/test_checks.py \
     "${PYTEST_ARGS[@]}"
 step attention64 90 python3 -m tapa.bench.attention --head-dims 64 --causal causal \

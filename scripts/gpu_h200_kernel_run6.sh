@@ -22,8 +22,6 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/device_steps.sh kernel_run6
-PYTEST_ARGS=(-p no:cacheprovider -rfE --tb=short)  # pyproject adds -q
-python3 -c "import xdist" 2>/dev/null && PYTEST_ARGS+=(-n 8)
 RUN4="run4:fwd=128x64/8/3,dq_transpose=0"  # the Run-4 default at D = 128 and 64, on the code of Run 6
 step tests 190 python3 -m pytest tests/ops tests/bench/test_bench_decode.py tests/model/test_static_decode.py "${PYTEST_ARGS[@]}"
 step fwd_n 180 python3 -m tapa.bench.attention --head-dims 128 64 --causal causal \

@@ -31,8 +31,6 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/device_steps.sh kernel_run7
-PYTEST_ARGS=(-p no:cacheprovider -rfE --tb=short)  # pyproject adds -q
-python3 -c "import xdist" 2>/dev/null && PYTEST_ARGS+=(-n 8)
 step tests 100 python3 -m pytest tests/model/test_static_decode.py tests/ops/test_decode_kernel.py \
     tests/ops/test_decode.py tests/bench/test_bench_decode.py "${PYTEST_ARGS[@]}"
 step decode 90 python3 -m tapa.cli bench decode --graphs --out "$WORK/decode"

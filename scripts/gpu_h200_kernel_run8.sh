@@ -23,8 +23,6 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/device_steps.sh kernel_run8
-PYTEST_ARGS=(-p no:cacheprovider -rfE --tb=short)  # pyproject adds -q
-python3 -c "import xdist" 2>/dev/null && PYTEST_ARGS+=(-n 8)
 step tests 90 python3 -m pytest tests/model/test_static_decode.py tests/model/test_model.py "${PYTEST_ARGS[@]}"
 step generate 130 python3 -m tapa.cli bench generate --out "$WORK/generate"
 step model 120 python3 -m tapa.cli bench model --out "$WORK/model"
