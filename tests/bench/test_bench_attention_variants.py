@@ -167,6 +167,9 @@ def test_long_range_check_runs_at_every_head_dim(tmp_path, monkeypatch):
     report = (tmp_path / "attention.md").read_text()
     assert "| power | 64 | 1.000e-03 | 1.000e-03 | 2.800e-03 | 2.000e-03 | 1.40 |" in report
     assert "| linear | 128 | 1.000e-03 | 1.000e-03 | 1.400e-03 | 1.000e-03 | 1.40 |" in report
+    for head_dim in (64, 128):  # so does the N=2048 float64 check, causal and not
+        for causal in (True, False):
+            assert f"| N=2048 D={head_dim} causal={causal} bfloat16 | dq | 1.300e-03 |" in report
 
 
 def test_run_wires_variants_combination_and_reports(tmp_path, monkeypatch):
@@ -186,6 +189,7 @@ def test_run_wires_variants_combination_and_reports(tmp_path, monkeypatch):
         assert f"| low | {check} | 2.00 | 2.00 | 2.00 | 2.00 | 2.00 | NO |" in report
         assert f"| default | {check} | 1.30 | 1.30 | 1.30 | 1.30 | 1.30 | yes |" in report
         assert f"| best | {check} |" in report
+        assert f"| best | N=2048 D=64 causal={causal} bfloat16 |" in report  # each combined head dim
     assert "| best | 64 | True | 16384 | 2 | 15.000 | 0.938 | 50.000 | 0.714 |" in report
     assert "| wide | 128 | True | 4096 | 1 | 15.000 | 0.938 | 70.000 | 1.000 |" in report
     errors = (tmp_path / "attention_errors.csv").read_text()

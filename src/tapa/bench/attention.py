@@ -427,9 +427,8 @@ def run(args) -> int:
                                       args.compile_jobs)
     error_rows, long_range = [], {}
     if not args.skip_checks and not variants:  # with variants the default is checked among them
-        for causal in (True, False):
-            error_rows += accuracy_errors(args.check_len, max(args.head_dims), causal=causal,
-                                          theta=args.theta)
+        for head_dim, causal in ((d, c) for d in args.head_dims for c in (True, False)):
+            error_rows += accuracy_errors(args.check_len, head_dim, causal=causal, theta=args.theta)
         error_rows += accuracy_errors(args.check_len, 128, causal=True, heads=8, kv_heads=2,
                                       distance="linear", phase="linear", theta=args.theta)
         error_rows += accuracy_errors(args.check_len // 2 + 37, 128, causal=True,
@@ -449,8 +448,7 @@ def run(args) -> int:
     variant_errors = []
     if variants and not args.skip_checks:
         variant_errors = attention_variants.accuracy_rows({"default": {}, **variants}, args.check_len,
-                                                          max(args.head_dims), args.theta, args.heads,
-                                                          modes)
+                                                          args.head_dims, args.theta, args.heads, modes)
     args.out.mkdir(parents=True, exist_ok=True)
     write_csv(args.out / "attention_errors.csv", error_rows + variant_errors)
     state = dict(variants=variants, combined=None)

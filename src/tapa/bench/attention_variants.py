@@ -122,10 +122,11 @@ def precompile(variants: dict, head_dims, modes, heads: int, theta: float, jobs:
 # Accuracy
 
 
-def accuracy_rows(variants: dict, n: int, head_dim: int, theta: float, heads: int = 16,
+def accuracy_rows(variants: dict, n: int, head_dims, theta: float, heads: int = 16,
                   causal_modes=(True,)) -> list[dict]:
-    """bf16, N=n, in each causal mode that is timed: relative errors vs float64 of each variant
-    and of the reference (a variant timed non-causal is checked non-causal, which masks nothing).
+    """bf16, N=n, at each head dim and in each causal mode that is timed: relative errors vs
+    float64 of each variant and of the reference (a variant timed non-causal is checked
+    non-causal, which masks nothing; each head dim has its own default tiles).
 
     heads as in the timing (16, a multiple of 16), so that the kernels checked are the ones timed:
     Triton specializes integer arguments by divisibility by 16."""
@@ -133,19 +134,19 @@ def accuracy_rows(variants: dict, n: int, head_dim: int, theta: float, heads: in
 
     rows = []
     for label, changes in variants.items():
-        for causal in causal_modes:
+        for head_dim, causal in ((d, c) for d in head_dims for c in causal_modes):
             try:
                 found = accuracy_errors(n, head_dim, causal=causal, theta=theta, variant=changes,
                                         heads=heads, kv_heads=heads)
             except Exception as err:  # noqa: BLE001  (a variant that does not compile: no timing trust)
-                print(f"  variant {label} causal={causal}: accuracy check failed: {first_line(err)}",
+                print(f"  variant {label} D={head_dim} causal={causal}: accuracy check failed: {first_line(err)}",
                       file=sys.stderr)
                 found = [dict(tensor=name, kernel=math.nan, reference=math.nan, ratio=math.nan,
                               check=f"N={n} D={head_dim} causal={causal} bfloat16") for name in GATED]
             for row in found:
                 row["check"] = row["check"].split(" {")[0]
                 row["variant"] = label
-                print(f"  variant {label} causal={causal} {row['tensor']}: kernel {row['kernel']:.3e} "
+                print(f"  variant {label} D={head_dim} causal={causal} {row['tensor']}: kernel {row['kernel']:.3e} "
                       f"reference {row['reference']:.3e} ratio {row['ratio']:.2f}", flush=True)
             rows += found
     return rows
@@ -211,8 +212,8 @@ def time_combination(rows, variants, variant_errors, state, args, modes, on_case
     if args.compile_jobs:
         precompile(best, head_dims, modes, args.heads, args.theta, args.compile_jobs)
     if not args.skip_checks:
-        variant_errors += accuracy_rows(best, args.check_len, max(args.head_dims), args.theta,
-                                        args.heads, modes)
+        variant_errors += accuracy_rows(best, args.check_len, head_dims, args.theta, args.heads,
+                                        modes)
     more: list[dict] = []
 
     def mark(new_rows):

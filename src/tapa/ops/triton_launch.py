@@ -280,7 +280,7 @@ def _default_configs(head_dim: int, v_dim: int, dtype: torch.dtype) -> LaunchCon
     width = max(head_dim, v_dim)
     if dtype == torch.float32:  # float32 operands take twice the registers and shared memory
         width *= 2
-    if width <= 128:  # the best measured blocks at D=128 (NOTES.md); D=64 takes the same
+    if width <= 128:  # the best measured blocks at D=128 (NOTES.md); 16-bit D=64 its own, below
         configs = LaunchConfigs(KernelConfig(128, 64, 8, 3), KernelConfig(32, 128, 8, 2),
                                 KernelConfig(128, 16, 8, 2))
         if dtype in (torch.bfloat16, torch.float16):
