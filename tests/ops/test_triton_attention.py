@@ -23,6 +23,9 @@ DEVICE = "cuda" if HAS_CUDA else "cpu"
 
 from tapa.ops import MAX_ALPHA, MAX_POSITION, tapa_attention, triton_attention, triton_launch  # noqa: E402
 from tapa.ops.reference import chunked_tapa_attention, naive_tapa_attention  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+from tapa.ops import triton_logits  # noqa: E402
 
 GRADS = ("out", "lse", "dq", "dk", "dv")
 # float32: the kernel's error is rounding-level (about 1e-6 measured); float16: see _check.
@@ -503,6 +506,11 @@ VARIANTS = {  # spec: call arguments (FAR where the variant changes the far-tile
     "fwd_split_s=1": {},  # the forward's distances as row offsets less a column ramp
     "fwd_split_s=1,taylor_order=3,taylor_tolerance=1e-6": FAR,  # ... and far tiles' u from them
     "fwd_split_s=1,fwd_fast_scalars=1,taylor_order=3,taylor_tolerance=1e-6": FAR,
+    # the far-tile series in the column term, at each order it takes
+    "fwd_row_series=1,taylor_order=3,taylor_tolerance=1e-6": FAR,
+    "fwd_row_series=1,taylor_order=2,taylor_tolerance=1e-5": FAR,
+    # (order 1 at 1e-5 is not here: at q_offset 20000 its dq misses the bar, 1.51x, with or
+    # without the column-term series; results/kernel-h200/run-13.md)
 }
 
 
@@ -535,6 +543,46 @@ def test_cos_in_radians_within_the_half_precision_bar(call):
     _check_variant("trig_poly=0,fwd_cos_radians=1,fwd_split_s=1,fwd_fast_scalars=1", call)
     _check_variant("trig_poly=0,dq_atomic=1,dq_transpose=1,dkdv_cos_radians=1", call)
     _check_variant("trig_poly=0,dq_atomic=0,dkdv_cos_radians=1", call)  # dQ by its own kernel
+
+
+def test_row_series_flags_and_orders():
+    """fwd_row_series makes the forward's SPLIT_S 2 (it implies the split distances) and refuses
+    the orders `_column_series` does not take."""
+    base = triton_launch.with_variant(triton_launch.default_configs(64, 64, torch.float16),
+                                      "taylor_order=3")
+    flags = triton_launch.fwd_flags(triton_launch.with_variant(base, "fwd_split_s=0,fwd_row_series=1"))
+    assert flags["SPLIT_S"] == 2
+    assert triton_launch.fwd_flags(triton_launch.with_variant(base, "fwd_split_s=1,fwd_row_series=0"))["SPLIT_S"] == 1
+    with pytest.raises(ValueError, match="taylor_order 1..3"):
+        triton_launch.fwd_flags(triton_launch.with_variant(base, "fwd_row_series=1,taylor_order=4"))
+
+
+@triton.jit
+def _column_series_kernel(A, B, Out, p0, b1, b2, b3, M: tl.constexpr, N: tl.constexpr,
+                          ORDER: tl.constexpr):
+    a = tl.load(A + tl.arange(0, M))
+    b = tl.load(B + tl.arange(0, N))
+    fs = triton_logits._column_series(a, b, p0, b1, b2, b3, ORDER)
+    tl.store(Out + tl.arange(0, M)[:, None] * N + tl.arange(0, N)[None, :], fs)
+
+
+def test_row_series_matches_the_u_series():
+    """The column-term series against the float64 series it rewrites, p0 (1 + sum b_k u**k) with
+    u = a + b, over a far tile's band (64 x 64 at the smallest centre distance the band allows):
+    float32 rounding only, which a wrong coefficient exceeds by orders of magnitude."""
+    for order, tolerance in ((1, 1e-5), (2, 1e-5), (3, 1e-6)):
+        rho, coefficients = triton_launch.taylor_constants(0.1, order, tolerance)
+        d0 = 63 / rho
+        a = (torch.arange(64, dtype=torch.float64) - 31.5) / d0  # u at each row's first column
+        b = -torch.arange(64, dtype=torch.float64) / d0
+        p0 = 3.25
+        u = a[:, None] + b[None, :]
+        exact = p0 * (1 + sum(c * u ** (k + 1) for k, c in enumerate(coefficients[:order])))
+        out = torch.empty(64, 64, dtype=torch.float32, device=DEVICE)
+        _column_series_kernel[(1,)](a.float().to(DEVICE), b.float().to(DEVICE), out, p0,
+                                    *coefficients[:3], M=64, N=64, ORDER=order)
+        error = ((out.double().cpu() - exact).abs() / exact.abs()).max().item()
+        assert error < 4e-7, (order, error)
 
 
 def test_cos_in_radians_only_where_it_applies():

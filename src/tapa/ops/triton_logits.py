@@ -242,6 +242,34 @@ def _rcp(x, PTX_ASM: tl.constexpr):
 
 
 @triton.jit
+def _column_series(a, b, p0, b1, b2, b3, TAYLOR_ORDER: tl.constexpr):
+    """p0 * (1 + sum_k b_k u**k) for u = a[:, None] + b[None, :] (a per row, b per column), as a
+    polynomial in b whose coefficients are per-row vectors: A_j(a) = sum_{k>=j} C(k, j) c_k a**(k-j)
+    with c_0 = p0, c_k = p0 * b_k. Per element that is one add and TAYLOR_ORDER - 1 multiply-adds,
+    against the u form's add and TAYLOR_ORDER multiply-adds. |a| and |b| are both within the tile's
+    band (a = u at the first column, b = -column / d0), so nothing cancels. Orders 1..3."""
+    tl.static_assert((TAYLOR_ORDER >= 1) & (TAYLOR_ORDER <= 3),
+                     "the column-term series (fwd_row_series) takes TAYLOR_ORDER 1..3")
+    c1 = p0 * b1
+    if TAYLOR_ORDER == 1:
+        a0 = c1 * a + p0
+        fs = a0[:, None] + (c1 * b)[None, :]
+    elif TAYLOR_ORDER == 2:
+        c2 = p0 * b2
+        a1 = (2.0 * c2) * a + c1
+        a0 = (c2 * a + c1) * a + p0
+        fs = (a1[:, None] + (c2 * b)[None, :]) * b[None, :] + a0[:, None]
+    else:
+        c2 = p0 * b2
+        c3 = p0 * b3
+        a2 = (3.0 * c3) * a + c2
+        a1 = ((3.0 * c3) * a + 2.0 * c2) * a + c1
+        a0 = ((c3 * a + c2) * a + c1) * a + p0
+        fs = ((a2[:, None] + (c3 * b)[None, :]) * b[None, :] + a1[:, None]) * b[None, :] + a0[:, None]
+    return fs
+
+
+@triton.jit
 def _scaled_distance_weight(s, s_rows, s_cols, s_lo, s_hi, alpha, phase_scale, taylor_rho,
                             b1, b2, b3, b4, b5, b6, DIST_POWER: tl.constexpr,
                             TAYLOR_ORDER: tl.constexpr, PTX_ASM: tl.constexpr,
@@ -256,7 +284,8 @@ def _scaled_distance_weight(s, s_rows, s_cols, s_lo, s_hi, alpha, phase_scale, t
     does not grow with the result.
 
     SPLIT_S: s is given as s_rows[:, None] - s_cols[None, :] (s itself is not read), so that u is
-    one multiply-add per element. FAST_SCALARS: the far tile's log2(d0) and 1 / d0 by the MUFU's
+    one multiply-add per element; SPLIT_S == 2: the far tile's series is evaluated in the column
+    term with per-row coefficients (`_column_series`), one multiply-add per element less. FAST_SCALARS: the far tile's log2(d0) and 1 / d0 by the MUFU's
     approximations (GPU only), not libdevice's log2f and an IEEE division.
     """
     if DIST_POWER:
@@ -274,35 +303,39 @@ def _scaled_distance_weight(s, s_rows, s_cols, s_lo, s_hi, alpha, phase_scale, t
                 p0 = _exact_pow(d0, alpha) * phase_scale
             else:
                 p0 = tl.exp2(alpha * log2_d0) * phase_scale
-            if SPLIT_S:  # u = s * to_u - 1 = (s_rows * to_u - 1) - s_cols * to_u
-                u = (s_rows * to_u - 1.0)[:, None] + s_cols[None, :] * (-to_u)
+            if SPLIT_S == 2:  # the series in the column term: see `_column_series`
+                fs = _column_series(s_rows * to_u - 1.0, s_cols * (-to_u), p0, b1, b2, b3,
+                                    TAYLOR_ORDER)
             else:
-                u = s * to_u - 1.0
-            # Horner from the leading (scalar) coefficient down: TAYLOR_ORDER FMAs per element
-            tl.static_assert((TAYLOR_ORDER >= 1) & (TAYLOR_ORDER <= 6), "TAYLOR_ORDER must be 1..6")
-            if TAYLOR_ORDER == 6:
-                h = p0 * b6
-            elif TAYLOR_ORDER == 5:
-                h = p0 * b5
-            elif TAYLOR_ORDER == 4:
-                h = p0 * b4
-            elif TAYLOR_ORDER == 3:
-                h = p0 * b3
-            elif TAYLOR_ORDER == 2:
-                h = p0 * b2
-            else:
-                h = p0 * b1
-            if TAYLOR_ORDER > 5:
-                h = h * u + p0 * b5
-            if TAYLOR_ORDER > 4:
-                h = h * u + p0 * b4
-            if TAYLOR_ORDER > 3:
-                h = h * u + p0 * b3
-            if TAYLOR_ORDER > 2:
-                h = h * u + p0 * b2
-            if TAYLOR_ORDER > 1:
-                h = h * u + p0 * b1
-            fs = h * u + p0
+                if SPLIT_S:  # u = s * to_u - 1 = (s_rows * to_u - 1) - s_cols * to_u
+                    u = (s_rows * to_u - 1.0)[:, None] + s_cols[None, :] * (-to_u)
+                else:
+                    u = s * to_u - 1.0
+                # Horner from the leading (scalar) coefficient down: TAYLOR_ORDER FMAs per element
+                tl.static_assert((TAYLOR_ORDER >= 1) & (TAYLOR_ORDER <= 6), "TAYLOR_ORDER must be 1..6")
+                if TAYLOR_ORDER == 6:
+                    h = p0 * b6
+                elif TAYLOR_ORDER == 5:
+                    h = p0 * b5
+                elif TAYLOR_ORDER == 4:
+                    h = p0 * b4
+                elif TAYLOR_ORDER == 3:
+                    h = p0 * b3
+                elif TAYLOR_ORDER == 2:
+                    h = p0 * b2
+                else:
+                    h = p0 * b1
+                if TAYLOR_ORDER > 5:
+                    h = h * u + p0 * b5
+                if TAYLOR_ORDER > 4:
+                    h = h * u + p0 * b4
+                if TAYLOR_ORDER > 3:
+                    h = h * u + p0 * b3
+                if TAYLOR_ORDER > 2:
+                    h = h * u + p0 * b2
+                if TAYLOR_ORDER > 1:
+                    h = h * u + p0 * b1
+                fs = h * u + p0
         else:
             d = tl.abs(_distances(s, s_rows, s_cols, SPLIT_S))
             if LONG_PHASE:
