@@ -172,6 +172,38 @@ def test_long_range_check_runs_at_every_head_dim(tmp_path, monkeypatch):
             assert f"| N=2048 D={head_dim} causal={causal} bfloat16 | dq | 1.300e-03 |" in report
 
 
+def test_long_range_check_runs_for_each_variant(tmp_path, monkeypatch):
+    """With variants, the far rows are checked inside each variant's configs too (the far tiles'
+    series is what a taylor variant changes), at each timed head dim, and tabled per variant."""
+    import torch
+
+    from tapa.ops import triton_launch
+
+    _stub_gpu(monkeypatch)
+    calls = []
+
+    def fake_long_range(n, *, head_dim, distance="power", variant=None, **kwargs):
+        if variant is None:  # the default's row, as run() calls it
+            calls.append(("default", distance, head_dim))
+            return dict(near_kernel=1e-3, near_reference=1e-3, far_kernel=1e-3, far_reference=1e-3)
+        base = triton_launch.default_configs(head_dim, head_dim, torch.bfloat16)
+        order = triton_launch.with_variant(base, variant).taylor_order
+        calls.append((order, distance, head_dim))
+        return dict(near_kernel=1e-3, near_reference=1e-3, far_kernel=order * 1e-3,
+                    far_reference=1e-3)
+
+    monkeypatch.setattr(attention, "long_range_errors", fake_long_range)
+    args = _args("--seq-lens", "4096", "--head-dims", "128", "64", "--causal", "causal",
+                 "--long-range-len", "8192", "--reference-len", "0", "--out", str(tmp_path),
+                 "--variants", "t2:taylor_order=2")
+    assert attention.run(args) == 0
+    assert sorted(c for c in calls if c[0] == 2) == [(2, "power", 64), (2, "power", 128)]
+    report = (tmp_path / "attention.md").read_text()
+    assert "## Long range, variants" in report
+    for head_dim in (64, 128):
+        assert f"| t2 | {head_dim} | 1.000e-03 | 1.000e-03 | 2.000e-03 | 1.000e-03 | 2.00 |" in report
+
+
 def test_run_wires_variants_combination_and_reports(tmp_path, monkeypatch):
     """`run` end to end on CPU with the GPU parts stubbed: each variant is timed inside its own
     configs (the stub reads them), the combination is built, checked and timed, files written."""

@@ -129,9 +129,18 @@ def accuracy_errors(n, head_dim, *, causal, dtype=torch.bfloat16, heads=4, kv_he
 
 
 def long_range_errors(n, *, distance="power", dtype=torch.bfloat16, heads=2, head_dim=128,
-                      rows=256, seed=0):
+                      rows=256, seed=0, variant=None):
     """Output error vs float64 of the first `rows` queries (keys within `rows`) and of the last
-    `rows` (keys up to n away), for the kernel and the same-dtype chunked reference; causal."""
+    `rows` (keys up to n away), for the kernel and the same-dtype chunked reference; causal.
+
+    variant: LaunchConfigs fields to change for the kernel (as in accuracy_errors), or None."""
+    if variant:
+        from tapa.ops import triton_launch
+
+        base = triton_launch.default_configs(head_dim, head_dim, dtype)
+        with triton_launch.override_configs(triton_launch.with_variant(base, variant)):
+            return long_range_errors(n, distance=distance, dtype=dtype, heads=heads,
+                                     head_dim=head_dim, rows=rows, seed=seed)
     q = _random((1, n, heads, head_dim), dtype, seed)
     k = _random((1, n, heads, head_dim), dtype, seed + 1)
     v = _random((1, n, heads, head_dim), dtype, seed + 2)
@@ -327,7 +336,7 @@ def _first_rounds(rows):
     return [r for r in rows if r.get("round", 1) == 1 or (r["head_dim"], r["causal"], r["n"]) not in first]
 
 
-def _markdown(rows, error_rows, long_range, header, variants_md=""):
+def _markdown(rows, error_rows, long_range, header, variants_md="", variant_long_range=None):
     lines = [header, ""]
     if variants_md:
         lines += [variants_md, ""]
@@ -346,6 +355,16 @@ def _markdown(rows, error_rows, long_range, header, variants_md=""):
             lines.append(f"| {distance} | {head_dim} | {e['near_kernel']:.3e} | {e['near_reference']:.3e} | "
                          f"{e['far_kernel']:.3e} | {e['far_reference']:.3e} | "
                          f"{e['far_kernel'] / e['far_reference']:.2f} |")
+        lines.append("")
+    if variant_long_range:
+        lines += ["## Long range, variants (power distance, causal, output of the first and last "
+                  "256 rows)", "",
+                  "| variant | D | near kernel | near reference | far kernel | far reference "
+                  "| far ratio |", "|---|---|---|---|---|---|---|"]
+        for (label, head_dim), e in variant_long_range.items():
+            lines.append(f"| {label} | {head_dim} | {e['near_kernel']:.3e} | "
+                         f"{e['near_reference']:.3e} | {e['far_kernel']:.3e} | "
+                         f"{e['far_reference']:.3e} | {e['far_kernel'] / e['far_reference']:.2f} |")
         lines.append("")
     rows = _first_rounds(rows)
     tapa_rows = [r for r in rows if r["impl"] == "tapa"]
@@ -425,7 +444,7 @@ def run(args) -> int:
     if args.compile_jobs:
         attention_variants.precompile(variants, args.head_dims, modes, args.heads, args.theta,
                                       args.compile_jobs)
-    error_rows, long_range = [], {}
+    error_rows, long_range, variant_long_range = [], {}, {}
     if not args.skip_checks and not variants:  # with variants the default is checked among them
         for head_dim, causal in ((d, c) for d in args.head_dims for c in (True, False)):
             error_rows += accuracy_errors(args.check_len, head_dim, causal=causal, theta=args.theta)
@@ -445,6 +464,12 @@ def run(args) -> int:
                     errors = long_range_errors(args.long_range_len, distance=distance, head_dim=head_dim)
                     long_range[(distance, head_dim)] = errors
                     print(f"  long range {distance} D={head_dim}: {errors}", flush=True)
+            for label, changes in variants.items():  # the far tiles' series is the power distance's
+                for head_dim in args.head_dims:
+                    errors = long_range_errors(args.long_range_len, head_dim=head_dim,
+                                               variant=changes)
+                    variant_long_range[(label, head_dim)] = errors
+                    print(f"  long range {label} D={head_dim}: {errors}", flush=True)
     variant_errors = []
     if variants and not args.skip_checks:
         variant_errors = attention_variants.accuracy_rows({"default": {}, **variants}, args.check_len,
@@ -458,7 +483,7 @@ def run(args) -> int:
         variants_md = attention_variants.markdown(rows, state["variants"], variant_errors,
                                                   state["combined"])
         (args.out / "attention.md").write_text(_markdown(rows, error_rows, long_range, header,
-                                                         variants_md))
+                                                         variants_md, variant_long_range))
 
     write([])
     rows = timing_rows(args.seq_lens, args.head_dims, modes, args.tokens, args.heads, args.theta,
@@ -476,7 +501,7 @@ def run(args) -> int:
               args.out / "attention_tflops.png")
     if args.kernel_report:
         attention_variants.write_kernel_report(args.out)
-    print(_markdown(rows, error_rows, long_range, header))
+    print(_markdown(rows, error_rows, long_range, header, variant_long_range=variant_long_range))
     if variants:
         print(attention_variants.markdown(rows, state["variants"], variant_errors, state["combined"]))
     if args.sweep:
