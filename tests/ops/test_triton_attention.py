@@ -334,8 +334,9 @@ def test_parse_variant_round_trip_and_errors(monkeypatch):
 
 def test_gpu_defaults_by_head_size_and_dtype(monkeypatch):
     """The GPU defaults (results/kernel-h200/probe-2026-12-01, run-9.md): 16-bit D=128 takes dQ by
-    atomics, MUFU trig, the degree-3 far-tile series, the lean forward (split distances, MUFU
-    scalars, cos in radians) and the dK/dV kernel's trig in radians; 16-bit D=64 a 64x32/4/2 dQ
+    atomics, MUFU trig, the degree-2 far-tile series at tolerance 1e-5 (in the forward in the column
+    term, run-14.md), the lean forward (split distances, MUFU scalars, cos in radians) and the dK/dV
+    kernel's trig in radians; 16-bit D=64 a 64x32/4/2 dQ
     kernel, MUFU trig, the same series and the same forward, with the forward and dK/dV kernels
     under a 168-register cap (run-11.md, run-12.md); float32 none of them (its grades would show in float32
     results)."""
@@ -343,12 +344,14 @@ def test_gpu_defaults_by_head_size_and_dtype(monkeypatch):
     monkeypatch.delenv(triton_launch.VARIANT_ENV, raising=False)
     lean = (True, True, True)
     d128 = triton_launch.default_configs(128, 128, torch.bfloat16)
-    assert (d128.dq_atomic, d128.dq_transpose, d128.trig_poly, d128.taylor_order, d128.taylor_tolerance) == (
-        True, True, False, 3, 1e-6)
+    assert (d128.dq_atomic, d128.dq_transpose, d128.trig_poly, d128.taylor_order, d128.taylor_tolerance,
+            d128.fwd_row_series) == (True, True, False, 2, 1e-5, True)
+    assert triton_launch.fwd_flags(d128)["SPLIT_S"] == 2
     assert (d128.fwd_split_s, d128.fwd_fast_scalars, d128.fwd_cos_radians, d128.dkdv_cos_radians) == (*lean, True)
     assert triton_launch.default_configs(128, 128, torch.float16) == d128
     d64 = triton_launch.default_configs(64, 64, torch.bfloat16)
-    assert (d64.dq, d64.trig_poly, d64.taylor_order, d64.dq_atomic) == (triton_launch.KernelConfig(64, 32, 4, 2), False, 3, None)
+    assert (d64.dq, d64.trig_poly, d64.taylor_order, d64.taylor_tolerance, d64.fwd_row_series, d64.dq_atomic) == (
+        triton_launch.KernelConfig(64, 32, 4, 2), False, 2, 1e-5, True, None)
     assert (d64.fwd_split_s, d64.fwd_fast_scalars, d64.fwd_cos_radians, d64.dkdv_cos_radians) == (*lean, None)
     capped = triton_launch.KernelConfig(64, 64, 4, 2, max_registers=168)
     assert (d64.fwd, d64.fwd_long, d64.dkdv) == (capped, None, triton_launch.KernelConfig(32, 64, 4, 2, max_registers=168))
@@ -361,7 +364,7 @@ def test_gpu_defaults_by_head_size_and_dtype(monkeypatch):
     for head_dim in (64, 128):
         plain = triton_launch.default_configs(head_dim, head_dim, torch.float32)
         assert (plain.dq_atomic, plain.trig_poly, plain.trig_terms, plain.taylor_order) == (None,) * 4
-        assert (plain.fwd_split_s, plain.fwd_cos_radians, plain.dkdv_cos_radians) == (None,) * 3
+        assert (plain.fwd_split_s, plain.fwd_cos_radians, plain.dkdv_cos_radians, plain.fwd_row_series) == (None,) * 4
 
 
 def test_gpu_forward_tile_by_key_length(monkeypatch):
@@ -397,8 +400,8 @@ def test_gpu_forward_tile_by_key_length(monkeypatch):
     # an explicit fwd in TAPA_KERNEL_VARIANT replaces the short/long pair and keeps the other fields
     monkeypatch.setenv(triton_launch.VARIANT_ENV, "fwd=128x64/8/3,dq_transpose=0")
     lean = dict(trig_poly=False, fwd_split_s=True, fwd_fast_scalars=True, fwd_cos_radians=True)
-    run4 = dict(fwd=long_, dkdv=K(32, 128, 8, 2), taylor_order=3, taylor_tolerance=1e-6,
-                dq_transpose=False, **lean)
+    run4 = dict(fwd=long_, dkdv=K(32, 128, 8, 2), taylor_order=2, taylor_tolerance=1e-5,
+                fwd_row_series=True, dq_transpose=False, **lean)
     assert triton_launch.default_configs(128, 128, torch.bfloat16) == triton_launch.LaunchConfigs(
         dq=K(128, 16, 8, 2), dq_atomic=True, dkdv_cos_radians=True, **run4)
     assert triton_launch.default_configs(64, 64, torch.bfloat16) == triton_launch.LaunchConfigs(
