@@ -9,7 +9,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/device_steps.sh kernel_run15
 step tests_ops 50 python3 -m pytest "${PYTEST_ARGS[@]}" tests/ops/test_triton_attention.py \
-    -k "long_range or bar or row_series or taylor or defaults"
+    -k "long_range or row_series or mufu or defaults"
 step attention 110 python3 -m tapa.bench.attention --head-dims 64 128 --causal causal \
     --seq-lens 1024 4096 16384 65536 --reference-len 0 --compile-jobs 8 \
     --variants run13:fwd_row_series=0,taylor_order=3,taylor_tolerance=1e-6 --out "$WORK/attention"
