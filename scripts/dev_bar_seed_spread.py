@@ -4,8 +4,8 @@ error vs float64 (out, dq, dk, dv) for tests/ops/test_triton_attention.py's vari
 
     TRITON_INTERPRET=1 PYTHONPATH=src python3 scripts/dev_bar_seed_spread.py   # CPU, about 2 min
 
-Written for results/kernel-h200/run-14.md: the ratio at this size moves by up to 0.46 from seed to
-seed, so one seed at 1.50 says little about a variant.
+Written for results/kernel-h200/run-14.md: the ratio at this size moves by up to 0.46 from seed
+to seed, so one seed at 1.50 says little about a variant.
 """
 
 import sys
