@@ -374,10 +374,15 @@ def test_comparisons_from_the_seeds(tmp_path):
     assert math.isclose(float(first["welch_t"]), t) and math.isclose(float(first["p_welch"]), p)
     assert math.isclose(t, 3 / math.sqrt(2 / 3)) and math.isclose(df, 4.0)
     assert math.isclose(float(first["p_mann_whitney"]), 1 / 20)  # every tapa seed below every rope seed
+    # the other way round, is rope lower: Welch's p is the complement, and no relabelling puts rope lower less
+    assert math.isclose(float(first["p_welch_b"]), stats.welch_t([10, 11, 12], [7, 8, 9])[2])
+    assert math.isclose(float(first["p_welch_b"]), 1 - p)
+    assert math.isclose(float(first["p_mann_whitney_b"]), 1.0)
     assert math.isclose(float(first["ratio"]), 8 / 11)
     assert float(rows[2048]["p_welch"]) != float(rows[2048]["p_welch"])  # no spread on either side: nan
     markdown = (tmp_path / "out" / "comparisons.md").read_text()
-    assert f"| TAPA | ROPE | 512 | 3/3 | 8.00 | 11.00 | 0.727 | 3.67 (4.0) | {p:.3f} | 0.050 |" in markdown
+    assert (f"| TAPA | ROPE | 512 | 3/3 | 8.00 | 11.00 | 0.727 | 3.67 (4.0) | {p:.3f} | 0.050 | "
+            f"{1 - p:.3f} | 1.000 |") in markdown
     assert (tmp_path / "out" / "comparisons.png").stat().st_size > 0  # the pairs seed by seed
     assert "![seed by seed](comparisons.png)" in (tmp_path / "out" / "README.md").read_text()
 

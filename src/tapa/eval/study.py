@@ -16,7 +16,7 @@ Every number written comes from the job JSONs. Written to --out:
     training_curves.png               pretraining loss vs step, per arm and seed
     coverage.md                       the seeds each arm has per measurement (what is still missing)
     comparisons.csv, comparisons.md   the study's questions as pairs of arms, per length (zero-shot):
-                                      one-sided Welch and exact Mann-Whitney p-values over seeds
+                                      one-sided Welch and exact Mann-Whitney p-values each way
     comparisons.png                   those pairs seed by seed (one point per seed and length)
     repeats.csv, .md, .png            jobs run more than once (same seed): kept run vs repeat per length
     commands.md                       every job's exact commands
@@ -276,7 +276,8 @@ COMPARISONS = (
 def comparison_rows(jobs: list[dict], stage: str = "eval0") -> list[dict]:
     """For each pair of COMPARISONS that has results, at each length: the seeds, means, the
     relative difference, and (with 2+ seeds a side) Welch's t-test and the exact Mann-Whitney
-    test, one-sided: is the first arm's perplexity lower (`tapa.eval.stats`)?"""
+    test, one-sided each way: is the first arm's perplexity lower (`p_welch`, `p_mann_whitney`),
+    and is the second's (`p_welch_b`, `p_mann_whitney_b`; `tapa.eval.stats`)?"""
     from tapa.eval.stats import mann_whitney_exact, welch_t
 
     found, rows = seed_perplexities(jobs, stage), []
@@ -290,10 +291,13 @@ def comparison_rows(jobs: list[dict], stage: str = "eval0") -> list[dict]:
             row = {"stage": STAGE_NAMES[stage], "question": question, "a": first, "b": second,
                    "length": length, "n_a": len(a), "n_b": len(b), "mean_a": mean_a,
                    "mean_b": mean_b, "ratio": mean_a / mean_b,
-                   "welch_t": math.nan, "welch_df": math.nan, "p_welch": math.nan, "p_mann_whitney": math.nan}
+                   "welch_t": math.nan, "welch_df": math.nan, "p_welch": math.nan, "p_mann_whitney": math.nan,
+                   "p_welch_b": math.nan, "p_mann_whitney_b": math.nan}
             if len(a) >= 2 and len(b) >= 2:
                 row["welch_t"], row["welch_df"], row["p_welch"] = welch_t(a, b)
+                row["p_welch_b"] = welch_t(b, a)[2]
                 row["p_mann_whitney"] = mann_whitney_exact(a, b)[1]
+                row["p_mann_whitney_b"] = mann_whitney_exact(b, a)[1]
             rows.append(row)
     return rows
 
@@ -301,15 +305,18 @@ def comparison_rows(jobs: list[dict], stage: str = "eval0") -> list[dict]:
 def comparison_markdown(rows: list[dict], labels: dict[str, str]) -> str:
     if not rows:
         return "No pair of compared arms has results yet."
-    lines = ["**Seed comparisons** (one-sided: is A's perplexity lower than B's? p from Welch's "
-             "t-test and from the exact Mann-Whitney test; only with 2+ seeds a side)", "",
-             "| A | B | length | n (A/B) | mean A | mean B | A / B | Welch t (df) | p Welch | p Mann-Whitney |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["**Seed comparisons** (one-sided each way: is A's perplexity lower than B's, and is "
+             "B's lower than A's? p from Welch's t-test and from the exact Mann-Whitney test; only "
+             "with 2+ seeds a side)", "",
+             "| A | B | length | n (A/B) | mean A | mean B | A / B | Welch t (df) | p Welch | "
+             "p Mann-Whitney | p Welch, B lower | p Mann-Whitney, B lower |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         welch = f"{r['welch_t']:.2f} ({r['welch_df']:.1f})" if r["welch_t"] == r["welch_t"] else ""
         cells = [labels.get(r["a"], r["a"]), labels.get(r["b"], r["b"]), length_label(r["length"]),
                  f"{r['n_a']}/{r['n_b']}", _fmt(r["mean_a"]), _fmt(r["mean_b"]), f"{r['ratio']:.3f}", welch,
-                 _fmt(r["p_welch"], 3), _fmt(r["p_mann_whitney"], 3)]
+                 _fmt(r["p_welch"], 3), _fmt(r["p_mann_whitney"], 3), _fmt(r["p_welch_b"], 3),
+                 _fmt(r["p_mann_whitney_b"], 3)]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
