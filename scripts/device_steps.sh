@@ -31,3 +31,16 @@ ncu_details() {  # ncu_details STEM KERNEL_REGEX "SECTION ..." COMMAND...: Nsigh
         ncu --import "$stem.ncu-rep" --page details > "${stem}_details.txt"
 }
 export -f ncu_details  # the steps run their ncu loops as child scripts
+
+finish_variants() {  # finish_variants NAME TESTS_STEP: tar $WORK to $OUT/NAME.tar.gz, then print the
+    # steps, the tests' tail and the variant bench's summary ($WORK/attention/attention.md)
+    local md="$WORK/attention/attention.md"
+    tar czf "$OUT/$1.tar.gz" -C /tmp "$1"
+    echo "done at +$(($(date +%s) - START))s"
+    cat "$WORK/steps.txt"
+    tail -4 "$WORK/$2.log"
+    grep -h "| yes\|| NO" "$md" | head -12
+    grep -h -A 30 "^| variant | D" "$md" 2>/dev/null | head -50
+    grep -h -A 14 "^## Long range" "$md" | head -30
+    tail -3 "$WORK/attention.log"
+}

@@ -19,11 +19,4 @@ step attention 200 python3 -m tapa.bench.attention --head-dims 64 128 --causal c
     --seq-lens 4096 16384 65536 --reference-len 0 --compile-jobs 8 \
     --variants rs3:fwd_row_series=1 rs2l:fwd_row_series=1,taylor_order=2,taylor_tolerance=1e-5 \
     t2l:taylor_order=2,taylor_tolerance=1e-5 --out "$WORK/attention"
-tar czf "$OUT/kernel_run14.tar.gz" -C /tmp kernel_run14
-echo "done at +$(($(date +%s) - START))s"
-cat "$WORK/steps.txt"
-tail -4 "$WORK"/tests.log
-grep -h "| yes\|| NO" "$WORK"/attention/attention.md | head -12
-grep -h -A 30 "^| variant | D" "$WORK"/attention/attention.md 2>/dev/null | head -50
-grep -h -A 12 "^## Long range" "$WORK"/attention/attention.md | head -30
-tail -3 "$WORK"/attention.log
+finish_variants kernel_run14 tests

@@ -13,12 +13,4 @@ step tests_ops 50 python3 -m pytest "${PYTEST_ARGS[@]}" tests/ops/test_triton_at
 step attention 110 python3 -m tapa.bench.attention --head-dims 64 128 --causal causal \
     --seq-lens 1024 4096 16384 65536 --reference-len 0 --compile-jobs 8 \
     --variants run13:fwd_row_series=0,taylor_order=3,taylor_tolerance=1e-6 --out "$WORK/attention"
-tar czf "$OUT/kernel_run15.tar.gz" -C /tmp kernel_run15
-echo "done at +$(($(date +%s) - START))s"
-cat "$WORK/steps.txt"
-tail -4 "$WORK"/tests_ops.log
-grep -h "| yes\|| NO" "$WORK"/attention/attention.md | head -12
-grep -h -A 20 "^| variant | D" "$WORK"/attention/attention.md 2>/dev/null | head -22
-grep -h -A 14 "^## Long range" "$WORK"/attention/attention.md | head -24
-grep -h -B2 -A 14 "^## D=" "$WORK"/attention/attention.md | grep "fwd" | head -30
-tail -3 "$WORK"/attention.log
+finish_variants kernel_run15 tests_ops
