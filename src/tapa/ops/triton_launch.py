@@ -310,9 +310,9 @@ def _default_configs(head_dim: int, v_dim: int, dtype: torch.dtype) -> LaunchCon
             # (results/kernel-h200/run-9.md). Their bf16 errors equal the default's.
             # The far tiles' series at order 2 and tolerance 1e-5, in the forward as a polynomial in
             # the column term (FWD_ROW_SERIES): two multiply-adds a score fewer than order 3 in u;
-            # fwd x0.94-0.97 at D=64 and x0.97-0.99 at D=128 of order 3 at 1e-6 at 4k-64k, the
-            # backward's time and every bf16 error (the 64k far rows included) unchanged
-            # (results/kernel-h200/run-14.md).
+            # fwd x0.93-0.97 at D=64 and x0.96-0.99 at D=128 of order 3 at 1e-6 at 4k-64k (a tie at
+            # D=128 1k, where no tile is far), the backward's time and every bf16 error (the 64k far
+            # rows included) unchanged (results/kernel-h200/run-14.md, run-15.md).
             far_series = dict(taylor_order=2, taylor_tolerance=1e-5, fwd_row_series=True)
             short_forward = dict(fwd=KernelConfig(64, 64, 4, 2), fwd_long=configs.fwd)
             lean_forward = dict(trig_poly=False, fwd_split_s=True, fwd_fast_scalars=True,
@@ -373,7 +373,8 @@ def fwd_flags(configs: LaunchConfigs | None = None, logit_flags: dict | None = N
     if _chosen(configs, "fwd_row_series", FWD_ROW_SERIES):
         order = _chosen(configs, "taylor_order", TAYLOR_ORDER)
         if not 1 <= order <= 3:
-            raise ValueError(f"fwd_row_series takes taylor_order 1..3, got {order}")
+            raise ValueError(f"fwd_row_series takes taylor_order 1..3, got {order} (the 16-bit "
+                             "defaults set fwd_row_series=1: add fwd_row_series=0 for a higher order)")
         split_s = 2
     return dict(SPLIT_S=split_s,
                 FAST_SCALARS=bool(_chosen(configs, "fwd_fast_scalars", FWD_FAST_SCALARS)),
