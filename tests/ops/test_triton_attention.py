@@ -512,6 +512,8 @@ VARIANTS = {  # spec: call arguments (FAR where the variant changes the far-tile
     # the far-tile series in the column term, at each order it takes
     "fwd_row_series=1,taylor_order=3,taylor_tolerance=1e-6": FAR,
     "fwd_row_series=1,taylor_order=2,taylor_tolerance=1e-5": FAR,
+    "fwd_ramp_series=1,taylor_order=2,taylor_tolerance=1e-5": FAR,  # ... on the column ramp
+    "fwd_ramp_series=1,taylor_order=3,taylor_tolerance=1e-6": FAR,
     # (not at q_offset 20000: there this case's float16 dq is 1.505x its reference's for every
     # series, the exact one included; results/kernel-h200/run-14.md)
 }
@@ -556,34 +558,42 @@ def test_row_series_flags_and_orders():
     flags = triton_launch.fwd_flags(triton_launch.with_variant(base, "fwd_split_s=0,fwd_row_series=1"))
     assert flags["SPLIT_S"] == 2
     assert triton_launch.fwd_flags(triton_launch.with_variant(base, "fwd_split_s=1,fwd_row_series=0"))["SPLIT_S"] == 1
+    ramp = triton_launch.with_variant(base, "fwd_split_s=0,fwd_row_series=0,fwd_ramp_series=1")
+    assert triton_launch.fwd_flags(ramp)["SPLIT_S"] == 3  # the ramp form implies both
+    with pytest.raises(ValueError, match="taylor_order 1..3"):
+        triton_launch.fwd_flags(triton_launch.with_variant(ramp, "taylor_order=5"))
     with pytest.raises(ValueError, match="taylor_order 1..3"):
         triton_launch.fwd_flags(triton_launch.with_variant(base, "fwd_row_series=1,taylor_order=4"))
 
 
 @triton.jit
-def _column_series_kernel(A, B, Out, p0, b1, b2, b3, M: tl.constexpr, N: tl.constexpr,
-                          ORDER: tl.constexpr):
+def _column_series_kernel(A, B, Out, scale, p0, b1, b2, b3, M: tl.constexpr, N: tl.constexpr,
+                          ORDER: tl.constexpr, RAMP: tl.constexpr):
     a = tl.load(A + tl.arange(0, M))
     b = tl.load(B + tl.arange(0, N))
-    fs = triton_logits._column_series(a, b, p0, b1, b2, b3, ORDER)
+    fs = triton_logits._column_series(a, b, scale, p0, b1, b2, b3, ORDER, RAMP)
     tl.store(Out + tl.arange(0, M)[:, None] * N + tl.arange(0, N)[None, :], fs)
 
 
-def test_row_series_matches_the_u_series():
+@pytest.mark.parametrize("ramp", [False, True], ids=["column-vector", "ramp"])
+def test_row_series_matches_the_u_series(ramp):
     """The column-term series against the float64 series it rewrites, p0 (1 + sum b_k u**k) with
     u = a + b, over a far tile's band (64 x 64 at the smallest centre distance the band allows):
-    float32 rounding only, which a wrong coefficient exceeds by orders of magnitude."""
+    float32 rounding only, which a wrong coefficient exceeds by orders of magnitude. `ramp`: the
+    form that takes the column ramp and -1 / d0 apart (fwd_ramp_series)."""
     for order, tolerance in ((1, 1e-5), (2, 1e-5), (3, 1e-6)):
         rho, coefficients = triton_launch.taylor_constants(0.1, order, tolerance)
         d0 = 63 / rho
         a = (torch.arange(64, dtype=torch.float64) - 31.5) / d0  # u at each row's first column
-        b = -torch.arange(64, dtype=torch.float64) / d0
+        ramp_values = torch.arange(64, dtype=torch.float64)
+        b = -ramp_values / d0
         p0 = 3.25
         u = a[:, None] + b[None, :]
         exact = p0 * (1 + sum(c * u ** (k + 1) for k, c in enumerate(coefficients[:order])))
         out = torch.empty(64, 64, dtype=torch.float32, device=DEVICE)
-        _column_series_kernel[(1,)](a.float().to(DEVICE), b.float().to(DEVICE), out, p0,
-                                    *coefficients[:3], M=64, N=64, ORDER=order)
+        given = ramp_values if ramp else b
+        _column_series_kernel[(1,)](a.float().to(DEVICE), given.float().to(DEVICE), out, -1 / d0, p0,
+                                    *coefficients[:3], M=64, N=64, ORDER=order, RAMP=ramp)
         error = ((out.double().cpu() - exact).abs() / exact.abs()).max().item()
         assert error < 4e-7, (order, error)
 

@@ -73,6 +73,10 @@ FWD_FAST_SCALARS = False
 # D=64 forward (results/kernel-h200/run-13.md). The 16-bit configs choose it with the order-2 series
 # (results/kernel-h200/run-14.md).
 FWD_ROW_SERIES = False
+# With FWD_ROW_SERIES: the series on the loop-invariant column ramp, the tile's -1 / d0 folded into
+# the coefficients, so that no per-tile column vector is built (16 multiplies a 64x64 tile a
+# thread, 0.5 a score: offline-census-9.md). Implies FWD_ROW_SERIES; not yet timed.
+FWD_RAMP_SERIES = False
 # The forward's MUFU cos takes the phase in radians, unreduced (2 pi folded into phase_scale): the
 # MUFU reduces its argument itself, so the turn reduction and the scaling back by 2 pi go (3 of the
 # 6 instructions the phase takes after fs per score, offline-census-6.md). Only with the MUFU trig
@@ -130,6 +134,7 @@ class LaunchConfigs:
     fwd_split_s: bool | None = None  # None: the module's FWD_SPLIT_S
     fwd_fast_scalars: bool | None = None  # None: the module's FWD_FAST_SCALARS
     fwd_row_series: bool | None = None  # None: the module's FWD_ROW_SERIES
+    fwd_ramp_series: bool | None = None  # None: the module's FWD_RAMP_SERIES
     fwd_cos_radians: bool | None = None  # None: the module's FWD_COS_RADIANS
     dkdv_cos_radians: bool | None = None  # None: the module's DKDV_COS_RADIANS
 
@@ -206,7 +211,8 @@ def parse_variant(spec: str) -> dict:
     """Field changes of `LaunchConfigs` from 'key=value,key=value' (keys are its field names).
 
     fwd/fwd_long/dkdv/dq=BMxBN[/warps[/stages]][/ws]; dq_atomic, dq_transpose, dkdv_reverse,
-    fwd_split_s, fwd_fast_scalars, fwd_row_series, fwd_cos_radians, dkdv_cos_radians, trig_poly=0|1;
+    fwd_split_s, fwd_fast_scalars, fwd_row_series, fwd_ramp_series, fwd_cos_radians,
+    dkdv_cos_radians, trig_poly=0|1;
     trig_terms=3..6 (sin terms; float32 inputs keep at least FLOAT32_TRIG_ERROR);
     taylor_order=1..6; taylor_tolerance=<float>. An empty spec changes nothing.
     """
@@ -221,7 +227,8 @@ def parse_variant(spec: str) -> dict:
         if key in ("fwd", "fwd_long", "dkdv", "dq"):
             changes[key] = _parse_kernel_config(key, text)
         elif key in ("dq_atomic", "dq_transpose", "dkdv_reverse", "fwd_split_s", "fwd_fast_scalars",
-                     "fwd_row_series", "fwd_cos_radians", "dkdv_cos_radians", "trig_poly"):
+                     "fwd_row_series", "fwd_ramp_series", "fwd_cos_radians", "dkdv_cos_radians",
+                     "trig_poly"):
             changes[key] = _parse_flag(key, text)
         elif key == "trig_terms":
             if not text.isdigit() or int(text) not in TRIG_COEFFICIENTS:
@@ -366,16 +373,17 @@ def dkdv_flags(configs: LaunchConfigs | None = None, logit_flags: dict | None = 
 
 def fwd_flags(configs: LaunchConfigs | None = None, logit_flags: dict | None = None) -> dict:
     """The forward kernel's own constexprs: how it takes the distances s (`FWD_SPLIT_S`; SPLIT_S
-    is 2 with `FWD_ROW_SERIES`, which implies it), a far tile's scalars (`FWD_FAST_SCALARS`) and
-    the cos's argument (`FWD_COS_RADIANS`, only where the call's `logits_args` flags take the MUFU
+    is 2 with `FWD_ROW_SERIES`, which implies it, and 3 with `FWD_RAMP_SERIES`, which implies
+    both), a far tile's scalars (`FWD_FAST_SCALARS`) and the cos's argument (`FWD_COS_RADIANS`, only where the call's `logits_args` flags take the MUFU
     trig without LONG_PHASE; none given: never)."""
     split_s = int(bool(_chosen(configs, "fwd_split_s", FWD_SPLIT_S)))
-    if _chosen(configs, "fwd_row_series", FWD_ROW_SERIES):
+    ramp = bool(_chosen(configs, "fwd_ramp_series", FWD_RAMP_SERIES))
+    if ramp or _chosen(configs, "fwd_row_series", FWD_ROW_SERIES):
         order = _chosen(configs, "taylor_order", TAYLOR_ORDER)
         if not 1 <= order <= 3:
             raise ValueError(f"fwd_row_series takes taylor_order 1..3, got {order} (the 16-bit "
                              "defaults set fwd_row_series=1: add fwd_row_series=0 for a higher order)")
-        split_s = 2
+        split_s = 3 if ramp else 2
     return dict(SPLIT_S=split_s,
                 FAST_SCALARS=bool(_chosen(configs, "fwd_fast_scalars", FWD_FAST_SCALARS)),
                 COS_RADIANS=_cos_radians(configs, "fwd_cos_radians", FWD_COS_RADIANS, logit_flags))

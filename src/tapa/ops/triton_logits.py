@@ -242,22 +242,31 @@ def _rcp(x, PTX_ASM: tl.constexpr):
 
 
 @triton.jit
-def _column_series(a, b, p0, b1, b2, b3, TAYLOR_ORDER: tl.constexpr):
-    """p0 * (1 + sum_k b_k u**k) for u = a[:, None] + b[None, :] (a per row, b per column), as a
-    polynomial in b whose coefficients are per-row vectors: A_j(a) = sum_{k>=j} C(k, j) c_k a**(k-j)
-    with c_0 = p0, c_k = p0 * b_k. Per element that is one add and TAYLOR_ORDER - 1 multiply-adds,
-    against the u form's add and TAYLOR_ORDER multiply-adds. |a| and |b| are both within the tile's
-    band (a = u at the first column, b = -column / d0), so nothing cancels. Orders 1..3."""
+def _column_series(a, b, scale, p0, b1, b2, b3, TAYLOR_ORDER: tl.constexpr, RAMP: tl.constexpr):
+    """p0 * (1 + sum_k b_k u**k) for u = a[:, None] + scale * b[None, :] (a per row, b per column),
+    as a polynomial in b whose coefficients are per-row vectors: A_j(a) = scale**j sum_{k>=j}
+    C(k, j) c_k a**(k-j) with c_0 = p0, c_k = p0 * b_k. Per element that is one add and
+    TAYLOR_ORDER - 1 multiply-adds, against the u form's add and TAYLOR_ORDER multiply-adds.
+
+    RAMP: b is the loop-invariant column ramp and scale the tile's -1 / d0, folded into the
+    coefficients, so that no per-tile column vector scale * b is built (offline-census-9.md);
+    otherwise b is that vector already and scale is not read. |u| stays within the tile's band
+    either way, so nothing cancels. Orders 1..3."""
     tl.static_assert((TAYLOR_ORDER >= 1) & (TAYLOR_ORDER <= 3),
                      "the column-term series (fwd_row_series) takes TAYLOR_ORDER 1..3")
     c1 = p0 * b1
     if TAYLOR_ORDER == 1:
         a0 = c1 * a + p0
+        if RAMP:
+            c1 = c1 * scale
         fs = a0[:, None] + (c1 * b)[None, :]
     elif TAYLOR_ORDER == 2:
         c2 = p0 * b2
         a1 = (2.0 * c2) * a + c1
         a0 = (c2 * a + c1) * a + p0
+        if RAMP:
+            a1 = a1 * scale
+            c2 = c2 * (scale * scale)
         fs = (a1[:, None] + (c2 * b)[None, :]) * b[None, :] + a0[:, None]
     else:
         c2 = p0 * b2
@@ -265,6 +274,10 @@ def _column_series(a, b, p0, b1, b2, b3, TAYLOR_ORDER: tl.constexpr):
         a2 = (3.0 * c3) * a + c2
         a1 = ((3.0 * c3) * a + 2.0 * c2) * a + c1
         a0 = ((c3 * a + c2) * a + c1) * a + p0
+        if RAMP:
+            a1 = a1 * scale
+            a2 = a2 * (scale * scale)
+            c3 = c3 * (scale * scale * scale)
         fs = ((a2[:, None] + (c3 * b)[None, :]) * b[None, :] + a1[:, None]) * b[None, :] + a0[:, None]
     return fs
 
@@ -285,7 +298,8 @@ def _scaled_distance_weight(s, s_rows, s_cols, s_lo, s_hi, alpha, phase_scale, t
 
     SPLIT_S: s is given as s_rows[:, None] - s_cols[None, :] (s itself is not read), so that u is
     one multiply-add per element; SPLIT_S == 2: the far tile's series is evaluated in the column
-    term with per-row coefficients (`_column_series`), one multiply-add per element less. FAST_SCALARS: the far tile's log2(d0) and 1 / d0 by the MUFU's
+    term with per-row coefficients (`_column_series`), one multiply-add per element less; 3: the
+    same on the column ramp s_cols itself (the tile's 1 / d0 in the coefficients). FAST_SCALARS: the far tile's log2(d0) and 1 / d0 by the MUFU's
     approximations (GPU only), not libdevice's log2f and an IEEE division.
     """
     if DIST_POWER:
@@ -304,8 +318,11 @@ def _scaled_distance_weight(s, s_rows, s_cols, s_lo, s_hi, alpha, phase_scale, t
             else:
                 p0 = tl.exp2(alpha * log2_d0) * phase_scale
             if SPLIT_S == 2:  # the series in the column term: see `_column_series`
-                fs = _column_series(s_rows * to_u - 1.0, s_cols * (-to_u), p0, b1, b2, b3,
-                                    TAYLOR_ORDER)
+                fs = _column_series(s_rows * to_u - 1.0, s_cols * (-to_u), 1.0, p0, b1, b2, b3,
+                                    TAYLOR_ORDER, False)
+            elif SPLIT_S == 3:  # ... on the column ramp itself, -to_u in the coefficients
+                fs = _column_series(s_rows * to_u - 1.0, s_cols, -to_u, p0, b1, b2, b3,
+                                    TAYLOR_ORDER, True)
             else:
                 if SPLIT_S:  # u = s * to_u - 1 = (s_rows * to_u - 1) - s_cols * to_u
                     u = (s_rows * to_u - 1.0)[:, None] + s_cols[None, :] * (-to_u)
