@@ -473,7 +473,8 @@ def _lse_error_bound(q, k, configs, *, theta=0.5, alpha=0.1, distance="power", p
                      q_offset=0, k_offset=0, **_):
     """|lse error| <= max |amplitude logit| * (trig error + 2 pi * taylor tolerance * max |t|):
     lse moves by at most its largest logit's error, logit = amplitude * cos(2 pi t), t the phase
-    in turns (bounded here by its largest factors, over every pair of positions)."""
+    in turns (bounded here by its largest factors, over every pair of positions); with
+    fwd_dot_rowsum, plus the input dtype's unit roundoff (the row sums add rounded probabilities)."""
     from tapa.ops.reference import distance_weight, split_dims
     from tapa.ops.triton_logits import TRIG_COEFFICIENTS
 
@@ -494,7 +495,10 @@ def _lse_error_bound(q, k, configs, *, theta=0.5, alpha=0.1, distance="power", p
     else:  # PTX ISA: cos.approx/sin.approx.f32, max absolute error 2**-20.5 on [-pi, pi]
         trig_error = 2.0 ** -20
     tolerance = configs.taylor_tolerance or triton_launch.TAYLOR_TOLERANCE
-    return float(amplitude / amp_dim ** 0.5 * (trig_error + 2 * torch.pi * tolerance * max_turns))
+    bound = float(amplitude / amp_dim ** 0.5 * (trig_error + 2 * torch.pi * tolerance * max_turns))
+    if configs.fwd_dot_rowsum:  # the row sums of the rounded probabilities: each within the unit
+        bound += torch.finfo(dtype).eps / 2  # roundoff, so log(l) within it too
+    return bound
 
 
 VARIANTS = {  # spec: call arguments (FAR where the variant changes the far-tile series)
@@ -514,6 +518,8 @@ VARIANTS = {  # spec: call arguments (FAR where the variant changes the far-tile
     "fwd_row_series=1,taylor_order=2,taylor_tolerance=1e-5": FAR,
     "fwd_ramp_series=1,taylor_order=2,taylor_tolerance=1e-5": FAR,  # ... on the column ramp
     "fwd_ramp_series=1,taylor_order=3,taylor_tolerance=1e-6": FAR,
+    "fwd_dot_rowsum=1": {},  # the softmax row sums on the tensor cores
+    "fwd_dot_rowsum=1,fwd_ramp_series=1,taylor_order=2,taylor_tolerance=1e-5": FAR,
     # (not at q_offset 20000: there this case's float16 dq is 1.505x its reference's for every
     # series, the exact one included; results/kernel-h200/run-14.md)
 }
@@ -548,6 +554,14 @@ def test_cos_in_radians_within_the_half_precision_bar(call):
     _check_variant("trig_poly=0,fwd_cos_radians=1,fwd_split_s=1,fwd_fast_scalars=1", call)
     _check_variant("trig_poly=0,dq_atomic=1,dq_transpose=1,dkdv_cos_radians=1", call)
     _check_variant("trig_poly=0,dq_atomic=0,dkdv_cos_radians=1", call)  # dQ by its own kernel
+
+
+def test_dot_rowsum_flag():
+    """fwd_dot_rowsum reaches the forward's constexprs; off unless asked for (float32 too)."""
+    base = triton_launch.default_configs(64, 64, torch.float16)
+    assert triton_launch.fwd_flags(triton_launch.with_variant(base, "fwd_dot_rowsum=1"))["DOT_ROWSUM"]
+    assert not triton_launch.fwd_flags(base)["DOT_ROWSUM"]
+    assert not triton_launch.fwd_flags(triton_launch.default_configs(64, 64, torch.float32))["DOT_ROWSUM"]
 
 
 def test_row_series_flags_and_orders():

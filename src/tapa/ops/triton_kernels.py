@@ -44,7 +44,7 @@ def _fwd_inner(acc, m_i, l_i, q_a, q_p, q_sum, pos_m, q_first,
                TRIG_POLY: tl.constexpr, TRIG_TERMS: tl.constexpr, TAYLOR_ORDER: tl.constexpr,
                PTX_ASM: tl.constexpr, LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr,
                WARP_SPECIALIZE: tl.constexpr, SPLIT_S: tl.constexpr, FAST_SCALARS: tl.constexpr,
-               COS_RADIANS: tl.constexpr):
+               COS_RADIANS: tl.constexpr, DOT_ROWSUM: tl.constexpr):
     offs_da = tl.arange(0, BLOCK_DA)
     offs_dp = AMP_DIM + tl.arange(0, BLOCK_DP)
     offs_dv = tl.arange(0, BLOCK_DV)
@@ -84,10 +84,15 @@ def _fwd_inner(acc, m_i, l_i, q_a, q_p, q_sum, pos_m, q_first,
         shift = tl.where(m_new == float("-inf"), 0.0, m_new)
         p = tl.exp2(logit * logit_scale - shift[:, None])
         rescale = tl.exp2(m_i - shift)
-        l_i = l_i * rescale + tl.sum(p, 1)
         v = _load_tile(v_base + rows * stride_vn + offs_dv[None, :], key_ok, offs_dv < V_DIM,
                        MASKED, BLOCK_DV != V_DIM)
-        acc = acc * rescale[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        p_v = p.to(v.dtype)
+        if DOT_ROWSUM:  # l_i is (BLOCK_M, 16), every column the row sum, from the tensor cores
+            l_i = l_i * rescale[:, None] + tl.dot(p_v, tl.full((BLOCK_N, 16), 1.0, v.dtype),
+                                                  input_precision=DOT_PRECISION)
+        else:
+            l_i = l_i * rescale + tl.sum(p, 1)
+        acc = acc * rescale[:, None] + tl.dot(p_v, v, input_precision=DOT_PRECISION)
         m_i = m_new
     return acc, m_i, l_i
 
@@ -105,7 +110,7 @@ def _fwd_kernel(Q, K, V, Out, Lse,
                 TRIG_TERMS: tl.constexpr, TAYLOR_ORDER: tl.constexpr, PTX_ASM: tl.constexpr,
                 LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr,
                 WARP_SPECIALIZE: tl.constexpr, SPLIT_S: tl.constexpr, FAST_SCALARS: tl.constexpr,
-                COS_RADIANS: tl.constexpr):
+                COS_RADIANS: tl.constexpr, DOT_ROWSUM: tl.constexpr):
     block = tl.program_id(0)
     if CAUSAL:  # the longest rows first, so that the last wave is short
         block = tl.num_programs(0) - 1 - block
@@ -140,21 +145,26 @@ def _fwd_kernel(Q, K, V, Out, Lse,
         full = (n_k // BLOCK_N) * BLOCK_N
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if DOT_ROWSUM:  # the row sums as a (BLOCK_M, 16) product with ones, every column alike
+        l_i = tl.zeros([BLOCK_M, 16], dtype=tl.float32)
+    else:
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc, m_i, l_i = _fwd_inner(acc, m_i, l_i, q_a, q_p, q_sum, pos_m, q_first, k_base, v_base,
                                stride_kn, stride_vn, n_k, k_offset, 0, full,
                                logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6,
                                AMP_DIM, HEAD_DIM, V_DIM, BLOCK_DA, BLOCK_DP, BLOCK_DV, BLOCK_M,
                                BLOCK_N, False, CAUSAL, DIST_POWER, PHASE_QUAD, TRIG_POLY, TRIG_TERMS,
                                TAYLOR_ORDER, PTX_ASM, LONG_PHASE, DOT_PRECISION, WARP_SPECIALIZE,
-                               SPLIT_S, FAST_SCALARS, COS_RADIANS)
+                               SPLIT_S, FAST_SCALARS, COS_RADIANS, DOT_ROWSUM)
     acc, m_i, l_i = _fwd_inner(acc, m_i, l_i, q_a, q_p, q_sum, pos_m, q_first, k_base, v_base,
                                stride_kn, stride_vn, n_k, k_offset, full, hi,
                                logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6,
                                AMP_DIM, HEAD_DIM, V_DIM, BLOCK_DA, BLOCK_DP, BLOCK_DV, BLOCK_M,
                                BLOCK_N, True, CAUSAL, DIST_POWER, PHASE_QUAD, TRIG_POLY, TRIG_TERMS,
                                TAYLOR_ORDER, PTX_ASM, LONG_PHASE, DOT_PRECISION, WARP_SPECIALIZE,
-                               SPLIT_S, FAST_SCALARS, COS_RADIANS)
+                               SPLIT_S, FAST_SCALARS, COS_RADIANS, DOT_ROWSUM)
+    if DOT_ROWSUM:
+        l_i = tl.max(l_i, 1)
     l_safe = tl.where(l_i > 0, l_i, 1.0)  # only padding rows have no visible key
     out = acc / l_safe[:, None]
     o_base = Out + batch.to(tl.int64) * stride_ob + head.to(tl.int64) * stride_oh

@@ -77,6 +77,10 @@ FWD_ROW_SERIES = False
 # the coefficients, so that no per-tile column vector is built (16 multiplies a 64x64 tile a
 # thread, 0.5 a score: offline-census-9.md). Implies FWD_ROW_SERIES; not yet timed.
 FWD_RAMP_SERIES = False
+# The forward's softmax row sums as a product of the bf16/fp16 probabilities (the ones the PV product
+# takes) with a ones tile on the tensor cores, not as per-thread adds and shuffles: 0.91 fewer
+# instructions a far score at D=64 offline (offline-census-9.md), 8 B more stack. Not yet timed.
+FWD_DOT_ROWSUM = False
 # The forward's MUFU cos takes the phase in radians, unreduced (2 pi folded into phase_scale): the
 # MUFU reduces its argument itself, so the turn reduction and the scaling back by 2 pi go (3 of the
 # 6 instructions the phase takes after fs per score, offline-census-6.md). Only with the MUFU trig
@@ -135,6 +139,7 @@ class LaunchConfigs:
     fwd_fast_scalars: bool | None = None  # None: the module's FWD_FAST_SCALARS
     fwd_row_series: bool | None = None  # None: the module's FWD_ROW_SERIES
     fwd_ramp_series: bool | None = None  # None: the module's FWD_RAMP_SERIES
+    fwd_dot_rowsum: bool | None = None  # None: the module's FWD_DOT_ROWSUM
     fwd_cos_radians: bool | None = None  # None: the module's FWD_COS_RADIANS
     dkdv_cos_radians: bool | None = None  # None: the module's DKDV_COS_RADIANS
 
@@ -211,8 +216,8 @@ def parse_variant(spec: str) -> dict:
     """Field changes of `LaunchConfigs` from 'key=value,key=value' (keys are its field names).
 
     fwd/fwd_long/dkdv/dq=BMxBN[/warps[/stages]][/ws]; dq_atomic, dq_transpose, dkdv_reverse,
-    fwd_split_s, fwd_fast_scalars, fwd_row_series, fwd_ramp_series, fwd_cos_radians,
-    dkdv_cos_radians, trig_poly=0|1;
+    fwd_split_s, fwd_fast_scalars, fwd_row_series, fwd_ramp_series, fwd_dot_rowsum,
+    fwd_cos_radians, dkdv_cos_radians, trig_poly=0|1;
     trig_terms=3..6 (sin terms; float32 inputs keep at least FLOAT32_TRIG_ERROR);
     taylor_order=1..6; taylor_tolerance=<float>. An empty spec changes nothing.
     """
@@ -227,8 +232,8 @@ def parse_variant(spec: str) -> dict:
         if key in ("fwd", "fwd_long", "dkdv", "dq"):
             changes[key] = _parse_kernel_config(key, text)
         elif key in ("dq_atomic", "dq_transpose", "dkdv_reverse", "fwd_split_s", "fwd_fast_scalars",
-                     "fwd_row_series", "fwd_ramp_series", "fwd_cos_radians", "dkdv_cos_radians",
-                     "trig_poly"):
+                     "fwd_row_series", "fwd_ramp_series", "fwd_dot_rowsum", "fwd_cos_radians",
+                     "dkdv_cos_radians", "trig_poly"):
             changes[key] = _parse_flag(key, text)
         elif key == "trig_terms":
             if not text.isdigit() or int(text) not in TRIG_COEFFICIENTS:
@@ -374,7 +379,8 @@ def dkdv_flags(configs: LaunchConfigs | None = None, logit_flags: dict | None = 
 def fwd_flags(configs: LaunchConfigs | None = None, logit_flags: dict | None = None) -> dict:
     """The forward kernel's own constexprs: how it takes the distances s (`FWD_SPLIT_S`; SPLIT_S
     is 2 with `FWD_ROW_SERIES`, which implies it, and 3 with `FWD_RAMP_SERIES`, which implies
-    both), a far tile's scalars (`FWD_FAST_SCALARS`) and the cos's argument (`FWD_COS_RADIANS`, only where the call's `logits_args` flags take the MUFU
+    both), a far tile's scalars (`FWD_FAST_SCALARS`), the softmax row sums (`FWD_DOT_ROWSUM`) and
+    the cos's argument (`FWD_COS_RADIANS`, only where the call's `logits_args` flags take the MUFU
     trig without LONG_PHASE; none given: never)."""
     split_s = int(bool(_chosen(configs, "fwd_split_s", FWD_SPLIT_S)))
     ramp = bool(_chosen(configs, "fwd_ramp_series", FWD_RAMP_SERIES))
@@ -386,6 +392,7 @@ def fwd_flags(configs: LaunchConfigs | None = None, logit_flags: dict | None = N
         split_s = 3 if ramp else 2
     return dict(SPLIT_S=split_s,
                 FAST_SCALARS=bool(_chosen(configs, "fwd_fast_scalars", FWD_FAST_SCALARS)),
+                DOT_ROWSUM=bool(_chosen(configs, "fwd_dot_rowsum", FWD_DOT_ROWSUM)),
                 COS_RADIANS=_cos_radians(configs, "fwd_cos_radians", FWD_COS_RADIANS, logit_flags))
 
 
