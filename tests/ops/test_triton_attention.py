@@ -581,11 +581,11 @@ def test_row_series_flags_and_orders():
 
 
 @triton.jit
-def _column_series_kernel(A, B, Out, scale, p0, b1, b2, b3, M: tl.constexpr, N: tl.constexpr,
+def _column_series_kernel(A, Col, Out, scale, p0, b1, b2, b3, M: tl.constexpr, N: tl.constexpr,
                           ORDER: tl.constexpr, RAMP: tl.constexpr):
     a = tl.load(A + tl.arange(0, M))
-    b = tl.load(B + tl.arange(0, N))
-    fs = triton_logits._column_series(a, b, scale, p0, b1, b2, b3, ORDER, RAMP)
+    col = tl.load(Col + tl.arange(0, N))
+    fs = triton_logits._column_series(a, col, scale, p0, b1, b2, b3, ORDER, RAMP)
     tl.store(Out + tl.arange(0, M)[:, None] * N + tl.arange(0, N)[None, :], fs)
 
 
@@ -593,8 +593,8 @@ def _column_series_kernel(A, B, Out, scale, p0, b1, b2, b3, M: tl.constexpr, N: 
 def test_row_series_matches_the_u_series(ramp):
     """The column-term series against the float64 series it rewrites, p0 (1 + sum b_k u**k) with
     u = a + b, over a far tile's band (64 x 64 at the smallest centre distance the band allows):
-    float32 rounding only, which a wrong coefficient exceeds by orders of magnitude. `ramp`: the
-    form that takes the column ramp and -1 / d0 apart (fwd_ramp_series)."""
+    float32 rounding only, which a wrong coefficient exceeds by orders of magnitude. The column
+    term is the ramp times -1 / d0; `ramp`: the form that keeps the two apart (fwd_ramp_series)."""
     for order, tolerance in ((1, 1e-5), (2, 1e-5), (3, 1e-6)):
         rho, coefficients = triton_launch.taylor_constants(0.1, order, tolerance)
         d0 = 63 / rho
@@ -605,8 +605,7 @@ def test_row_series_matches_the_u_series(ramp):
         u = a[:, None] + b[None, :]
         exact = p0 * (1 + sum(c * u ** (k + 1) for k, c in enumerate(coefficients[:order])))
         out = torch.empty(64, 64, dtype=torch.float32, device=DEVICE)
-        given = ramp_values if ramp else b
-        _column_series_kernel[(1,)](a.float().to(DEVICE), given.float().to(DEVICE), out, -1 / d0, p0,
+        _column_series_kernel[(1,)](a.float().to(DEVICE), ramp_values.float().to(DEVICE), out, -1 / d0, p0,
                                     *coefficients[:3], M=64, N=64, ORDER=order, RAMP=ramp)
         error = ((out.double().cpu() - exact).abs() / exact.abs()).max().item()
         assert error < 4e-7, (order, error)

@@ -16,6 +16,7 @@ default kernel in the same cases; `--combine-best` times the combination of the 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import itertools
 import platform
@@ -90,6 +91,17 @@ def _rel(a, b):
     return float((a - b).norm() / b.norm())
 
 
+@contextlib.contextmanager
+def _variant_configs(head_dim, dtype, variant):
+    """The kernels inside `variant` (LaunchConfigs fields to change) over the defaults of
+    head_dim and dtype."""
+    from tapa.ops import triton_launch
+
+    base = triton_launch.default_configs(head_dim, head_dim, dtype)
+    with triton_launch.override_configs(triton_launch.with_variant(base, variant)):
+        yield
+
+
 def accuracy_errors(n, head_dim, *, causal, dtype=torch.bfloat16, heads=4, kv_heads=4, theta=0.5,
                     distance="power", phase="quadratic", seed=0, variant=None):
     """Relative RMSE vs float64 of the kernel and of the same-dtype chunked reference, for out,
@@ -98,11 +110,7 @@ def accuracy_errors(n, head_dim, *, causal, dtype=torch.bfloat16, heads=4, kv_he
     variant: LaunchConfigs fields to change (e.g. dict(trig_poly=False)), or None.
     """
     if variant:
-        from tapa.ops import triton_launch
-
-        base = triton_launch.default_configs(head_dim, head_dim, dtype)
-        configs = triton_launch.with_variant(base, variant)
-        with triton_launch.override_configs(configs):
+        with _variant_configs(head_dim, dtype, variant):
             rows = accuracy_errors(n, head_dim, causal=causal, dtype=dtype, heads=heads,
                                    kv_heads=kv_heads, theta=theta, distance=distance,
                                    phase=phase, seed=seed)
@@ -135,10 +143,7 @@ def long_range_errors(n, *, distance="power", dtype=torch.bfloat16, heads=2, hea
 
     variant: LaunchConfigs fields to change for the kernel (as in accuracy_errors), or None."""
     if variant:
-        from tapa.ops import triton_launch
-
-        base = triton_launch.default_configs(head_dim, head_dim, dtype)
-        with triton_launch.override_configs(triton_launch.with_variant(base, variant)):
+        with _variant_configs(head_dim, dtype, variant):
             return long_range_errors(n, distance=distance, dtype=dtype, heads=heads,
                                      head_dim=head_dim, rows=rows, seed=seed)
     q = _random((1, n, heads, head_dim), dtype, seed)
@@ -336,6 +341,11 @@ def _first_rounds(rows):
     return [r for r in rows if r.get("round", 1) == 1 or (r["head_dim"], r["causal"], r["n"]) not in first]
 
 
+def _long_range_cells(e):
+    return (f"{e['near_kernel']:.3e} | {e['near_reference']:.3e} | {e['far_kernel']:.3e} | "
+            f"{e['far_reference']:.3e} | {e['far_kernel'] / e['far_reference']:.2f}")
+
+
 def _markdown(rows, error_rows, long_range, header, variants_md="", variant_long_range=None):
     lines = [header, ""]
     if variants_md:
@@ -351,20 +361,16 @@ def _markdown(rows, error_rows, long_range, header, variants_md="", variant_long
         lines += ["## Long range (causal, output of the first and last 256 rows)", "",
                   "| distance | D | near kernel | near reference | far kernel | far reference | far ratio |",
                   "|---|---|---|---|---|---|---|"]
-        for (distance, head_dim), e in long_range.items():
-            lines.append(f"| {distance} | {head_dim} | {e['near_kernel']:.3e} | {e['near_reference']:.3e} | "
-                         f"{e['far_kernel']:.3e} | {e['far_reference']:.3e} | "
-                         f"{e['far_kernel'] / e['far_reference']:.2f} |")
+        lines += [f"| {distance} | {head_dim} | {_long_range_cells(e)} |"
+                  for (distance, head_dim), e in long_range.items()]
         lines.append("")
     if variant_long_range:
         lines += ["## Long range, variants (power distance, causal, output of the first and last "
                   "256 rows)", "",
                   "| variant | D | near kernel | near reference | far kernel | far reference "
                   "| far ratio |", "|---|---|---|---|---|---|---|"]
-        for (label, head_dim), e in variant_long_range.items():
-            lines.append(f"| {label} | {head_dim} | {e['near_kernel']:.3e} | "
-                         f"{e['near_reference']:.3e} | {e['far_kernel']:.3e} | "
-                         f"{e['far_reference']:.3e} | {e['far_kernel'] / e['far_reference']:.2f} |")
+        lines += [f"| {label} | {head_dim} | {_long_range_cells(e)} |"
+                  for (label, head_dim), e in variant_long_range.items()]
         lines.append("")
     rows = _first_rounds(rows)
     tapa_rows = [r for r in rows if r["impl"] == "tapa"]

@@ -242,18 +242,22 @@ def _rcp(x, PTX_ASM: tl.constexpr):
 
 
 @triton.jit
-def _column_series(a, b, scale, p0, b1, b2, b3, TAYLOR_ORDER: tl.constexpr, RAMP: tl.constexpr):
-    """p0 * (1 + sum_k b_k u**k) for u = a[:, None] + scale * b[None, :] (a per row, b per column),
-    as a polynomial in b whose coefficients are per-row vectors: A_j(a) = scale**j sum_{k>=j}
-    C(k, j) c_k a**(k-j) with c_0 = p0, c_k = p0 * b_k. Per element that is one add and
-    TAYLOR_ORDER - 1 multiply-adds, against the u form's add and TAYLOR_ORDER multiply-adds.
+def _column_series(a, col, scale, p0, b1, b2, b3, TAYLOR_ORDER: tl.constexpr, RAMP: tl.constexpr):
+    """p0 * (1 + sum_k b_k u**k) for u = a[:, None] + scale * col[None, :] (a per row, col per
+    column), as a polynomial in b = scale * col whose coefficients are per-row vectors:
+    A_j(a) = sum_{k>=j} C(k, j) c_k a**(k-j) with c_0 = p0, c_k = p0 * b_k. Per element that is
+    one add and TAYLOR_ORDER - 1 multiply-adds, against the u form's add and TAYLOR_ORDER
+    multiply-adds.
 
-    RAMP: b is the loop-invariant column ramp and scale the tile's -1 / d0, folded into the
-    coefficients, so that no per-tile column vector scale * b is built (offline-census-9.md);
-    otherwise b is that vector already and scale is not read. |u| stays within the tile's band
-    either way, so nothing cancels. Orders 1..3."""
+    Without RAMP, b is built as a per-tile column vector; with RAMP (col loop-invariant, e.g. the
+    column ramp) the polynomial is taken in col itself, scale**j folded into A_j, so that no
+    per-tile vector is built (offline-census-9.md). |u| stays within the tile's band either way,
+    so nothing cancels. Orders 1..3."""
     tl.static_assert((TAYLOR_ORDER >= 1) & (TAYLOR_ORDER <= 3),
                      "the column-term series (fwd_row_series) takes TAYLOR_ORDER 1..3")
+    b = col
+    if not RAMP:
+        b = col * scale
     c1 = p0 * b1
     if TAYLOR_ORDER == 1:
         a0 = c1 * a + p0
@@ -317,12 +321,9 @@ def _scaled_distance_weight(s, s_rows, s_cols, s_lo, s_hi, alpha, phase_scale, t
                 p0 = _exact_pow(d0, alpha) * phase_scale
             else:
                 p0 = tl.exp2(alpha * log2_d0) * phase_scale
-            if SPLIT_S == 2:  # the series in the column term: see `_column_series`
-                fs = _column_series(s_rows * to_u - 1.0, s_cols * (-to_u), 1.0, p0, b1, b2, b3,
-                                    TAYLOR_ORDER, False)
-            elif SPLIT_S == 3:  # ... on the column ramp itself, -to_u in the coefficients
+            if SPLIT_S >= 2:  # the series in the column term (3: on the ramp): `_column_series`
                 fs = _column_series(s_rows * to_u - 1.0, s_cols, -to_u, p0, b1, b2, b3,
-                                    TAYLOR_ORDER, True)
+                                    TAYLOR_ORDER, SPLIT_S == 3)
             else:
                 if SPLIT_S:  # u = s * to_u - 1 = (s_rows * to_u - 1) - s_cols * to_u
                     u = (s_rows * to_u - 1.0)[:, None] + s_cols[None, :] * (-to_u)
