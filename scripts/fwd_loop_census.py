@@ -1,14 +1,16 @@
-"""Per-score SASS census of the forward kernel's loops, offline (sm_90, no GPU).
+"""Per-score SASS census of a fused kernel's loops, offline (sm_90, no GPU).
 
-Compiles the default bf16 causal forward as `tapa.bench.kernel_report.offline_rows` does (the
-launcher's specialization), optionally writes its SASS, and for each loop of `_fwd_kernel` (the
-unmasked tiles, then the masked ones) splits the body into the part both tile paths share and the
+Compiles the default bf16 causal kernels as `tapa.bench.kernel_report.offline_rows` does (the
+launcher's specialization), optionally writes the SASS, and for each loop of the chosen kernel
+(`--kernel`: the forward, by default, the dK/dV or the dQ kernel; the unmasked tiles, then the
+masked ones, or for the dK/dV kernel the masked ones first) splits the body into the part both tile paths share and the
 two arms of the far/near branch (the arm with the MUFU.LG2s is the near one). It prints the
 instruction classes of each part per iteration and per score of a thread (BLOCK_M * BLOCK_N /
 (32 * num_warps) scores). Counts are static: each instruction of one iteration once.
 
     PYTHONPATH=src python scripts/fwd_loop_census.py --head-dim 64 --sass-dir /tmp/sass
     PYTHONPATH=src python scripts/fwd_loop_census.py --head-dim 64 --variant fwd_split_s=1
+    PYTHONPATH=src python scripts/fwd_loop_census.py --head-dim 64 --kernel dq
 """
 
 from __future__ import annotations
@@ -95,7 +97,10 @@ def census(ins: list[dict], scores: int) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--head-dim", type=int, default=128)
-    parser.add_argument("--sass-dir", type=Path, default=None, help="write each forward's SASS here")
+    parser.add_argument("--kernel", choices=("fwd", "dkdv", "dq"), default="fwd",
+                        help="the kernel whose loops are counted (dkdv: whichever dK/dV kernel the "
+                        "configs launch, with or without the atomic dQ)")
+    parser.add_argument("--sass-dir", type=Path, default=None, help="write each kernel's SASS here")
     parser.add_argument("--variant", default="", help="a kernel variant spec (TAPA_KERNEL_VARIANT's "
                         "form) instead of the defaults")
     args = parser.parse_args()
@@ -104,16 +109,16 @@ def main() -> int:
     changes = parse_variant(args.variant)
     rows = kernel_report.offline_rows({args.variant or "default": changes}, args.head_dim, keep_sass=True)
     for row in rows:
-        if row["kernel"] != "fwd" or "error" in row:
+        if not row["kernel"].startswith(args.kernel) or "error" in row:
             continue
         text = row["sass"]
         block_m, block_n, warps = (int(x) for x in re.match(r"(\d+)x(\d+)/(\d+)", row["config"]).groups())
         scores = block_m * block_n // (32 * warps)
-        print(f"\n## D={args.head_dim} fwd {row['config']}: {row['reg']} registers, {row['stack']} B stack, "
+        print(f"\n## D={args.head_dim} {row['kernel']} {row['config']}: {row['reg']} registers, {row['stack']} B stack, "
               f"{scores} scores per thread per iteration")
         if args.sass_dir:
             args.sass_dir.mkdir(parents=True, exist_ok=True)
-            name = f"fwd_D{args.head_dim}_{row['config'].split()[0].replace('/', '-')}"
+            name = f"{args.kernel}_D{args.head_dim}_{row['config'].split()[0].replace('/', '-')}"
             path = args.sass_dir / (name + (f"_{args.variant.replace('=', '').replace(',', '_')}" if args.variant else "") + ".sass")
             path.write_text(text)
             print(f"SASS: {path}")

@@ -76,10 +76,15 @@ compile_for_hopper(decode_kernel._merge_kernel, dict(BLOCK_S=128, BLOCK_DV=128),
 fused = dict(AMP_DIM=32, HEAD_DIM=64, V_DIM=64, BLOCK_DA=32, BLOCK_DP=32, BLOCK_DV=64, CAUSAL=True)
 compile_for_hopper(triton_kernels._bwd_dkdv_kernel,
                    dict(fused, **logit_flags("bf16", True, False, True, False, 4, 3), BLOCK_M=32, BLOCK_N=128,
-                        DQ_ATOMIC=True, DQ_TRANSPOSE=False, REVERSE_Q=False, COS_RADIANS=False, WARP_SPECIALIZE=False), "bf16", 8, 2)
+                        DQ_ATOMIC=True, DQ_TRANSPOSE=False, REVERSE_Q=False, COS_RADIANS=False, FAST_SCALARS=False, SPLIT_S=0,
+                        WARP_SPECIALIZE=False), "bf16", 8, 2)
 compile_for_hopper(triton_kernels._bwd_dkdv_kernel,  # dQ^T = K^T dS (wgmma with M = the columns)
                    dict(fused, **logit_flags("bf16", True, True, False, False), BLOCK_M=32, BLOCK_N=128,
-                        DQ_ATOMIC=True, DQ_TRANSPOSE=True, REVERSE_Q=True, COS_RADIANS=True, WARP_SPECIALIZE=False), "bf16", 8, 2)
+                        DQ_ATOMIC=True, DQ_TRANSPOSE=True, REVERSE_Q=True, COS_RADIANS=True, FAST_SCALARS=True, SPLIT_S=1,
+                        WARP_SPECIALIZE=False), "bf16", 8, 2)
+compile_for_hopper(triton_kernels._bwd_dq_kernel,  # the dQ kernel's MUFU paths (PTX, GPU only)
+                   dict(fused, **logit_flags("bf16", True, True, False, False), BLOCK_M=64, BLOCK_N=32,
+                        SPLIT_S=2, COS_RADIANS=True, FAST_SCALARS=True, WARP_SPECIALIZE=False), "bf16", 4, 2)
 print("compiled for sm_90")
 """
 

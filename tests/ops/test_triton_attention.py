@@ -522,6 +522,15 @@ VARIANTS = {  # spec: call arguments (FAR where the variant changes the far-tile
     "fwd_dot_rowsum=1,fwd_ramp_series=1,taylor_order=2,taylor_tolerance=1e-5": FAR,
     # (not at q_offset 20000: there this case's float16 dq is 1.505x its reference's for every
     # series, the exact one included; results/kernel-h200/run-14.md)
+    # the backward kernels' distances as row offsets less a ramp, near and far, and the dQ
+    # kernel's far-tile series in the column term (dQ by its own kernel, as the D=64 default)
+    "dq_split_s=1,dkdv_split_s=1": {},
+    "dq_split_s=1,dkdv_split_s=1,taylor_order=3,taylor_tolerance=1e-6": FAR,
+    "dq_row_series=1,taylor_order=2,taylor_tolerance=1e-5": FAR,
+    "dkdv_split_s=1,dq_atomic=1,dq_transpose=1": dict(causal=False),  # every block unmasked
+    # the backward's far-tile scalars (the interpreter takes the exact log2 and division; the
+    # MUFU's forms: test_fast_far_tile_scalars_within_the_half_precision_bar)
+    "bwd_fast_scalars=1,taylor_order=3,taylor_tolerance=1e-6": FAR,
 }
 
 
@@ -543,6 +552,8 @@ def test_mufu_trig_within_the_half_precision_bar():
 @pytest.mark.skipif(not HAS_CUDA, reason="the MUFU's lg2.approx/rcp.approx are PTX (no interpreter)")
 def test_fast_far_tile_scalars_within_the_half_precision_bar():
     _check_variant("fwd_split_s=1,fwd_fast_scalars=1,taylor_order=3,taylor_tolerance=1e-6", FAR)
+    _check_variant("bwd_fast_scalars=1,dq_split_s=1,dkdv_split_s=1,taylor_order=3,"
+                   "taylor_tolerance=1e-6", FAR)
 
 
 @pytest.mark.cuda
@@ -554,6 +565,7 @@ def test_cos_in_radians_within_the_half_precision_bar(call):
     _check_variant("trig_poly=0,fwd_cos_radians=1,fwd_split_s=1,fwd_fast_scalars=1", call)
     _check_variant("trig_poly=0,dq_atomic=1,dq_transpose=1,dkdv_cos_radians=1", call)
     _check_variant("trig_poly=0,dq_atomic=0,dkdv_cos_radians=1", call)  # dQ by its own kernel
+    _check_variant("trig_poly=0,dq_atomic=0,dq_cos_radians=1,dkdv_cos_radians=1", call)  # ... in radians
 
 
 def test_dot_rowsum_flag():
@@ -627,6 +639,27 @@ def test_cos_in_radians_only_where_it_applies():
     assert not triton_launch.dkdv_flags(both, dict(flags, LONG_PHASE=True))["COS_RADIANS"]
     scalars, grads = triton_launch.with_radians([1.0, 0.5, 0.1], [0.25, -2 * math.pi])
     assert scalars == [1.0, math.pi, 0.1] and grads == [0.25, -1.0]
+    dq = triton_launch.with_variant(configs, "dq_cos_radians=1")
+    assert triton_launch.dq_flags(dq, flags)["COS_RADIANS"]
+    assert not triton_launch.dq_flags(dq, dict(flags, TRIG_POLY=True))["COS_RADIANS"]
+    assert not triton_launch.dq_flags(configs, flags)["COS_RADIANS"]  # the dQ kernel's own flag
+
+
+def test_backward_distance_flags():
+    """The backward kernels' SPLIT_S and FAST_SCALARS: off unless asked for; dq_row_series
+    implies the split distances and takes the column-term orders only, as fwd_row_series."""
+    base = triton_launch.with_variant(triton_launch.default_configs(64, 64, torch.bfloat16),
+                                      "taylor_order=2")
+    assert triton_launch.dq_flags(base) == dict(SPLIT_S=0, FAST_SCALARS=False, COS_RADIANS=False)
+    flags = triton_launch.dkdv_flags(base)
+    assert (flags["SPLIT_S"], flags["FAST_SCALARS"]) == (0, False)
+    both = triton_launch.with_variant(base, "dq_split_s=1,dkdv_split_s=1,bwd_fast_scalars=1")
+    assert triton_launch.dq_flags(both)["SPLIT_S"] == 1 and triton_launch.dq_flags(both)["FAST_SCALARS"]
+    flags = triton_launch.dkdv_flags(both)
+    assert (flags["SPLIT_S"], flags["FAST_SCALARS"]) == (1, True)
+    assert triton_launch.dq_flags(triton_launch.with_variant(base, "dq_row_series=1"))["SPLIT_S"] == 2
+    with pytest.raises(ValueError, match="dq_row_series takes taylor_order 1..3"):
+        triton_launch.dq_flags(triton_launch.with_variant(base, "dq_row_series=1,taylor_order=4"))
 
 
 def _check_variant(spec, call):

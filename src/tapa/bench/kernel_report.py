@@ -200,7 +200,8 @@ def offline_rows(variants: dict, head_dim: int = 128, max_distance: int = 16383,
         kernels.append((triton_launch.dkdv_kernel_name(dkdv), triton_kernels._bwd_dkdv_kernel,
                         configs.dkdv, dkdv))
         if not dq_atomic:
-            kernels.append(("dq", triton_kernels._bwd_dq_kernel, configs.dq, {}))
+            kernels.append(("dq", triton_kernels._bwd_dq_kernel, configs.dq,
+                            triton_launch.dq_flags(configs, flags)))
         for name, kernel, config, extra in kernels:
             constexprs = dict(common, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
                               WARP_SPECIALIZE=config.warp_specialize, group=1, **extra)

@@ -214,7 +214,8 @@ def _dkdv_inner(dk_a, dk_p, dk_psum, dv, k_a, k_p, k_sum, v, pos_n, key_first,
                 TRIG_TERMS: tl.constexpr, TAYLOR_ORDER: tl.constexpr, PTX_ASM: tl.constexpr,
                 LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr,
                 WARP_SPECIALIZE: tl.constexpr, DQ_ATOMIC: tl.constexpr,
-                DQ_TRANSPOSE: tl.constexpr, REVERSE_Q: tl.constexpr, COS_RADIANS: tl.constexpr):
+                DQ_TRANSPOSE: tl.constexpr, REVERSE_Q: tl.constexpr, COS_RADIANS: tl.constexpr,
+                FAST_SCALARS: tl.constexpr, SPLIT_S: tl.constexpr):
     """dK/dV of one key block against query blocks [lo, hi); tiles are (keys, queries).
 
     With DQ_ATOMIC the tile's share of dQ is also added (float32 atomics) into dq_base, so that
@@ -230,11 +231,14 @@ def _dkdv_inner(dk_a, dk_p, dk_psum, dv, k_a, k_p, k_sum, v, pos_n, key_first,
     shares to the same rows: atomic contention is the price).
 
     COS_RADIANS: the forward's `COS_RADIANS` (the host scales phase_scale and phase_grad_scale to
-    match).
+    match). FAST_SCALARS: the forward's (a far tile's log2(d0) and 1 / d0 from the MUFU).
+    SPLIT_S (0 or 1): the forward's, for (keys, queries) tiles: s = (q_first - pos_n) less the
+    negated query ramp, built whole only for the mask.
     """
     offs_da = tl.arange(0, BLOCK_DA)
     offs_dp = AMP_DIM + tl.arange(0, BLOCK_DP)
     offs_dv = tl.arange(0, BLOCK_DV)
+    negated_ramp = -tl.arange(0, BLOCK_M).to(tl.float32)  # read only with SPLIT_S
     for tile_m in tl.range(lo, hi, BLOCK_M, warp_specialize=WARP_SPECIALIZE):
         start_m = tile_m
         if REVERSE_Q:  # lo + last - tile_m: the blocks of [lo, hi) in the opposite order
@@ -242,17 +246,25 @@ def _dkdv_inner(dk_a, dk_p, dk_psum, dv, k_a, k_p, k_sum, v, pos_n, key_first,
         offs_m = start_m + tl.arange(0, BLOCK_M)
         row_ok = offs_m < n_q
         rows = offs_m.to(tl.int64)[:, None]
-        s = (q_offset + offs_m).to(tl.float32)[None, :] - pos_n[:, None]
         q_first = (q_offset + start_m).to(tl.float32)
+        row_offset = q_first - pos_n
+        if SPLIT_S:
+            if MASKED:
+                s = row_offset[:, None] - negated_ramp[None, :]
+            else:
+                s = 0.0
+        else:
+            s = (q_offset + offs_m).to(tl.float32)[None, :] - pos_n[:, None]
         q_p = _load_tile(q_base + rows * stride_qn + offs_dp[None, :], row_ok, offs_dp < HEAD_DIM,
                          True, BLOCK_DP != HEAD_DIM - AMP_DIM)
         q_a = _load_tile(q_base + rows * stride_qn + offs_da[None, :], row_ok, offs_da < AMP_DIM,
                          True, BLOCK_DA != AMP_DIM)
         qk_amp, cos, phase_factor = tile_logits_and_derivatives(
-            k_a, q_a, k_p, q_p, k_sum, tl.sum(q_p.to(tl.float32), axis=1), s,
-            q_first - (key_first + (BLOCK_N - 1)), q_first + (BLOCK_M - 1) - key_first, alpha,
-            phase_scale, taylor_rho, b1, b2, b3, b4, b5, b6, DIST_POWER, PHASE_QUAD, TRIG_POLY,
-            TRIG_TERMS, TAYLOR_ORDER, PTX_ASM, LONG_PHASE, DOT_PRECISION, COS_RADIANS)
+            k_a, q_a, k_p, q_p, k_sum, tl.sum(q_p.to(tl.float32), axis=1), s, row_offset,
+            negated_ramp, q_first - (key_first + (BLOCK_N - 1)), q_first + (BLOCK_M - 1) - key_first,
+            alpha, phase_scale, taylor_rho, b1, b2, b3, b4, b5, b6, DIST_POWER, PHASE_QUAD,
+            TRIG_POLY, TRIG_TERMS, TAYLOR_ORDER, PTX_ASM, LONG_PHASE, DOT_PRECISION, SPLIT_S,
+            FAST_SCALARS, COS_RADIANS)
         # padding query rows load lse = +inf, so p = 0 there
         lse2 = tl.load(lse_ptr + offs_m, mask=row_ok, other=float("inf")) * LOG2E
         p = tl.exp2(qk_amp * cos * logit_scale - lse2[None, :])
@@ -316,7 +328,8 @@ def _bwd_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV, DQ,
                      TAYLOR_ORDER: tl.constexpr, PTX_ASM: tl.constexpr, LONG_PHASE: tl.constexpr,
                      DOT_PRECISION: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
                      DQ_ATOMIC: tl.constexpr, DQ_TRANSPOSE: tl.constexpr,
-                     REVERSE_Q: tl.constexpr, COS_RADIANS: tl.constexpr):
+                     REVERSE_Q: tl.constexpr, COS_RADIANS: tl.constexpr,
+                     FAST_SCALARS: tl.constexpr, SPLIT_S: tl.constexpr):
     start_n = tl.program_id(0) * BLOCK_N
     batch = tl.program_id(1) // kv_heads
     kv_head = tl.program_id(1) % kv_heads
@@ -366,7 +379,7 @@ def _bwd_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV, DQ,
             amp_grad_scale, phase_grad_scale,
             AMP_DIM, HEAD_DIM, V_DIM, BLOCK_DA, BLOCK_DP, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL,
             DIST_POWER, PHASE_QUAD, TRIG_POLY, TRIG_TERMS, TAYLOR_ORDER, PTX_ASM, LONG_PHASE,
-            DOT_PRECISION, WARP_SPECIALIZE, DQ_ATOMIC, DQ_TRANSPOSE, False, COS_RADIANS)
+            DOT_PRECISION, WARP_SPECIALIZE, DQ_ATOMIC, DQ_TRANSPOSE, False, COS_RADIANS, FAST_SCALARS, SPLIT_S)
         dk_a, dk_p, dk_psum, dv = _dkdv_inner(
             dk_a, dk_p, dk_psum, dv, k_a, k_p, k_sum, v, pos_n, key_first, q_base, do_base, dq_base,
             Lse + bh * n_q, Delta + bh * n_q, stride_qn, stride_dn, stride_dqn, n_q, q_offset,
@@ -374,7 +387,7 @@ def _bwd_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV, DQ,
             amp_grad_scale, phase_grad_scale,
             AMP_DIM, HEAD_DIM, V_DIM, BLOCK_DA, BLOCK_DP, BLOCK_DV, BLOCK_M, BLOCK_N, False,
             DIST_POWER, PHASE_QUAD, TRIG_POLY, TRIG_TERMS, TAYLOR_ORDER, PTX_ASM, LONG_PHASE,
-            DOT_PRECISION, WARP_SPECIALIZE, DQ_ATOMIC, DQ_TRANSPOSE, REVERSE_Q, COS_RADIANS)
+            DOT_PRECISION, WARP_SPECIALIZE, DQ_ATOMIC, DQ_TRANSPOSE, REVERSE_Q, COS_RADIANS, FAST_SCALARS, SPLIT_S)
 
     dk_base = DK + batch.to(tl.int64) * stride_dkb + kv_head.to(tl.int64) * stride_dkh
     tl.store(dk_base + rows * stride_dkn + offs_da[None, :],
@@ -402,26 +415,38 @@ def _dq_inner(dq_a, dq_p, dq_psum, q_a, q_p, q_sum, do, lse2, delta, pos_m, q_fi
               CAUSAL: tl.constexpr, DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr,
               TRIG_POLY: tl.constexpr, TRIG_TERMS: tl.constexpr, TAYLOR_ORDER: tl.constexpr,
               PTX_ASM: tl.constexpr, LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-              WARP_SPECIALIZE: tl.constexpr):
-    """dQ of one query block against key blocks [lo, hi); tiles are (queries, keys)."""
+              WARP_SPECIALIZE: tl.constexpr, SPLIT_S: tl.constexpr, FAST_SCALARS: tl.constexpr,
+              COS_RADIANS: tl.constexpr):
+    """dQ of one query block against key blocks [lo, hi); tiles are (queries, keys). SPLIT_S
+    (the distances as row offsets less the column ramp; 2: the far tiles' series in the column
+    term), FAST_SCALARS and COS_RADIANS: as in the forward's `_fwd_inner`."""
     offs_da = tl.arange(0, BLOCK_DA)
     offs_dp = AMP_DIM + tl.arange(0, BLOCK_DP)
     offs_dv = tl.arange(0, BLOCK_DV)
+    column_ramp = tl.arange(0, BLOCK_N).to(tl.float32)  # read only with SPLIT_S
     for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         key_ok = offs_n < n_k
         rows = offs_n.to(tl.int64)[:, None]
-        s = pos_m[:, None] - (k_offset + offs_n).to(tl.float32)[None, :]
         key_first = (k_offset + start_n).to(tl.float32)
+        row_offset = pos_m - key_first
+        if SPLIT_S:  # s whole only for the mask, as in the forward
+            if MASKED:
+                s = row_offset[:, None] - column_ramp[None, :]
+            else:
+                s = 0.0
+        else:
+            s = pos_m[:, None] - (k_offset + offs_n).to(tl.float32)[None, :]
         k_p = _load_tile(k_base + rows * stride_kn + offs_dp[None, :], key_ok,
                          offs_dp < HEAD_DIM, MASKED, BLOCK_DP != HEAD_DIM - AMP_DIM)
         k_a = _load_tile(k_base + rows * stride_kn + offs_da[None, :], key_ok, offs_da < AMP_DIM,
                          MASKED, BLOCK_DA != AMP_DIM)
         qk_amp, cos, phase_factor = tile_logits_and_derivatives(
-            q_a, k_a, q_p, k_p, q_sum, tl.sum(k_p.to(tl.float32), axis=1), s,
-            q_first - (key_first + (BLOCK_N - 1)), q_first + (BLOCK_M - 1) - key_first, alpha,
-            phase_scale, taylor_rho, b1, b2, b3, b4, b5, b6, DIST_POWER, PHASE_QUAD, TRIG_POLY,
-            TRIG_TERMS, TAYLOR_ORDER, PTX_ASM, LONG_PHASE, DOT_PRECISION, False)
+            q_a, k_a, q_p, k_p, q_sum, tl.sum(k_p.to(tl.float32), axis=1), s, row_offset,
+            column_ramp, q_first - (key_first + (BLOCK_N - 1)), q_first + (BLOCK_M - 1) - key_first,
+            alpha, phase_scale, taylor_rho, b1, b2, b3, b4, b5, b6, DIST_POWER, PHASE_QUAD,
+            TRIG_POLY, TRIG_TERMS, TAYLOR_ORDER, PTX_ASM, LONG_PHASE, DOT_PRECISION, SPLIT_S,
+            FAST_SCALARS, COS_RADIANS)
         p = tl.exp2(qk_amp * cos * logit_scale - lse2[:, None])
         if MASKED:
             visible = key_ok[None, :]
@@ -455,7 +480,8 @@ def _bwd_dq_kernel(Q, K, V, DOut, Lse, Delta, DQ,
                    DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr, TRIG_POLY: tl.constexpr,
                    TRIG_TERMS: tl.constexpr, TAYLOR_ORDER: tl.constexpr, PTX_ASM: tl.constexpr,
                    LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                   WARP_SPECIALIZE: tl.constexpr):
+                   WARP_SPECIALIZE: tl.constexpr, SPLIT_S: tl.constexpr,
+                   FAST_SCALARS: tl.constexpr, COS_RADIANS: tl.constexpr):
     block = tl.program_id(0)
     if CAUSAL:
         block = tl.num_programs(0) - 1 - block
@@ -502,14 +528,14 @@ def _bwd_dq_kernel(Q, K, V, DOut, Lse, Delta, DQ,
         logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6,
         AMP_DIM, HEAD_DIM, V_DIM, BLOCK_DA, BLOCK_DP, BLOCK_DV, BLOCK_M, BLOCK_N, False, CAUSAL,
         DIST_POWER, PHASE_QUAD, TRIG_POLY, TRIG_TERMS, TAYLOR_ORDER, PTX_ASM, LONG_PHASE,
-        DOT_PRECISION, WARP_SPECIALIZE)
+        DOT_PRECISION, WARP_SPECIALIZE, SPLIT_S, FAST_SCALARS, COS_RADIANS)
     dq_a, dq_p, dq_psum = _dq_inner(
         dq_a, dq_p, dq_psum, q_a, q_p, q_sum, do, lse2, delta, pos_m, q_first, k_base, v_base,
         stride_kn, stride_vn, n_k, k_offset, full, hi,
         logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6,
         AMP_DIM, HEAD_DIM, V_DIM, BLOCK_DA, BLOCK_DP, BLOCK_DV, BLOCK_M, BLOCK_N, True, CAUSAL,
         DIST_POWER, PHASE_QUAD, TRIG_POLY, TRIG_TERMS, TAYLOR_ORDER, PTX_ASM, LONG_PHASE,
-        DOT_PRECISION, WARP_SPECIALIZE)
+        DOT_PRECISION, WARP_SPECIALIZE, SPLIT_S, FAST_SCALARS, COS_RADIANS)
 
     dq_base = DQ + batch.to(tl.int64) * stride_dqb + head.to(tl.int64) * stride_dqh
     tl.store(dq_base + rows * stride_dqn + offs_da[None, :],

@@ -91,6 +91,22 @@ FWD_COS_RADIANS = False
 # phase gradient's scale adjusted for the 2 pi). The 16-bit configs at D = 128 choose it (bwd
 # x0.986-0.989 of the kernel without it at 4k-64k, in two runs: run-9.md).
 DKDV_COS_RADIANS = False
+# The same in the dQ kernel (its own phase_scale and phase gradient scale adjusted). Offline (Triton
+# 3.6, D=64): the turn reduction (3 instructions a score) and the scaling back by 2 pi (1) go, the
+# MUFU's own scaling by 1 / 2 pi stays (results/kernel-h200/offline-census-10.md). Not yet timed.
+DQ_COS_RADIANS = False
+# The backward kernels' far tiles take log2(d0) and 1 / d0 from the MUFU's approximations, as the
+# forward's FWD_FAST_SCALARS: libdevice's log2f and the IEEE division are about 45 instructions a
+# tile, 2.8 a score of the D=64 dQ kernel's 16 a thread (offline-census-10.md). Not yet timed.
+BWD_FAST_SCALARS = False
+# The dQ kernel takes its distances as the forward's FWD_SPLIT_S does, and with DQ_ROW_SERIES (which
+# implies it) its far tiles' series in the column term, as FWD_ROW_SERIES (taylor_order 1..3). Not
+# yet timed.
+DQ_SPLIT_S = False
+DQ_ROW_SERIES = False
+# The dK/dV kernel's distances split the same way (its tiles are keys x queries: the row offset is
+# the query block's first position less each key's, the column term the negated query ramp).
+DKDV_SPLIT_S = False
 # Up to this many keys the forward takes `LaunchConfigs.fwd`, above it `fwd_long` where set.
 FWD_SHORT_KEYS = 16384
 
@@ -142,6 +158,11 @@ class LaunchConfigs:
     fwd_dot_rowsum: bool | None = None  # None: the module's FWD_DOT_ROWSUM
     fwd_cos_radians: bool | None = None  # None: the module's FWD_COS_RADIANS
     dkdv_cos_radians: bool | None = None  # None: the module's DKDV_COS_RADIANS
+    dq_cos_radians: bool | None = None  # None: the module's DQ_COS_RADIANS
+    bwd_fast_scalars: bool | None = None  # None: the module's BWD_FAST_SCALARS
+    dq_split_s: bool | None = None  # None: the module's DQ_SPLIT_S
+    dq_row_series: bool | None = None  # None: the module's DQ_ROW_SERIES
+    dkdv_split_s: bool | None = None  # None: the module's DKDV_SPLIT_S
 
 
 # Fixed when the kernels are defined (TRITON_INTERPRET is read then); a module constant, so that
@@ -217,7 +238,8 @@ def parse_variant(spec: str) -> dict:
 
     fwd/fwd_long/dkdv/dq=BMxBN[/warps[/stages]][/ws]; dq_atomic, dq_transpose, dkdv_reverse,
     fwd_split_s, fwd_fast_scalars, fwd_row_series, fwd_ramp_series, fwd_dot_rowsum,
-    fwd_cos_radians, dkdv_cos_radians, trig_poly=0|1;
+    fwd_cos_radians, dkdv_cos_radians, dq_cos_radians, bwd_fast_scalars, dq_split_s,
+    dq_row_series, dkdv_split_s, trig_poly=0|1;
     trig_terms=3..6 (sin terms; float32 inputs keep at least FLOAT32_TRIG_ERROR);
     taylor_order=1..6; taylor_tolerance=<float>. An empty spec changes nothing.
     """
@@ -233,7 +255,8 @@ def parse_variant(spec: str) -> dict:
             changes[key] = _parse_kernel_config(key, text)
         elif key in ("dq_atomic", "dq_transpose", "dkdv_reverse", "fwd_split_s", "fwd_fast_scalars",
                      "fwd_row_series", "fwd_ramp_series", "fwd_dot_rowsum", "fwd_cos_radians",
-                     "dkdv_cos_radians", "trig_poly"):
+                     "dkdv_cos_radians", "dq_cos_radians", "bwd_fast_scalars", "dq_split_s",
+                     "dq_row_series", "dkdv_split_s", "trig_poly"):
             changes[key] = _parse_flag(key, text)
         elif key == "trig_terms":
             if not text.isdigit() or int(text) not in TRIG_COEFFICIENTS:
@@ -368,12 +391,38 @@ def dq_by_atomics(configs: LaunchConfigs | None = None) -> bool:
 def dkdv_flags(configs: LaunchConfigs | None = None, logit_flags: dict | None = None) -> dict:
     """The dK/dV kernel's own constexprs: dQ by atomics (`dq_by_atomics`) and, with them, the
     transposed dQ products; the query blocks' order; `DKDV_COS_RADIANS` (with the call's
-    `logits_args` flags, as `fwd_flags`)."""
+    `logits_args` flags, as `fwd_flags`), `BWD_FAST_SCALARS` and `DKDV_SPLIT_S`."""
     dq_atomic = dq_by_atomics(configs)
     return dict(DQ_ATOMIC=dq_atomic,
                 DQ_TRANSPOSE=dq_atomic and bool(_chosen(configs, "dq_transpose", DQ_TRANSPOSE)),
                 REVERSE_Q=bool(_chosen(configs, "dkdv_reverse", DKDV_REVERSE)),
-                COS_RADIANS=_cos_radians(configs, "dkdv_cos_radians", DKDV_COS_RADIANS, logit_flags))
+                COS_RADIANS=_cos_radians(configs, "dkdv_cos_radians", DKDV_COS_RADIANS, logit_flags),
+                FAST_SCALARS=bool(_chosen(configs, "bwd_fast_scalars", BWD_FAST_SCALARS)),
+                SPLIT_S=int(bool(_chosen(configs, "dkdv_split_s", DKDV_SPLIT_S))))
+
+
+def dq_flags(configs: LaunchConfigs | None = None, logit_flags: dict | None = None) -> dict:
+    """The dQ kernel's own constexprs: its distances (`DQ_SPLIT_S`, SPLIT_S 2 with
+    `DQ_ROW_SERIES`), `BWD_FAST_SCALARS` and `DQ_COS_RADIANS` (with the call's `logits_args`
+    flags, as `fwd_flags`)."""
+    split_s = _split_s(configs, ("dq_split_s", DQ_SPLIT_S), ("dq_row_series", DQ_ROW_SERIES))
+    return dict(SPLIT_S=split_s,
+                FAST_SCALARS=bool(_chosen(configs, "bwd_fast_scalars", BWD_FAST_SCALARS)),
+                COS_RADIANS=_cos_radians(configs, "dq_cos_radians", DQ_COS_RADIANS, logit_flags))
+
+
+def _split_s(configs: LaunchConfigs | None, split: tuple, row: tuple, ramp: tuple | None = None) -> int:
+    """A kernel's SPLIT_S from its (name, module default) flags: 1 for the split distances, 2 for
+    the column-term series (which implies them), 3 for that series on the ramp (implies both);
+    the column-term forms take taylor_order 1..3 only."""
+    with_ramp = ramp is not None and bool(_chosen(configs, *ramp))
+    if not (with_ramp or _chosen(configs, *row)):
+        return int(bool(_chosen(configs, *split)))
+    order = _chosen(configs, "taylor_order", TAYLOR_ORDER)
+    if not 1 <= order <= 3:
+        raise ValueError(f"{row[0]} takes taylor_order 1..3, got {order} (the 16-bit "
+                         f"defaults set fwd_row_series=1: add fwd_row_series=0 for a higher order)")
+    return 3 if with_ramp else 2
 
 
 def fwd_flags(configs: LaunchConfigs | None = None, logit_flags: dict | None = None) -> dict:
@@ -382,14 +431,8 @@ def fwd_flags(configs: LaunchConfigs | None = None, logit_flags: dict | None = N
     both), a far tile's scalars (`FWD_FAST_SCALARS`), the softmax row sums (`FWD_DOT_ROWSUM`) and
     the cos's argument (`FWD_COS_RADIANS`, only where the call's `logits_args` flags take the MUFU
     trig without LONG_PHASE; none given: never)."""
-    split_s = int(bool(_chosen(configs, "fwd_split_s", FWD_SPLIT_S)))
-    ramp = bool(_chosen(configs, "fwd_ramp_series", FWD_RAMP_SERIES))
-    if ramp or _chosen(configs, "fwd_row_series", FWD_ROW_SERIES):
-        order = _chosen(configs, "taylor_order", TAYLOR_ORDER)
-        if not 1 <= order <= 3:
-            raise ValueError(f"fwd_row_series takes taylor_order 1..3, got {order} (the 16-bit "
-                             "defaults set fwd_row_series=1: add fwd_row_series=0 for a higher order)")
-        split_s = 3 if ramp else 2
+    split_s = _split_s(configs, ("fwd_split_s", FWD_SPLIT_S), ("fwd_row_series", FWD_ROW_SERIES),
+                       ("fwd_ramp_series", FWD_RAMP_SERIES))
     return dict(SPLIT_S=split_s,
                 FAST_SCALARS=bool(_chosen(configs, "fwd_fast_scalars", FWD_FAST_SCALARS)),
                 DOT_ROWSUM=bool(_chosen(configs, "fwd_dot_rowsum", FWD_DOT_ROWSUM)),
@@ -620,10 +663,13 @@ def backward(dout, dlse, q, k, v, out, lse, *, amp_dim, alpha, distance, phase, 
     if dq_atomic:
         return dq.to(q.dtype), dk, dv
     cfg = configs.dq
+    dq_own = dq_flags(configs, constexprs)
+    if dq_own["COS_RADIANS"]:
+        scalars, grad_scales = with_radians(scalars, grad_scales)
     compiled = kernels._bwd_dq_kernel[(triton.cdiv(n_q, cfg.block_m), batch * heads)](
         q, k, v, dout, lse, delta, dq, *_row_strides(q), *_row_strides(k), *_row_strides(v),
         *_row_strides(dout), *_row_strides(dq), n_q, n_k, q_offset, k_offset, heads,
         heads // kv_heads, *scalars, *grad_scales, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        WARP_SPECIALIZE=cfg.warp_specialize, **cfg.launch_options(), **constexprs)
-    _remember("dq", cfg, constexprs, compiled)
+        WARP_SPECIALIZE=cfg.warp_specialize, **cfg.launch_options(), **dq_own, **constexprs)
+    _remember("dq", cfg, {**constexprs, **dq_own}, compiled)
     return dq, dk, dv

@@ -425,22 +425,24 @@ def tile_logits(a_amp, b_amp, a_phase, b_phase, a_phase_sum, b_phase_sum, s, s_r
 
 
 @triton.jit
-def tile_logits_and_derivatives(a_amp, b_amp, a_phase, b_phase, a_phase_sum, b_phase_sum, s, s_lo, s_hi,
-                                alpha, phase_scale, taylor_rho, b1, b2, b3, b4, b5, b6,
+def tile_logits_and_derivatives(a_amp, b_amp, a_phase, b_phase, a_phase_sum, b_phase_sum, s, s_rows,
+                                s_cols, s_lo, s_hi, alpha, phase_scale, taylor_rho, b1, b2, b3, b4, b5, b6,
                                 DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr,
                                 TRIG_POLY: tl.constexpr, TRIG_TERMS: tl.constexpr,
                                 TAYLOR_ORDER: tl.constexpr, PTX_ASM: tl.constexpr,
                                 LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                                SPLIT_S: tl.constexpr, FAST_SCALARS: tl.constexpr,
                                 COS_RADIANS: tl.constexpr):
     """(qk_amp, cos, phase_factor) of the tile (arguments as `tile_logits`): the logit times
     sqrt(d_A) is qk_amp * cos; its derivative by qk_amp is cos, and by the phase dot phi is
     -2 pi * phase_factor with phase_factor = qk_amp * sin * f / sqrt(d_P). With COS_RADIANS (as
     in `tile_logits`: phase_scale carries 2 pi) the MUFU's cos and sin take the unreduced phase,
-    and phase_factor carries the 2 pi too (the caller's gradient scale drops it)."""
+    and phase_factor carries the 2 pi too (the caller's gradient scale drops it). SPLIT_S and
+    FAST_SCALARS: `_scaled_distance_weight` (without SPLIT_S, s_rows and s_cols are not read)."""
     qk_amp, r, fs = _tile_amplitude_and_phase(
-        a_amp, b_amp, a_phase, b_phase, a_phase_sum, b_phase_sum, s, s, s, s_lo, s_hi, alpha,
+        a_amp, b_amp, a_phase, b_phase, a_phase_sum, b_phase_sum, s, s_rows, s_cols, s_lo, s_hi, alpha,
         phase_scale, taylor_rho, b1, b2, b3, b4, b5, b6, DIST_POWER, PHASE_QUAD, TAYLOR_ORDER, PTX_ASM,
-        LONG_PHASE, DOT_PRECISION, False, False, not COS_RADIANS)
+        LONG_PHASE, DOT_PRECISION, SPLIT_S, FAST_SCALARS, not COS_RADIANS)
     if COS_RADIANS:
         cos, sin = _mufu_cos(r), _mufu_sin(r)
     else:
