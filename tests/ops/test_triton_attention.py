@@ -338,7 +338,8 @@ def test_gpu_defaults_by_head_size_and_dtype(monkeypatch):
     term, run-14.md), the lean forward (split distances, MUFU scalars, cos in radians) and the dK/dV
     kernel's trig in radians; 16-bit D=64 a 64x32/4/2 dQ
     kernel, MUFU trig, the same series and the same forward, with the forward and dK/dV kernels
-    under a 168-register cap (run-11.md, run-12.md); float32 none of them (its grades would show in float32
+    under a 168-register cap (run-11.md, run-12.md) and both backward kernels' trig in radians
+    (run-17.md); float32 none of them (its grades would show in float32
     results)."""
     monkeypatch.setattr(triton_launch, "_INTERPRETING", False)
     monkeypatch.delenv(triton_launch.VARIANT_ENV, raising=False)
@@ -352,19 +353,22 @@ def test_gpu_defaults_by_head_size_and_dtype(monkeypatch):
     d64 = triton_launch.default_configs(64, 64, torch.bfloat16)
     assert (d64.dq, d64.trig_poly, d64.taylor_order, d64.taylor_tolerance, d64.fwd_row_series, d64.dq_atomic) == (
         triton_launch.KernelConfig(64, 32, 4, 2), False, 2, 1e-5, True, None)
-    assert (d64.fwd_split_s, d64.fwd_fast_scalars, d64.fwd_cos_radians, d64.dkdv_cos_radians) == (*lean, None)
+    assert (d64.fwd_split_s, d64.fwd_fast_scalars, d64.fwd_cos_radians, d64.dkdv_cos_radians) == (*lean, True)
+    assert (d64.dq_cos_radians, d128.dq_cos_radians) == (True, None)  # D=128's dQ goes by atomics
     capped = triton_launch.KernelConfig(64, 64, 4, 2, max_registers=168)
     assert (d64.fwd, d64.fwd_long, d64.dkdv) == (capped, None, triton_launch.KernelConfig(32, 64, 4, 2, max_registers=168))
     assert (d128.fwd.max_registers, d128.fwd_long.max_registers, d128.dkdv.max_registers) == (None,) * 3
     # the MUFU trig without LONG_PHASE: both kernels take the cos in radians where the config asks
     flags = dict(TRIG_POLY=False, LONG_PHASE=False)
-    assert triton_launch.fwd_flags(d64, flags)["COS_RADIANS"] and not triton_launch.dkdv_flags(d64, flags)["COS_RADIANS"]
+    assert triton_launch.fwd_flags(d64, flags)["COS_RADIANS"] and triton_launch.dkdv_flags(d64, flags)["COS_RADIANS"]
+    assert triton_launch.dq_flags(d64, flags)["COS_RADIANS"]
     assert triton_launch.dkdv_flags(d128, flags)["COS_RADIANS"]
     assert not triton_launch.fwd_flags(d128, dict(flags, LONG_PHASE=True))["COS_RADIANS"]
     for head_dim in (64, 128):
         plain = triton_launch.default_configs(head_dim, head_dim, torch.float32)
         assert (plain.dq_atomic, plain.trig_poly, plain.trig_terms, plain.taylor_order) == (None,) * 4
-        assert (plain.fwd_split_s, plain.fwd_cos_radians, plain.dkdv_cos_radians, plain.fwd_row_series) == (None,) * 4
+        assert (plain.fwd_split_s, plain.fwd_cos_radians, plain.dkdv_cos_radians, plain.fwd_row_series,
+                plain.dq_cos_radians) == (None,) * 5
 
 
 def test_gpu_forward_tile_by_key_length(monkeypatch):

@@ -93,7 +93,8 @@ FWD_COS_RADIANS = False
 DKDV_COS_RADIANS = False
 # The same in the dQ kernel (its own phase_scale and phase gradient scale adjusted). Offline (Triton
 # 3.6, D=64): the turn reduction (3 instructions a score) and the scaling back by 2 pi (1) go, the
-# MUFU's own scaling by 1 / 2 pi stays (results/kernel-h200/offline-census-10.md). Not yet timed.
+# MUFU's own scaling by 1 / 2 pi stays (results/kernel-h200/offline-census-10.md). The 16-bit
+# configs at D = 64 choose it with DKDV_COS_RADIANS (results/kernel-h200/run-17.md).
 DQ_COS_RADIANS = False
 # The backward kernels' far tiles take log2(d0) and 1 / d0 from the MUFU's approximations, as the
 # forward's FWD_FAST_SCALARS: libdevice's log2f and the IEEE division are about 45 instructions a
@@ -357,10 +358,12 @@ def _default_configs(head_dim: int, v_dim: int, dtype: torch.dtype) -> LaunchCon
                 # 64x64 forward at every length, fwd x0.86-0.93 of the short/long pair, and a 32x64
                 # dK/dV, bwd x0.85-0.90 of the 32x128 one, at 4k-64k (results/kernel-h200/run-10.md,
                 # run-11.md). The dQ kernel at 64x32/4/2: bwd x0.92-0.95 of 128x64/8/2 (run-12.md).
+                # Both backward kernels' MUFU sin/cos on the unreduced phase: bwd x0.955-0.972 at
+                # 4k-64k, every bf16 error and the 64k far rows unchanged (run-17.md).
                 capped = dict(fwd=KernelConfig(64, 64, 4, 2, max_registers=168), fwd_long=None,
                               dkdv=KernelConfig(32, 64, 4, 2, max_registers=168))
-                return replace(configs, dq=KernelConfig(64, 32, 4, 2), **far_series,
-                               **lean_forward, **capped)
+                return replace(configs, dq=KernelConfig(64, 32, 4, 2), dkdv_cos_radians=True,
+                               dq_cos_radians=True, **far_series, **lean_forward, **capped)
             return replace(configs, dq_atomic=True, dq_transpose=True, dkdv_cos_radians=True,
                            **far_series, **short_forward, **lean_forward)
         return configs
