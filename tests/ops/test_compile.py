@@ -82,8 +82,9 @@ compile_for_hopper(triton_kernels._bwd_dkdv_kernel,  # dQ^T = K^T dS (wgmma with
                    dict(fused, **logit_flags("bf16", True, True, False, False), BLOCK_M=32, BLOCK_N=128,
                         DQ_ATOMIC=True, DQ_TRANSPOSE=True, REVERSE_Q=True, COS_RADIANS=True, FAST_SCALARS=True, SPLIT_S=1,
                         WARP_SPECIALIZE=False), "bf16", 8, 2)
-compile_for_hopper(triton_kernels._bwd_dq_kernel,  # the dQ kernel's MUFU paths (PTX, GPU only)
-                   dict(fused, **logit_flags("bf16", True, True, False, False), BLOCK_M=64, BLOCK_N=32,
+compile_for_hopper(triton_kernels._bwd_dq_kernel,  # the dQ kernel's MUFU paths (PTX, GPU only); the
+                   # row series (SPLIT_S=2) takes Taylor orders 1..3
+                   dict(fused, **logit_flags("bf16", True, True, False, False, 6, 2), BLOCK_M=64, BLOCK_N=32,
                         SPLIT_S=2, COS_RADIANS=True, FAST_SCALARS=True, WARP_SPECIALIZE=False), "bf16", 4, 2)
 print("compiled for sm_90")
 """

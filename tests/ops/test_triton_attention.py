@@ -409,7 +409,8 @@ def test_gpu_forward_tile_by_key_length(monkeypatch):
     assert triton_launch.default_configs(128, 128, torch.bfloat16) == triton_launch.LaunchConfigs(
         dq=K(128, 16, 8, 2), dq_atomic=True, dkdv_cos_radians=True, **run4)
     assert triton_launch.default_configs(64, 64, torch.bfloat16) == triton_launch.LaunchConfigs(
-        dq=K(64, 32, 4, 2), **dict(run4, dkdv=K(32, 64, 4, 2, max_registers=168)))
+        dq=K(64, 32, 4, 2), dkdv_cos_radians=True, dq_cos_radians=True,
+        **dict(run4, dkdv=K(32, 64, 4, 2, max_registers=168)))
     monkeypatch.delenv(triton_launch.VARIANT_ENV)
     with triton_launch.override_configs(triton_launch.LaunchConfigs(K(32, 32), K(16, 32), K(32, 16))):
         assert tiles(triton_launch.default_configs(128, 128, torch.bfloat16)) == [K(32, 32)] * 5
@@ -454,14 +455,14 @@ def test_deterministic_mode_takes_the_dq_kernel():
                                         "dq_atomic=1,dq_transpose=1")
     assert triton_launch.dq_by_atomics(atomic)
     assert triton_launch.dkdv_flags(atomic) == dict(DQ_ATOMIC=True, DQ_TRANSPOSE=True, REVERSE_Q=False,
-                                                    COS_RADIANS=False)
+                                                    COS_RADIANS=False, FAST_SCALARS=False, SPLIT_S=0)
     assert triton_launch.dkdv_flags(replace(atomic, dq_atomic=False))["DQ_TRANSPOSE"] is False
     was = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True)
     try:
         assert not triton_launch.dq_by_atomics(atomic)
         assert triton_launch.dkdv_flags(atomic) == dict(DQ_ATOMIC=False, DQ_TRANSPOSE=False, REVERSE_Q=False,
-                                                        COS_RADIANS=False)
+                                                        COS_RADIANS=False, FAST_SCALARS=False, SPLIT_S=0)
     finally:
         torch.use_deterministic_algorithms(was)
 
