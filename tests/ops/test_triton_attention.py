@@ -339,8 +339,8 @@ def test_gpu_defaults_by_head_size_and_dtype(monkeypatch):
     kernel's trig in radians; 16-bit D=64 a 64x32/4/2 dQ
     kernel, MUFU trig, the same series and the same forward, with the forward and dK/dV kernels
     under a 168-register cap (run-11.md, run-12.md) and both backward kernels' trig in radians
-    (run-17.md); float32 none of them (its grades would show in float32
-    results)."""
+    (run-17.md), their far-tile scalars from the MUFU and the dQ kernel's split distances
+    (run-18.md); float32 none of them (its grades would show in float32 results)."""
     monkeypatch.setattr(triton_launch, "_INTERPRETING", False)
     monkeypatch.delenv(triton_launch.VARIANT_ENV, raising=False)
     lean = (True, True, True)
@@ -362,13 +362,17 @@ def test_gpu_defaults_by_head_size_and_dtype(monkeypatch):
     flags = dict(TRIG_POLY=False, LONG_PHASE=False)
     assert triton_launch.fwd_flags(d64, flags)["COS_RADIANS"] and triton_launch.dkdv_flags(d64, flags)["COS_RADIANS"]
     assert triton_launch.dq_flags(d64, flags)["COS_RADIANS"]
+    assert (d64.bwd_fast_scalars, d64.dq_split_s, d128.bwd_fast_scalars, d128.dq_split_s) == (True, True, None, None)
+    assert (triton_launch.dq_flags(d64, flags)["SPLIT_S"], triton_launch.dq_flags(d64, flags)["FAST_SCALARS"]) == (1, True)
+    assert (triton_launch.dkdv_flags(d64, flags)["SPLIT_S"], triton_launch.dkdv_flags(d64, flags)["FAST_SCALARS"]) == (0, True)
+    assert not triton_launch.dkdv_flags(d128, flags)["FAST_SCALARS"]
     assert triton_launch.dkdv_flags(d128, flags)["COS_RADIANS"]
     assert not triton_launch.fwd_flags(d128, dict(flags, LONG_PHASE=True))["COS_RADIANS"]
     for head_dim in (64, 128):
         plain = triton_launch.default_configs(head_dim, head_dim, torch.float32)
         assert (plain.dq_atomic, plain.trig_poly, plain.trig_terms, plain.taylor_order) == (None,) * 4
         assert (plain.fwd_split_s, plain.fwd_cos_radians, plain.dkdv_cos_radians, plain.fwd_row_series,
-                plain.dq_cos_radians) == (None,) * 5
+                plain.dq_cos_radians, plain.bwd_fast_scalars, plain.dq_split_s) == (None,) * 7
 
 
 def test_gpu_forward_tile_by_key_length(monkeypatch):
@@ -409,7 +413,8 @@ def test_gpu_forward_tile_by_key_length(monkeypatch):
     assert triton_launch.default_configs(128, 128, torch.bfloat16) == triton_launch.LaunchConfigs(
         dq=K(128, 16, 8, 2), dq_atomic=True, dkdv_cos_radians=True, **run4)
     assert triton_launch.default_configs(64, 64, torch.bfloat16) == triton_launch.LaunchConfigs(
-        dq=K(64, 32, 4, 2), dkdv_cos_radians=True, dq_cos_radians=True,
+        dq=K(64, 32, 4, 2), dkdv_cos_radians=True, dq_cos_radians=True, bwd_fast_scalars=True,
+        dq_split_s=True,
         **dict(run4, dkdv=K(32, 64, 4, 2, max_registers=168)))
     monkeypatch.delenv(triton_launch.VARIANT_ENV)
     with triton_launch.override_configs(triton_launch.LaunchConfigs(K(32, 32), K(16, 32), K(32, 16))):

@@ -98,15 +98,19 @@ DKDV_COS_RADIANS = False
 DQ_COS_RADIANS = False
 # The backward kernels' far tiles take log2(d0) and 1 / d0 from the MUFU's approximations, as the
 # forward's FWD_FAST_SCALARS: libdevice's log2f and the IEEE division are about 45 instructions a
-# tile, 2.8 a score of the D=64 dQ kernel's 16 a thread (offline-census-10.md). Not yet timed.
+# tile, 2.8 a score of the D=64 dQ kernel's 16 a thread (offline-census-10.md). The 16-bit configs
+# at D = 64 choose it with DQ_SPLIT_S (results/kernel-h200/run-18.md); at D = 128 it missed the
+# adoption rule at 4k (bwd x0.997, run-18.md).
 BWD_FAST_SCALARS = False
 # The dQ kernel takes its distances as the forward's FWD_SPLIT_S does, and with DQ_ROW_SERIES (which
-# implies it) its far tiles' series in the column term, as FWD_ROW_SERIES (taylor_order 1..3). Not
-# yet timed.
+# implies it) its far tiles' series in the column term, as FWD_ROW_SERIES (taylor_order 1..3). The
+# 16-bit configs at D = 64 choose DQ_SPLIT_S; DQ_ROW_SERIES timed no faster on top (run-18.md).
 DQ_SPLIT_S = False
 DQ_ROW_SERIES = False
 # The dK/dV kernel's distances split the same way (its tiles are keys x queries: the row offset is
 # the query block's first position less each key's, the column term the negated query ramp).
+# Not chosen: bwd x1.005-1.016 at D=64 on top of the radians kernels, and a loss at D=128 too, with
+# 8-32 B more stack (run-17.md, offline-census-10.md).
 DKDV_SPLIT_S = False
 # Up to this many keys the forward takes `LaunchConfigs.fwd`, above it `fwd_long` where set.
 FWD_SHORT_KEYS = 16384
@@ -359,11 +363,13 @@ def _default_configs(head_dim: int, v_dim: int, dtype: torch.dtype) -> LaunchCon
                 # dK/dV, bwd x0.85-0.90 of the 32x128 one, at 4k-64k (results/kernel-h200/run-10.md,
                 # run-11.md). The dQ kernel at 64x32/4/2: bwd x0.92-0.95 of 128x64/8/2 (run-12.md).
                 # Both backward kernels' MUFU sin/cos on the unreduced phase: bwd x0.955-0.972 at
-                # 4k-64k, every bf16 error and the 64k far rows unchanged (run-17.md).
+                # 4k-64k, every bf16 error and the 64k far rows unchanged (run-17.md). On top, both
+                # backward kernels' far-tile scalars from the MUFU and the dQ kernel's split
+                # distances: bwd x0.970-0.980 at 4k-64k, the errors unchanged (run-18.md).
                 capped = dict(fwd=KernelConfig(64, 64, 4, 2, max_registers=168), fwd_long=None,
                               dkdv=KernelConfig(32, 64, 4, 2, max_registers=168))
                 return replace(configs, dq=KernelConfig(64, 32, 4, 2), dkdv_cos_radians=True,
-                               dq_cos_radians=True, **far_series, **lean_forward, **capped)
+                               dq_cos_radians=True, bwd_fast_scalars=True, dq_split_s=True, **far_series, **lean_forward, **capped)
             return replace(configs, dq_atomic=True, dq_transpose=True, dkdv_cos_radians=True,
                            **far_series, **short_forward, **lean_forward)
         return configs
