@@ -458,16 +458,17 @@ def test_forward_tile_by_key_length_matches_the_reference(dtype, monkeypatch):
 def test_deterministic_mode_takes_the_dq_kernel():
     atomic = triton_launch.with_variant(triton_launch.default_configs(32, 32, torch.float16),
                                         "dq_atomic=1,dq_transpose=1")
+    def ordering(configs):  # the flags this mode sets (the trig and distance ones are the configs')
+        return {name: triton_launch.dkdv_flags(configs)[name] for name in ("DQ_ATOMIC", "DQ_TRANSPOSE", "REVERSE_Q")}
+
     assert triton_launch.dq_by_atomics(atomic)
-    assert triton_launch.dkdv_flags(atomic) == dict(DQ_ATOMIC=True, DQ_TRANSPOSE=True, REVERSE_Q=False,
-                                                    COS_RADIANS=False, FAST_SCALARS=False, SPLIT_S=0)
+    assert ordering(atomic) == dict(DQ_ATOMIC=True, DQ_TRANSPOSE=True, REVERSE_Q=False)
     assert triton_launch.dkdv_flags(replace(atomic, dq_atomic=False))["DQ_TRANSPOSE"] is False
     was = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True)
     try:
         assert not triton_launch.dq_by_atomics(atomic)
-        assert triton_launch.dkdv_flags(atomic) == dict(DQ_ATOMIC=False, DQ_TRANSPOSE=False, REVERSE_Q=False,
-                                                        COS_RADIANS=False, FAST_SCALARS=False, SPLIT_S=0)
+        assert ordering(atomic) == dict(DQ_ATOMIC=False, DQ_TRANSPOSE=False, REVERSE_Q=False)
     finally:
         torch.use_deterministic_algorithms(was)
 
@@ -656,10 +657,11 @@ def test_cos_in_radians_only_where_it_applies():
 
 
 def test_backward_distance_flags():
-    """The backward kernels' SPLIT_S and FAST_SCALARS: off unless asked for; dq_row_series
-    implies the split distances and takes the column-term orders only, as fwd_row_series."""
+    """The backward kernels' SPLIT_S and FAST_SCALARS: off where the configs turn them off (the
+    D=64 16-bit GPU defaults turn them on); dq_row_series implies the split distances and takes
+    the column-term orders only, as fwd_row_series."""
     base = triton_launch.with_variant(triton_launch.default_configs(64, 64, torch.bfloat16),
-                                      "taylor_order=2")
+                                      "taylor_order=2,bwd_fast_scalars=0,dq_split_s=0,dkdv_split_s=0")
     assert triton_launch.dq_flags(base) == dict(SPLIT_S=0, FAST_SCALARS=False, COS_RADIANS=False)
     flags = triton_launch.dkdv_flags(base)
     assert (flags["SPLIT_S"], flags["FAST_SCALARS"]) == (0, False)

@@ -369,7 +369,8 @@ def _default_configs(head_dim: int, v_dim: int, dtype: torch.dtype) -> LaunchCon
                 capped = dict(fwd=KernelConfig(64, 64, 4, 2, max_registers=168), fwd_long=None,
                               dkdv=KernelConfig(32, 64, 4, 2, max_registers=168))
                 return replace(configs, dq=KernelConfig(64, 32, 4, 2), dkdv_cos_radians=True,
-                               dq_cos_radians=True, bwd_fast_scalars=True, dq_split_s=True, **far_series, **lean_forward, **capped)
+                               dq_cos_radians=True, bwd_fast_scalars=True, dq_split_s=True,
+                               **far_series, **lean_forward, **capped)
             return replace(configs, dq_atomic=True, dq_transpose=True, dkdv_cos_radians=True,
                            **far_series, **short_forward, **lean_forward)
         return configs
