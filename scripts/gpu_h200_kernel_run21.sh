@@ -7,6 +7,9 @@
 #              pipe use only; this one also exports each report's raw metrics, whose
 #              smsp__average_warps_issue_stalled_*_per_issue_active rows say what the warps wait on
 #              (the "latency-bound" reading of Runs 10 and 17, tested)
+#              (as run, the flash backward's regex was "flash_bwd", which caught flash's 0.15 ms
+#              dot(dO, O) preprocessing kernel; the regex now names its main kernel, whose profile
+#              raw_old reads from Run 16)
 #   raw_old    the same raw export of the committed Run-16 and Run-17 backward reports (no GPU work)
 #   tiles64    the D=64 tiles once more under the final per-score chain (the tiles were chosen in
 #              Runs 10-13, before the radians, fast-scalar and split-distance cuts): a 64-query
@@ -20,7 +23,7 @@ SECTIONS="SpeedOfLight ComputeWorkloadAnalysis WarpStateStats SchedulerStats Ins
 cat > "$WORK/ncu.sh" <<NCU
 for case in "tapa 64 _fwd_kernel fwd" "flash 64 flash_fwd fwd" "tapa 128 _fwd_kernel fwd" \
             "flash 128 flash_fwd fwd" "tapa 64 _bwd_dkdv_kernel dkdv" "tapa 64 _bwd_dq_kernel dq" \
-            "flash 64 flash_bwd bwd"; do
+            "flash 64 flash_bwd_dq_dk_dv bwd"; do
     set -- \$case
     ncu_details "$WORK/ncu/\$4_\$1_\$2" "\$3" "$SECTIONS" python3 scripts/ncu_bwd_driver.py "\$1" "\$2"
     ncu --import "$WORK/ncu/\$4_\$1_\$2.ncu-rep" --page raw > "$WORK/ncu/\$4_\$1_\$2_raw.txt"
