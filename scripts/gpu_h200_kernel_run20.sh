@@ -8,8 +8,9 @@
 #              distances: Runs 17-18)
 #   attention  the default alone against SDPA-flash and cuDNN at D=64 and D=128, 1k-64k causal,
 #              with the float64 checks at N=2048 and the 64k far rows: the table the README quotes
-#   model      `tapa bench model`: 124M (12 heads of 64, so the D=64 kernels), TAPA / hybrid / RoPE
-#              training throughput at 2k-32k; last run Run 8 (TAPA/RoPE 0.958 at 32k eager)
+#   model      `tapa bench model`: 124M, TAPA / hybrid / RoPE training throughput at 2k-32k; last
+#              run Run 8 (TAPA/RoPE 0.958 at 32k eager). (Written as "12 heads of 64, so the D=64
+#              kernels" when run; the bench model has 6 heads of 128, so the D=128 kernels)
 #   decode     `tapa bench decode --graphs`: batch 1/8/32 x caches 4k-128k against the best SDPA
 #              backend; last run Run 7 (18 of 18 shapes within 1.2x)
 #   device tool: run(command="bash scripts/gpu_h200_kernel_run20.sh", kind="nvidia-h200")
