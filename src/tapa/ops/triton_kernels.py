@@ -29,6 +29,21 @@ def _load_tile(ptrs, row_ok, col_ok, ROW_MASK: tl.constexpr, COL_MASK: tl.conste
         return tl.load(ptrs)
 
 
+@triton.jit
+def _tile_distances(row_offset, ramp, exact, SPLIT_S: tl.constexpr, MASKED: tl.constexpr):
+    """A tile's distances s. With SPLIT_S the logits take them as row_offset less the ramp (the
+    same integers), so s is built whole only where the mask reads it (MASKED), else unused;
+    without, `exact` (the caller's positions subtracted, unused and so not emitted with SPLIT_S)."""
+    if SPLIT_S:
+        if MASKED:
+            s = row_offset[:, None] - ramp[None, :]
+        else:
+            s = 0.0
+    else:
+        s = exact
+    return s
+
+
 # ----------------------------------------------------------------------------------------------
 # Forward
 
@@ -54,16 +69,9 @@ def _fwd_inner(acc, m_i, l_i, q_a, q_p, q_sum, pos_m, q_first,
         key_ok = offs_n < n_k
         rows = offs_n.to(tl.int64)[:, None]
         key_first = (k_offset + start_n).to(tl.float32)
-        # SPLIT_S: s = row_offset - column_ramp (the same integers), built whole only for the mask;
-        # the logits take the two parts
         row_offset = pos_m - key_first
-        if SPLIT_S:
-            if MASKED:
-                s = row_offset[:, None] - column_ramp[None, :]
-            else:
-                s = 0.0
-        else:
-            s = pos_m[:, None] - (k_offset + offs_n).to(tl.float32)[None, :]
+        s = _tile_distances(row_offset, column_ramp,
+                            pos_m[:, None] - (k_offset + offs_n).to(tl.float32)[None, :], SPLIT_S, MASKED)
         k_p = _load_tile(k_base + rows * stride_kn + offs_dp[None, :], key_ok,
                          offs_dp < HEAD_DIM, MASKED, BLOCK_DP != HEAD_DIM - AMP_DIM)
         k_a = _load_tile(k_base + rows * stride_kn + offs_da[None, :], key_ok, offs_da < AMP_DIM,
@@ -248,13 +256,8 @@ def _dkdv_inner(dk_a, dk_p, dk_psum, dv, k_a, k_p, k_sum, v, pos_n, key_first,
         rows = offs_m.to(tl.int64)[:, None]
         q_first = (q_offset + start_m).to(tl.float32)
         row_offset = q_first - pos_n
-        if SPLIT_S:
-            if MASKED:
-                s = row_offset[:, None] - negated_ramp[None, :]
-            else:
-                s = 0.0
-        else:
-            s = (q_offset + offs_m).to(tl.float32)[None, :] - pos_n[:, None]
+        s = _tile_distances(row_offset, negated_ramp,
+                            (q_offset + offs_m).to(tl.float32)[None, :] - pos_n[:, None], SPLIT_S, MASKED)
         q_p = _load_tile(q_base + rows * stride_qn + offs_dp[None, :], row_ok, offs_dp < HEAD_DIM,
                          True, BLOCK_DP != HEAD_DIM - AMP_DIM)
         q_a = _load_tile(q_base + rows * stride_qn + offs_da[None, :], row_ok, offs_da < AMP_DIM,
@@ -430,13 +433,8 @@ def _dq_inner(dq_a, dq_p, dq_psum, q_a, q_p, q_sum, do, lse2, delta, pos_m, q_fi
         rows = offs_n.to(tl.int64)[:, None]
         key_first = (k_offset + start_n).to(tl.float32)
         row_offset = pos_m - key_first
-        if SPLIT_S:  # s whole only for the mask, as in the forward
-            if MASKED:
-                s = row_offset[:, None] - column_ramp[None, :]
-            else:
-                s = 0.0
-        else:
-            s = pos_m[:, None] - (k_offset + offs_n).to(tl.float32)[None, :]
+        s = _tile_distances(row_offset, column_ramp,
+                            pos_m[:, None] - (k_offset + offs_n).to(tl.float32)[None, :], SPLIT_S, MASKED)
         k_p = _load_tile(k_base + rows * stride_kn + offs_dp[None, :], key_ok,
                          offs_dp < HEAD_DIM, MASKED, BLOCK_DP != HEAD_DIM - AMP_DIM)
         k_a = _load_tile(k_base + rows * stride_kn + offs_da[None, :], key_ok, offs_da < AMP_DIM,
