@@ -31,6 +31,8 @@ def read(path: Path) -> tuple[dict, dict]:
         if fields and fields[0] in SCALARS and fields[0] not in scalars:
             value = float(fields[-1].replace(",", ""))
             if fields[0] == "gpu__time_duration.sum":  # ncu picks the unit: ns, us, ms or s
+                if fields[-2] not in TO_MS:
+                    raise SystemExit(f"{path}: gpu__time_duration.sum in an unknown unit {fields[-2]!r}")
                 value *= TO_MS[fields[-2]]
             scalars[fields[0]] = value
     if not stalls or "gpu__time_duration.sum" not in scalars:

@@ -53,3 +53,10 @@ def test_a_page_without_stall_ratios_is_an_error(stalls, tmp_path):
     path.write_text("  gpu__time_duration.sum   ms   9.10\n")
     with pytest.raises(SystemExit, match="no raw ncu metrics"):
         stalls.read(path)
+
+
+def test_an_unknown_time_unit_is_an_error(stalls, tmp_path):
+    path = tmp_path / "fwd_tapa_64_raw.txt"
+    path.write_text(RAW.format(unit="fortnight", time="1"))
+    with pytest.raises(SystemExit, match="unknown unit 'fortnight'"):
+        stalls.read(path)
