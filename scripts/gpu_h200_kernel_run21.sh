@@ -43,8 +43,5 @@ step tiles64 100 python3 -m tapa.bench.attention --head-dims 64 --causal causal 
     --variants dkdv64:dkdv=64x64/4/2/r168 dq64:dq=64x64/4/2/r168 fwds3:fwd=64x64/4/3/r168 \
     dqs3:dq=64x32/4/3 --combine-best --combine-head-dims 64 --out "$WORK/attention"
 finish_variants kernel_run21 ncu
-for f in "$WORK"/ncu/*_raw.txt "$WORK"/raw_old/*_raw.txt; do
-    echo "== $(basename "$f")"
-    grep -E "gpu__time_duration.sum|issue_stalled_[a-z_]+_per_issue_active.ratio" "$f" |
-        awk '{print $1, $(NF)}' | sort -k2 -g -r | head -8
-done
+# (as run: a grep/awk listing of each raw page's largest stall ratios; the table is the same data)
+python3 scripts/ncu_stalls.py "$WORK"/ncu/*_raw.txt "$WORK"/raw_old/*_raw.txt

@@ -1,9 +1,23 @@
-"""Numeric helpers shared by the tests (importable as `helpers`; tests/conftest.py puts this
+"""Helpers shared by the tests (importable as `helpers`; tests/conftest.py puts this
 folder on sys.path)."""
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
 import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_file(path: Path, name: str) -> ModuleType:
+    """A Python file outside the package (scripts/, examples/) imported as module `name`."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def rel_rmse(actual: torch.Tensor, expected: torch.Tensor) -> float:

@@ -1,19 +1,14 @@
 """scripts/decode_kernel_profile.py: the kernel kinds it sums, and its whole run on CPU (--smoke)."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
+from helpers import ROOT, load_file
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "decode_kernel_profile.py"
+SCRIPT = ROOT / "scripts" / "decode_kernel_profile.py"
 
 
 @pytest.fixture(scope="module")
 def profiler():
-    spec = importlib.util.spec_from_file_location("decode_kernel_profile", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_file(SCRIPT, "decode_kernel_profile")
 
 
 @pytest.mark.parametrize("name, kind", [

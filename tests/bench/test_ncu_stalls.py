@@ -1,12 +1,9 @@
 """scripts/ncu_stalls.py: the raw-page metrics it reads, the time in ms whatever unit ncu chose,
 the stall reasons it does not show summed into "other", and a clear error on a page without them."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
+from helpers import ROOT, load_file
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "ncu_stalls.py"
 RAW = """[489] python3.12@127.0.0.1
   _fwd_kernel (256, 64, 1)x(128, 1, 1), Context 1, Stream 7, Device 0, CC 9.0
   Metric Name                                     Metric Unit         Metric Value
@@ -22,10 +19,7 @@ RAW = """[489] python3.12@127.0.0.1
 
 @pytest.fixture(scope="module")
 def stalls():
-    spec = importlib.util.spec_from_file_location("ncu_stalls", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_file(ROOT / "scripts" / "ncu_stalls.py", "ncu_stalls")
 
 
 @pytest.mark.parametrize("unit, time, ms", [("ms", "9.10", 9.10), ("us", "147.62", 0.14762),

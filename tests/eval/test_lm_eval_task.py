@@ -1,19 +1,16 @@
 """The example lm-eval multiple-choice task: the correct answer is not always in one position, and
 the shuffle keeps it correct."""
 
-import importlib.util
 import json
 from collections import Counter
-from pathlib import Path
 
-TASKS = Path(__file__).resolve().parents[2] / "examples" / "lm_eval_task"
+from helpers import ROOT, load_file
+
+TASKS = ROOT / "examples" / "lm_eval_task"
 
 
 def task_utils():
-    spec = importlib.util.spec_from_file_location("lm_eval_task_utils", TASKS / "utils.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_file(TASKS / "utils.py", "lm_eval_task_utils")
 
 
 def test_answers_are_shuffled_deterministically_and_stay_correct():

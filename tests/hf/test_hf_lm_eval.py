@@ -26,10 +26,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 from tapa.data.tokenizer import EOT_TOKEN, train_bpe  # noqa: E402
 from tapa.hf import TapaConfig, TapaForCausalLM  # noqa: E402
 
-TASKS = Path(__file__).resolve().parents[2] / "examples" / "lm_eval_task"
-_spec = importlib.util.spec_from_file_location("lm_eval_task_utils", TASKS / "utils.py")
-task_utils = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(task_utils)
+from helpers import ROOT, load_file  # noqa: E402
+
+TASKS = ROOT / "examples" / "lm_eval_task"
+task_utils = load_file(TASKS / "utils.py", "lm_eval_task_utils")
 
 
 def _rows(name):

@@ -459,7 +459,8 @@ def test_deterministic_mode_takes_the_dq_kernel():
     atomic = triton_launch.with_variant(triton_launch.default_configs(32, 32, torch.float16),
                                         "dq_atomic=1,dq_transpose=1")
     def ordering(configs):  # the flags this mode sets (the trig and distance ones are the configs')
-        return {name: triton_launch.dkdv_flags(configs)[name] for name in ("DQ_ATOMIC", "DQ_TRANSPOSE", "REVERSE_Q")}
+        flags = triton_launch.dkdv_flags(configs)
+        return {name: flags[name] for name in ("DQ_ATOMIC", "DQ_TRANSPOSE", "REVERSE_Q")}
 
     assert triton_launch.dq_by_atomics(atomic)
     assert ordering(atomic) == dict(DQ_ATOMIC=True, DQ_TRANSPOSE=True, REVERSE_Q=False)
