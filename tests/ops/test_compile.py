@@ -31,9 +31,16 @@ FLOATS = {"amp_scale", "logit_scale", "phase_scale", "alpha", "taylor_rho", "b1"
           "b6", "amp_grad_scale", "phase_grad_scale"}
 
 
-def compile_for_hopper(kernel, constexprs, dtype, num_warps, num_stages=2, out_dtype=None):
-    signature = {}
+def compile_for_hopper(kernel, constexprs, dtype, num_warps, num_stages=2, out_dtype=None,
+                       descriptors=None):
+    # descriptors: {name: 'tensordesc<...>'} of a TMA kernel's descriptor arguments; a kernel
+    # with such arguments and without TMA takes them as None
+    signature = dict(descriptors or {})
     for name in kernel.arg_names:
+        if name in signature:
+            continue
+        if "Desc" in name and not constexprs.get("TMA"):
+            constexprs[name] = None
         if name in constexprs:
             signature[name] = "constexpr"
         elif name == "OUT":  # the decode kernel's output: final (q's dtype) or float32 partials
@@ -77,15 +84,20 @@ fused = dict(AMP_DIM=32, HEAD_DIM=64, V_DIM=64, BLOCK_DA=32, BLOCK_DP=32, BLOCK_
 compile_for_hopper(triton_kernels._bwd_dkdv_kernel,
                    dict(fused, **logit_flags("bf16", True, False, True, False, 4, 3), BLOCK_M=32, BLOCK_N=128,
                         DQ_ATOMIC=True, DQ_TRANSPOSE=False, REVERSE_Q=False, COS_RADIANS=False, FAST_SCALARS=False, SPLIT_S=0,
-                        WARP_SPECIALIZE=False), "bf16", 8, 2)
+                        WARP_SPECIALIZE=False, TMA=False), "bf16", 8, 2)
 compile_for_hopper(triton_kernels._bwd_dkdv_kernel,  # dQ^T = K^T dS (wgmma with M = the columns)
                    dict(fused, **logit_flags("bf16", True, True, False, False), BLOCK_M=32, BLOCK_N=128,
                         DQ_ATOMIC=True, DQ_TRANSPOSE=True, REVERSE_Q=True, COS_RADIANS=True, FAST_SCALARS=True, SPLIT_S=1,
-                        WARP_SPECIALIZE=False), "bf16", 8, 2)
+                        WARP_SPECIALIZE=False, TMA=True), "bf16", 8, 2,  # Q and dO tiles by TMA
+                   descriptors=dict(QDescA="tensordesc<bf16[1,32,1,32]>", QDescP="tensordesc<bf16[1,32,1,32]>",
+                                    DODesc="tensordesc<bf16[1,32,1,64]>"))
 compile_for_hopper(triton_kernels._bwd_dq_kernel,  # the dQ kernel's MUFU paths (PTX, GPU only); the
                    # row series (SPLIT_S=2) takes Taylor orders 1..3
                    dict(fused, **logit_flags("bf16", True, True, False, False, 6, 2), BLOCK_M=64, BLOCK_N=32,
-                        SPLIT_S=2, COS_RADIANS=True, FAST_SCALARS=True, WARP_SPECIALIZE=False), "bf16", 4, 2)
+                        SPLIT_S=2, COS_RADIANS=True, FAST_SCALARS=True, WARP_SPECIALIZE=False, TMA=True),
+                   "bf16", 4, 2, descriptors=dict(KDescA="tensordesc<bf16[1,32,1,32]>",  # K and V by TMA
+                                                  KDescP="tensordesc<bf16[1,32,1,32]>",
+                                                  VDesc="tensordesc<bf16[1,32,1,64]>"))
 print("compiled for sm_90")
 """
 

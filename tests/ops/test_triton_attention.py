@@ -531,6 +531,16 @@ VARIANTS = {  # spec: call arguments (FAR where the variant changes the far-tile
     "fwd_ramp_series=1,taylor_order=2,taylor_tolerance=1e-5": FAR,  # ... on the column ramp
     "fwd_ramp_series=1,taylor_order=3,taylor_tolerance=1e-6": FAR,
     "fwd_dot_rowsum=1": {},  # the softmax row sums on the tensor cores
+    "fwd_tma=1": {},  # the forward's K/V tiles by TMA descriptors (rows past N zero-filled)
+    "fwd_tma=1,fwd_ramp_series=1,taylor_order=2,taylor_tolerance=1e-5": dict(FAR, causal=False),
+    # the accumulators rescaled only where a row's max passes theirs by 2 ** 8 (the large logits
+    # of theta 0.75 make some tiles do it, others not)
+    "fwd_lazy_rescale=1": dict(theta=0.75),
+    "fwd_lazy_rescale=1,fwd_dot_rowsum=1,fwd_tma=1": {},
+    # the backward's loop tiles by TMA, with the separate dQ kernel and with dQ by atomics
+    "dkdv_tma=1,dq_tma=1": {},
+    "dkdv_tma=1,dq_atomic=1,dq_transpose=1": dict(causal=False),
+    "dkdv_tma=1,dq_tma=1,dq_split_s=1,taylor_order=3,taylor_tolerance=1e-6": FAR,
     "fwd_dot_rowsum=1,fwd_ramp_series=1,taylor_order=2,taylor_tolerance=1e-5": FAR,
     # (not at q_offset 20000: there this case's float16 dq is 1.505x its reference's for every
     # series, the exact one included; results/kernel-h200/run-14.md)
@@ -578,6 +588,25 @@ def test_cos_in_radians_within_the_half_precision_bar(call):
     _check_variant("trig_poly=0,dq_atomic=1,dq_transpose=1,dkdv_cos_radians=1", call)
     _check_variant("trig_poly=0,dq_atomic=0,dkdv_cos_radians=1", call)  # dQ by its own kernel
     _check_variant("trig_poly=0,dq_atomic=0,dq_cos_radians=1,dkdv_cos_radians=1", call)  # ... in radians
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_lazy_rescale_follows_rising_maxima(causal):
+    """fwd_lazy_rescale on logits that grow along the keys (k's amplitude part scaled by 1 .. 70),
+    so that rows' maxima pass the accumulators' by more than 2 ** 8 at later tiles, not only the
+    first (a rescale skipped there overflows p): out, lse and every gradient within 1.5x the
+    float32 reference's error against float64 (these logits make the gradients ill-conditioned)."""
+    q, k, v = _inputs(1, 70, 70, 2, 1, 32, 32, torch.float32, seed=33)
+    k[..., :16] *= (1 + torch.arange(70, device=k.device, dtype=k.dtype))[None, :, None, None]
+    configs = triton_launch.with_variant(triton_launch.default_configs(32, 32, q.dtype),
+                                         "fwd_lazy_rescale=1")
+    with triton_launch.override_configs(configs):
+        fused = _run(lambda *a, **kw: tapa_attention(*a, impl="triton", **kw), q, k, v, 0, causal=causal)
+    exact = _run(naive_tapa_attention, q.double(), k.double(), v.double(), 0, causal=causal)
+    same_dtype = _run(chunked_tapa_attention, q, k, v, 0, causal=causal)
+    for name in GRADS:
+        error, floor = rel_rmse(fused[name], exact[name]), rel_rmse(same_dtype[name], exact[name])
+        assert error <= HALF_BAR * floor + 1e-7, (name, error, floor)
 
 
 def test_dot_rowsum_flag():
@@ -663,7 +692,7 @@ def test_backward_distance_flags():
     the column-term orders only, as fwd_row_series."""
     base = triton_launch.with_variant(triton_launch.default_configs(64, 64, torch.bfloat16),
                                       "taylor_order=2,bwd_fast_scalars=0,dq_split_s=0,dkdv_split_s=0")
-    assert triton_launch.dq_flags(base) == dict(SPLIT_S=0, FAST_SCALARS=False, COS_RADIANS=False)
+    assert triton_launch.dq_flags(base) == dict(SPLIT_S=0, FAST_SCALARS=False, COS_RADIANS=False, TMA=False)
     flags = triton_launch.dkdv_flags(base)
     assert (flags["SPLIT_S"], flags["FAST_SCALARS"]) == (0, False)
     both = triton_launch.with_variant(base, "dq_split_s=1,dkdv_split_s=1,bwd_fast_scalars=1")

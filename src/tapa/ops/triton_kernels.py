@@ -15,6 +15,9 @@ from tapa.ops.triton_logits import tile_logits, tile_logits_and_derivatives
 
 LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
+# LAZY_RESCALE: how far (base 2) a row's running max may trail its true max before the forward
+# rescales its accumulators (FlashAttention-4's conditional rescale): p <= 256, exact in the result
+RESCALE_SLACK = tl.constexpr(8.0)
 
 
 @triton.jit
@@ -27,6 +30,21 @@ def _load_tile(ptrs, row_ok, col_ok, ROW_MASK: tl.constexpr, COL_MASK: tl.conste
         return tl.load(ptrs, mask=col_ok[None, :], other=0.0)
     else:
         return tl.load(ptrs)
+
+
+@triton.jit
+def _desc_tile(desc, batch, row, head, col, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """Rows row .. row + BLOCK_R - 1 and columns col .. col + BLOCK_C - 1 of head `head` in batch
+    `batch` of a (B, N, H, D) tensor, by its TMA descriptor (block (1, BLOCK_R, 1, BLOCK_C)); rows
+    past N come as zeros."""
+    return desc.load([batch, row, head, col]).reshape(BLOCK_R, BLOCK_C)
+
+
+@triton.jit
+def _finite_or_zero(m):
+    """A softmax shift: a row that has seen no visible key yet keeps max -inf and is shifted by 0
+    (no inf - inf)."""
+    return tl.where(m == float("-inf"), 0.0, m)
 
 
 @triton.jit
@@ -51,6 +69,7 @@ def _tile_distances(row_offset, ramp, exact, SPLIT_S: tl.constexpr, MASKED: tl.c
 @triton.jit
 def _fwd_inner(acc, m_i, l_i, q_a, q_p, q_sum, pos_m, q_first,
                k_base, v_base, stride_kn, stride_vn, n_k, k_offset, lo, hi,
+               k_desc_a, k_desc_p, v_desc, batch, kv_head,
                logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6,
                AMP_DIM: tl.constexpr, HEAD_DIM: tl.constexpr, V_DIM: tl.constexpr,
                BLOCK_DA: tl.constexpr, BLOCK_DP: tl.constexpr, BLOCK_DV: tl.constexpr,
@@ -59,7 +78,8 @@ def _fwd_inner(acc, m_i, l_i, q_a, q_p, q_sum, pos_m, q_first,
                TRIG_POLY: tl.constexpr, TRIG_TERMS: tl.constexpr, TAYLOR_ORDER: tl.constexpr,
                PTX_ASM: tl.constexpr, LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr,
                WARP_SPECIALIZE: tl.constexpr, SPLIT_S: tl.constexpr, FAST_SCALARS: tl.constexpr,
-               COS_RADIANS: tl.constexpr, DOT_ROWSUM: tl.constexpr):
+               COS_RADIANS: tl.constexpr, DOT_ROWSUM: tl.constexpr, TMA: tl.constexpr,
+               LAZY_RESCALE: tl.constexpr):
     offs_da = tl.arange(0, BLOCK_DA)
     offs_dp = AMP_DIM + tl.arange(0, BLOCK_DP)
     offs_dv = tl.arange(0, BLOCK_DV)
@@ -72,10 +92,14 @@ def _fwd_inner(acc, m_i, l_i, q_a, q_p, q_sum, pos_m, q_first,
         row_offset = pos_m - key_first
         s = _tile_distances(row_offset, column_ramp,
                             pos_m[:, None] - (k_offset + offs_n).to(tl.float32)[None, :], SPLIT_S, MASKED)
-        k_p = _load_tile(k_base + rows * stride_kn + offs_dp[None, :], key_ok,
-                         offs_dp < HEAD_DIM, MASKED, BLOCK_DP != HEAD_DIM - AMP_DIM)
-        k_a = _load_tile(k_base + rows * stride_kn + offs_da[None, :], key_ok, offs_da < AMP_DIM,
-                         MASKED, BLOCK_DA != AMP_DIM)
+        if TMA:  # the host chose it only where every block is its part's exact width
+            k_p = _desc_tile(k_desc_p, batch, start_n, kv_head, AMP_DIM, BLOCK_N, BLOCK_DP)
+            k_a = _desc_tile(k_desc_a, batch, start_n, kv_head, 0, BLOCK_N, BLOCK_DA)
+        else:
+            k_p = _load_tile(k_base + rows * stride_kn + offs_dp[None, :], key_ok,
+                             offs_dp < HEAD_DIM, MASKED, BLOCK_DP != HEAD_DIM - AMP_DIM)
+            k_a = _load_tile(k_base + rows * stride_kn + offs_da[None, :], key_ok, offs_da < AMP_DIM,
+                             MASKED, BLOCK_DA != AMP_DIM)
         logit = tile_logits(q_a, k_a, q_p, k_p, q_sum, tl.sum(k_p.to(tl.float32), axis=1), s,
                             row_offset, column_ramp,
                             q_first - (key_first + (BLOCK_N - 1)), q_first + (BLOCK_M - 1) - key_first,
@@ -87,13 +111,30 @@ def _fwd_inner(acc, m_i, l_i, q_a, q_p, q_sum, pos_m, q_first,
             if CAUSAL:
                 visible = visible & (s >= 0)
             logit = tl.where(visible, logit, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(logit, 1) * logit_scale)
-        # a row that has seen no visible key yet keeps max -inf: shift it by 0 (no inf - inf)
-        shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp2(logit * logit_scale - shift[:, None])
-        rescale = tl.exp2(m_i - shift)
-        v = _load_tile(v_base + rows * stride_vn + offs_dv[None, :], key_ok, offs_dv < V_DIM,
-                       MASKED, BLOCK_DV != V_DIM)
+        m_tile = tl.max(logit, 1) * logit_scale
+        if LAZY_RESCALE:
+            # m_i may trail a row's max by up to RESCALE_SLACK (its p then up to 2 ** RESCALE_SLACK):
+            # the accumulators move to the new maxima only when some row of the block would pass it
+            if tl.max((m_tile > m_i + RESCALE_SLACK).to(tl.int32), 0) != 0:
+                m_new = tl.maximum(m_i, m_tile)
+                rescale = tl.exp2(m_i - _finite_or_zero(m_new))
+                acc = acc * rescale[:, None]
+                if DOT_ROWSUM:
+                    l_i = l_i * rescale[:, None]
+                else:
+                    l_i = l_i * rescale
+                m_i = m_new
+            m_new = m_i
+            rescale = tl.full([BLOCK_M], 1.0, tl.float32)  # folded away: x * 1.0 is x
+        else:
+            m_new = tl.maximum(m_i, m_tile)
+            rescale = tl.exp2(m_i - _finite_or_zero(m_new))
+        p = tl.exp2(logit * logit_scale - _finite_or_zero(m_new)[:, None])
+        if TMA:
+            v = _desc_tile(v_desc, batch, start_n, kv_head, 0, BLOCK_N, BLOCK_DV)
+        else:
+            v = _load_tile(v_base + rows * stride_vn + offs_dv[None, :], key_ok, offs_dv < V_DIM,
+                           MASKED, BLOCK_DV != V_DIM)
         p_v = p.to(v.dtype)
         if DOT_ROWSUM:  # l_i is (BLOCK_M, 16), every column the row sum, from the tensor cores
             l_i = l_i * rescale[:, None] + tl.dot(p_v, tl.full((BLOCK_N, 16), 1.0, v.dtype),
@@ -106,7 +147,7 @@ def _fwd_inner(acc, m_i, l_i, q_a, q_p, q_sum, pos_m, q_first,
 
 
 @triton.jit
-def _fwd_kernel(Q, K, V, Out, Lse,
+def _fwd_kernel(Q, K, V, Out, Lse, KDescA, KDescP, VDesc,
                 stride_qb, stride_qn, stride_qh, stride_kb, stride_kn, stride_kh,
                 stride_vb, stride_vn, stride_vh, stride_ob, stride_on, stride_oh,
                 n_q, n_k, q_offset, k_offset, heads, group,
@@ -118,7 +159,9 @@ def _fwd_kernel(Q, K, V, Out, Lse,
                 TRIG_TERMS: tl.constexpr, TAYLOR_ORDER: tl.constexpr, PTX_ASM: tl.constexpr,
                 LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr,
                 WARP_SPECIALIZE: tl.constexpr, SPLIT_S: tl.constexpr, FAST_SCALARS: tl.constexpr,
-                COS_RADIANS: tl.constexpr, DOT_ROWSUM: tl.constexpr):
+                COS_RADIANS: tl.constexpr, DOT_ROWSUM: tl.constexpr, TMA: tl.constexpr,
+                LAZY_RESCALE: tl.constexpr):
+    """KDescA, KDescP, VDesc: TMA descriptors of K's two parts and of V (with TMA; else None)."""
     block = tl.program_id(0)
     if CAUSAL:  # the longest rows first, so that the last wave is short
         block = tl.num_programs(0) - 1 - block
@@ -159,18 +202,22 @@ def _fwd_kernel(Q, K, V, Out, Lse,
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc, m_i, l_i = _fwd_inner(acc, m_i, l_i, q_a, q_p, q_sum, pos_m, q_first, k_base, v_base,
                                stride_kn, stride_vn, n_k, k_offset, 0, full,
+                               KDescA, KDescP, VDesc, batch, kv_head,
                                logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6,
                                AMP_DIM, HEAD_DIM, V_DIM, BLOCK_DA, BLOCK_DP, BLOCK_DV, BLOCK_M,
                                BLOCK_N, False, CAUSAL, DIST_POWER, PHASE_QUAD, TRIG_POLY, TRIG_TERMS,
                                TAYLOR_ORDER, PTX_ASM, LONG_PHASE, DOT_PRECISION, WARP_SPECIALIZE,
-                               SPLIT_S, FAST_SCALARS, COS_RADIANS, DOT_ROWSUM)
+                               SPLIT_S, FAST_SCALARS, COS_RADIANS, DOT_ROWSUM, TMA,
+                               LAZY_RESCALE)
     acc, m_i, l_i = _fwd_inner(acc, m_i, l_i, q_a, q_p, q_sum, pos_m, q_first, k_base, v_base,
                                stride_kn, stride_vn, n_k, k_offset, full, hi,
+                               KDescA, KDescP, VDesc, batch, kv_head,
                                logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6,
                                AMP_DIM, HEAD_DIM, V_DIM, BLOCK_DA, BLOCK_DP, BLOCK_DV, BLOCK_M,
                                BLOCK_N, True, CAUSAL, DIST_POWER, PHASE_QUAD, TRIG_POLY, TRIG_TERMS,
                                TAYLOR_ORDER, PTX_ASM, LONG_PHASE, DOT_PRECISION, WARP_SPECIALIZE,
-                               SPLIT_S, FAST_SCALARS, COS_RADIANS, DOT_ROWSUM)
+                               SPLIT_S, FAST_SCALARS, COS_RADIANS, DOT_ROWSUM, TMA,
+                               LAZY_RESCALE)
     if DOT_ROWSUM:
         l_i = tl.max(l_i, 1)
     l_safe = tl.where(l_i > 0, l_i, 1.0)  # only padding rows have no visible key
@@ -212,7 +259,7 @@ def _bwd_preprocess_kernel(Out, DOut, DLse, Delta, stride_ob, stride_on, stride_
 @triton.jit
 def _dkdv_inner(dk_a, dk_p, dk_psum, dv, k_a, k_p, k_sum, v, pos_n, key_first,
                 q_base, do_base, dq_base, lse_ptr, delta_ptr, stride_qn, stride_dn, stride_dqn,
-                n_q, q_offset, lo, hi,
+                n_q, q_offset, lo, hi, q_desc_a, q_desc_p, do_desc, batch, head,
                 logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6,
                 amp_grad_scale, phase_grad_scale,
                 AMP_DIM: tl.constexpr, HEAD_DIM: tl.constexpr, V_DIM: tl.constexpr,
@@ -223,7 +270,7 @@ def _dkdv_inner(dk_a, dk_p, dk_psum, dv, k_a, k_p, k_sum, v, pos_n, key_first,
                 LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr,
                 WARP_SPECIALIZE: tl.constexpr, DQ_ATOMIC: tl.constexpr,
                 DQ_TRANSPOSE: tl.constexpr, REVERSE_Q: tl.constexpr, COS_RADIANS: tl.constexpr,
-                FAST_SCALARS: tl.constexpr, SPLIT_S: tl.constexpr):
+                FAST_SCALARS: tl.constexpr, SPLIT_S: tl.constexpr, TMA: tl.constexpr):
     """dK/dV of one key block against query blocks [lo, hi); tiles are (keys, queries).
 
     With DQ_ATOMIC the tile's share of dQ is also added (float32 atomics) into dq_base, so that
@@ -241,7 +288,7 @@ def _dkdv_inner(dk_a, dk_p, dk_psum, dv, k_a, k_p, k_sum, v, pos_n, key_first,
     COS_RADIANS: the forward's `COS_RADIANS` (the host scales phase_scale and phase_grad_scale to
     match). FAST_SCALARS: the forward's (a far tile's log2(d0) and 1 / d0 from the MUFU).
     SPLIT_S (0 or 1): the forward's, for (keys, queries) tiles: s = (q_first - pos_n) less the
-    negated query ramp, built whole only for the mask.
+    negated query ramp, built whole only for the mask. TMA: the forward's, for the Q and dO tiles.
     """
     offs_da = tl.arange(0, BLOCK_DA)
     offs_dp = AMP_DIM + tl.arange(0, BLOCK_DP)
@@ -258,10 +305,14 @@ def _dkdv_inner(dk_a, dk_p, dk_psum, dv, k_a, k_p, k_sum, v, pos_n, key_first,
         row_offset = q_first - pos_n
         s = _tile_distances(row_offset, negated_ramp,
                             (q_offset + offs_m).to(tl.float32)[None, :] - pos_n[:, None], SPLIT_S, MASKED)
-        q_p = _load_tile(q_base + rows * stride_qn + offs_dp[None, :], row_ok, offs_dp < HEAD_DIM,
-                         True, BLOCK_DP != HEAD_DIM - AMP_DIM)
-        q_a = _load_tile(q_base + rows * stride_qn + offs_da[None, :], row_ok, offs_da < AMP_DIM,
-                         True, BLOCK_DA != AMP_DIM)
+        if TMA:
+            q_p = _desc_tile(q_desc_p, batch, start_m, head, AMP_DIM, BLOCK_M, BLOCK_DP)
+            q_a = _desc_tile(q_desc_a, batch, start_m, head, 0, BLOCK_M, BLOCK_DA)
+        else:
+            q_p = _load_tile(q_base + rows * stride_qn + offs_dp[None, :], row_ok,
+                             offs_dp < HEAD_DIM, True, BLOCK_DP != HEAD_DIM - AMP_DIM)
+            q_a = _load_tile(q_base + rows * stride_qn + offs_da[None, :], row_ok,
+                             offs_da < AMP_DIM, True, BLOCK_DA != AMP_DIM)
         qk_amp, cos, phase_factor = tile_logits_and_derivatives(
             k_a, q_a, k_p, q_p, k_sum, tl.sum(q_p.to(tl.float32), axis=1), s, row_offset,
             negated_ramp, q_first - (key_first + (BLOCK_N - 1)), q_first + (BLOCK_M - 1) - key_first,
@@ -273,8 +324,11 @@ def _dkdv_inner(dk_a, dk_p, dk_psum, dv, k_a, k_p, k_sum, v, pos_n, key_first,
         p = tl.exp2(qk_amp * cos * logit_scale - lse2[None, :])
         if MASKED:
             p = tl.where(s >= 0, p, 0.0)
-        do = _load_tile(do_base + rows * stride_dn + offs_dv[None, :], row_ok, offs_dv < V_DIM,
-                        True, BLOCK_DV != V_DIM)
+        if TMA:
+            do = _desc_tile(do_desc, batch, start_m, head, 0, BLOCK_M, BLOCK_DV)
+        else:
+            do = _load_tile(do_base + rows * stride_dn + offs_dv[None, :], row_ok, offs_dv < V_DIM,
+                            True, BLOCK_DV != V_DIM)
         dv += tl.dot(p.to(do.dtype), do, input_precision=DOT_PRECISION)
         dp = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
         delta = tl.load(delta_ptr + offs_m, mask=row_ok, other=0.0)
@@ -315,7 +369,7 @@ def _dkdv_inner(dk_a, dk_p, dk_psum, dv, k_a, k_p, k_sum, v, pos_n, key_first,
 
 
 @triton.jit
-def _bwd_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV, DQ,
+def _bwd_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV, DQ, QDescA, QDescP, DODesc,
                      stride_qb, stride_qn, stride_qh, stride_kb, stride_kn, stride_kh,
                      stride_vb, stride_vn, stride_vh, stride_db, stride_dn, stride_dh,
                      stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh,
@@ -332,7 +386,8 @@ def _bwd_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV, DQ,
                      DOT_PRECISION: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
                      DQ_ATOMIC: tl.constexpr, DQ_TRANSPOSE: tl.constexpr,
                      REVERSE_Q: tl.constexpr, COS_RADIANS: tl.constexpr,
-                     FAST_SCALARS: tl.constexpr, SPLIT_S: tl.constexpr):
+                     FAST_SCALARS: tl.constexpr, SPLIT_S: tl.constexpr, TMA: tl.constexpr):
+    """QDescA, QDescP, DODesc: TMA descriptors of Q's two parts and of dO (with TMA; else None)."""
     start_n = tl.program_id(0) * BLOCK_N
     batch = tl.program_id(1) // kv_heads
     kv_head = tl.program_id(1) % kv_heads
@@ -378,19 +433,23 @@ def _bwd_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV, DQ,
         dk_a, dk_p, dk_psum, dv = _dkdv_inner(
             dk_a, dk_p, dk_psum, dv, k_a, k_p, k_sum, v, pos_n, key_first, q_base, do_base, dq_base,
             Lse + bh * n_q, Delta + bh * n_q, stride_qn, stride_dn, stride_dqn, n_q, q_offset,
-            lo, mid, logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6,
+            lo, mid, QDescA, QDescP, DODesc, batch, head,
+            logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6,
             amp_grad_scale, phase_grad_scale,
             AMP_DIM, HEAD_DIM, V_DIM, BLOCK_DA, BLOCK_DP, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL,
             DIST_POWER, PHASE_QUAD, TRIG_POLY, TRIG_TERMS, TAYLOR_ORDER, PTX_ASM, LONG_PHASE,
-            DOT_PRECISION, WARP_SPECIALIZE, DQ_ATOMIC, DQ_TRANSPOSE, False, COS_RADIANS, FAST_SCALARS, SPLIT_S)
+            DOT_PRECISION, WARP_SPECIALIZE, DQ_ATOMIC, DQ_TRANSPOSE, False, COS_RADIANS, FAST_SCALARS, SPLIT_S,
+            TMA)
         dk_a, dk_p, dk_psum, dv = _dkdv_inner(
             dk_a, dk_p, dk_psum, dv, k_a, k_p, k_sum, v, pos_n, key_first, q_base, do_base, dq_base,
             Lse + bh * n_q, Delta + bh * n_q, stride_qn, stride_dn, stride_dqn, n_q, q_offset,
-            mid, n_q, logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6,
+            mid, n_q, QDescA, QDescP, DODesc, batch, head,
+            logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6,
             amp_grad_scale, phase_grad_scale,
             AMP_DIM, HEAD_DIM, V_DIM, BLOCK_DA, BLOCK_DP, BLOCK_DV, BLOCK_M, BLOCK_N, False,
             DIST_POWER, PHASE_QUAD, TRIG_POLY, TRIG_TERMS, TAYLOR_ORDER, PTX_ASM, LONG_PHASE,
-            DOT_PRECISION, WARP_SPECIALIZE, DQ_ATOMIC, DQ_TRANSPOSE, REVERSE_Q, COS_RADIANS, FAST_SCALARS, SPLIT_S)
+            DOT_PRECISION, WARP_SPECIALIZE, DQ_ATOMIC, DQ_TRANSPOSE, REVERSE_Q, COS_RADIANS, FAST_SCALARS, SPLIT_S,
+            TMA)
 
     dk_base = DK + batch.to(tl.int64) * stride_dkb + kv_head.to(tl.int64) * stride_dkh
     tl.store(dk_base + rows * stride_dkn + offs_da[None, :],
@@ -411,6 +470,7 @@ def _bwd_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV, DQ,
 @triton.jit
 def _dq_inner(dq_a, dq_p, dq_psum, q_a, q_p, q_sum, do, lse2, delta, pos_m, q_first,
               k_base, v_base, stride_kn, stride_vn, n_k, k_offset, lo, hi,
+              k_desc_a, k_desc_p, v_desc, batch, kv_head,
               logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6,
               AMP_DIM: tl.constexpr, HEAD_DIM: tl.constexpr, V_DIM: tl.constexpr,
               BLOCK_DA: tl.constexpr, BLOCK_DP: tl.constexpr, BLOCK_DV: tl.constexpr,
@@ -419,10 +479,10 @@ def _dq_inner(dq_a, dq_p, dq_psum, q_a, q_p, q_sum, do, lse2, delta, pos_m, q_fi
               TRIG_POLY: tl.constexpr, TRIG_TERMS: tl.constexpr, TAYLOR_ORDER: tl.constexpr,
               PTX_ASM: tl.constexpr, LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr,
               WARP_SPECIALIZE: tl.constexpr, SPLIT_S: tl.constexpr, FAST_SCALARS: tl.constexpr,
-              COS_RADIANS: tl.constexpr):
+              COS_RADIANS: tl.constexpr, TMA: tl.constexpr):
     """dQ of one query block against key blocks [lo, hi); tiles are (queries, keys). SPLIT_S
     (the distances as row offsets less the column ramp; 2: the far tiles' series in the column
-    term), FAST_SCALARS and COS_RADIANS: as in the forward's `_fwd_inner`."""
+    term), FAST_SCALARS, COS_RADIANS and TMA: as in the forward's `_fwd_inner`."""
     offs_da = tl.arange(0, BLOCK_DA)
     offs_dp = AMP_DIM + tl.arange(0, BLOCK_DP)
     offs_dv = tl.arange(0, BLOCK_DV)
@@ -435,10 +495,14 @@ def _dq_inner(dq_a, dq_p, dq_psum, q_a, q_p, q_sum, do, lse2, delta, pos_m, q_fi
         row_offset = pos_m - key_first
         s = _tile_distances(row_offset, column_ramp,
                             pos_m[:, None] - (k_offset + offs_n).to(tl.float32)[None, :], SPLIT_S, MASKED)
-        k_p = _load_tile(k_base + rows * stride_kn + offs_dp[None, :], key_ok,
-                         offs_dp < HEAD_DIM, MASKED, BLOCK_DP != HEAD_DIM - AMP_DIM)
-        k_a = _load_tile(k_base + rows * stride_kn + offs_da[None, :], key_ok, offs_da < AMP_DIM,
-                         MASKED, BLOCK_DA != AMP_DIM)
+        if TMA:
+            k_p = _desc_tile(k_desc_p, batch, start_n, kv_head, AMP_DIM, BLOCK_N, BLOCK_DP)
+            k_a = _desc_tile(k_desc_a, batch, start_n, kv_head, 0, BLOCK_N, BLOCK_DA)
+        else:
+            k_p = _load_tile(k_base + rows * stride_kn + offs_dp[None, :], key_ok,
+                             offs_dp < HEAD_DIM, MASKED, BLOCK_DP != HEAD_DIM - AMP_DIM)
+            k_a = _load_tile(k_base + rows * stride_kn + offs_da[None, :], key_ok, offs_da < AMP_DIM,
+                             MASKED, BLOCK_DA != AMP_DIM)
         qk_amp, cos, phase_factor = tile_logits_and_derivatives(
             q_a, k_a, q_p, k_p, q_sum, tl.sum(k_p.to(tl.float32), axis=1), s, row_offset,
             column_ramp, q_first - (key_first + (BLOCK_N - 1)), q_first + (BLOCK_M - 1) - key_first,
@@ -451,8 +515,11 @@ def _dq_inner(dq_a, dq_p, dq_psum, q_a, q_p, q_sum, do, lse2, delta, pos_m, q_fi
             if CAUSAL:
                 visible = visible & (s >= 0)
             p = tl.where(visible, p, 0.0)
-        v = _load_tile(v_base + rows * stride_vn + offs_dv[None, :], key_ok, offs_dv < V_DIM,
-                       MASKED, BLOCK_DV != V_DIM)
+        if TMA:
+            v = _desc_tile(v_desc, batch, start_n, kv_head, 0, BLOCK_N, BLOCK_DV)
+        else:
+            v = _load_tile(v_base + rows * stride_vn + offs_dv[None, :], key_ok, offs_dv < V_DIM,
+                           MASKED, BLOCK_DV != V_DIM)
         dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
         ds = p * (dp - delta[:, None])
         dq_a += tl.dot((ds * cos).to(k_a.dtype), k_a, input_precision=DOT_PRECISION)
@@ -465,7 +532,7 @@ def _dq_inner(dq_a, dq_p, dq_psum, q_a, q_p, q_sum, do, lse2, delta, pos_m, q_fi
 
 
 @triton.jit
-def _bwd_dq_kernel(Q, K, V, DOut, Lse, Delta, DQ,
+def _bwd_dq_kernel(Q, K, V, DOut, Lse, Delta, DQ, KDescA, KDescP, VDesc,
                    stride_qb, stride_qn, stride_qh, stride_kb, stride_kn, stride_kh,
                    stride_vb, stride_vn, stride_vh, stride_db, stride_dn, stride_dh,
                    stride_dqb, stride_dqn, stride_dqh,
@@ -479,7 +546,8 @@ def _bwd_dq_kernel(Q, K, V, DOut, Lse, Delta, DQ,
                    TRIG_TERMS: tl.constexpr, TAYLOR_ORDER: tl.constexpr, PTX_ASM: tl.constexpr,
                    LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr,
                    WARP_SPECIALIZE: tl.constexpr, SPLIT_S: tl.constexpr,
-                   FAST_SCALARS: tl.constexpr, COS_RADIANS: tl.constexpr):
+                   FAST_SCALARS: tl.constexpr, COS_RADIANS: tl.constexpr, TMA: tl.constexpr):
+    """KDescA, KDescP, VDesc: as the forward's (with TMA; else None)."""
     block = tl.program_id(0)
     if CAUSAL:
         block = tl.num_programs(0) - 1 - block
@@ -522,18 +590,18 @@ def _bwd_dq_kernel(Q, K, V, DOut, Lse, Delta, DQ,
     dq_psum = tl.zeros([BLOCK_M], dtype=tl.float32)
     dq_a, dq_p, dq_psum = _dq_inner(
         dq_a, dq_p, dq_psum, q_a, q_p, q_sum, do, lse2, delta, pos_m, q_first, k_base, v_base,
-        stride_kn, stride_vn, n_k, k_offset, 0, full,
+        stride_kn, stride_vn, n_k, k_offset, 0, full, KDescA, KDescP, VDesc, batch, kv_head,
         logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6,
         AMP_DIM, HEAD_DIM, V_DIM, BLOCK_DA, BLOCK_DP, BLOCK_DV, BLOCK_M, BLOCK_N, False, CAUSAL,
         DIST_POWER, PHASE_QUAD, TRIG_POLY, TRIG_TERMS, TAYLOR_ORDER, PTX_ASM, LONG_PHASE,
-        DOT_PRECISION, WARP_SPECIALIZE, SPLIT_S, FAST_SCALARS, COS_RADIANS)
+        DOT_PRECISION, WARP_SPECIALIZE, SPLIT_S, FAST_SCALARS, COS_RADIANS, TMA)
     dq_a, dq_p, dq_psum = _dq_inner(
         dq_a, dq_p, dq_psum, q_a, q_p, q_sum, do, lse2, delta, pos_m, q_first, k_base, v_base,
-        stride_kn, stride_vn, n_k, k_offset, full, hi,
+        stride_kn, stride_vn, n_k, k_offset, full, hi, KDescA, KDescP, VDesc, batch, kv_head,
         logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6,
         AMP_DIM, HEAD_DIM, V_DIM, BLOCK_DA, BLOCK_DP, BLOCK_DV, BLOCK_M, BLOCK_N, True, CAUSAL,
         DIST_POWER, PHASE_QUAD, TRIG_POLY, TRIG_TERMS, TAYLOR_ORDER, PTX_ASM, LONG_PHASE,
-        DOT_PRECISION, WARP_SPECIALIZE, SPLIT_S, FAST_SCALARS, COS_RADIANS)
+        DOT_PRECISION, WARP_SPECIALIZE, SPLIT_S, FAST_SCALARS, COS_RADIANS, TMA)
 
     dq_base = DQ + batch.to(tl.int64) * stride_dqb + head.to(tl.int64) * stride_dqh
     tl.store(dq_base + rows * stride_dqn + offs_da[None, :],

@@ -87,6 +87,21 @@ FWD_DOT_ROWSUM = False
 # and without LONG_PHASE; its accuracy for large phases is the MUFU's, checked on the GPU only
 # (the CUDA tests of tests/ops/test_triton_attention.py, run-9.md).
 FWD_COS_RADIANS = False
+# The forward loads its K and V tiles by TMA descriptors (Hopper's tensor memory accelerator):
+# one thread issues each tile's copy and the warps wait on a barrier, in place of every thread's
+# addresses and cp.async (2.06 of the D=64 far tile's 17.94 instructions a score,
+# offline-census-9.md). Only on sm_90+ (or under the interpreter) and where the tensors allow it
+# (`tma_ok`); elsewhere the pointer loads. Not yet timed.
+FWD_TMA = False
+# The forward rescales its accumulators only when some row's max passes the one they are kept at by
+# more than RESCALE_SLACK (2 ** 8; a block-wide test a tile), instead of at every tile: the 64 x Dv
+# accumulator's multiplies (1 a score at D=64, 2 at D=128: offline-census-9.md), the rescale's
+# exp2 and the -inf guard go from most tiles. Not yet timed.
+FWD_LAZY_RESCALE = False
+# The backward kernels' loop tiles by TMA descriptors, as FWD_TMA: the dK/dV kernel's Q and dO
+# tiles, the dQ kernel's K and V tiles. Not yet timed.
+DKDV_TMA = False
+DQ_TMA = False
 # The same in the dK/dV kernel: its MUFU cos and sin on the unreduced phase (phase_scale and the
 # phase gradient's scale adjusted for the 2 pi). The 16-bit configs at D = 128 choose it (bwd
 # x0.986-0.989 of the kernel without it at 4k-64k, in two runs: run-9.md).
@@ -162,12 +177,16 @@ class LaunchConfigs:
     fwd_ramp_series: bool | None = None  # None: the module's FWD_RAMP_SERIES
     fwd_dot_rowsum: bool | None = None  # None: the module's FWD_DOT_ROWSUM
     fwd_cos_radians: bool | None = None  # None: the module's FWD_COS_RADIANS
+    fwd_tma: bool | None = None  # None: the module's FWD_TMA
+    fwd_lazy_rescale: bool | None = None  # None: the module's FWD_LAZY_RESCALE
     dkdv_cos_radians: bool | None = None  # None: the module's DKDV_COS_RADIANS
     dq_cos_radians: bool | None = None  # None: the module's DQ_COS_RADIANS
     bwd_fast_scalars: bool | None = None  # None: the module's BWD_FAST_SCALARS
     dq_split_s: bool | None = None  # None: the module's DQ_SPLIT_S
     dq_row_series: bool | None = None  # None: the module's DQ_ROW_SERIES
     dkdv_split_s: bool | None = None  # None: the module's DKDV_SPLIT_S
+    dkdv_tma: bool | None = None  # None: the module's DKDV_TMA
+    dq_tma: bool | None = None  # None: the module's DQ_TMA
 
 
 # Fixed when the kernels are defined (TRITON_INTERPRET is read then); a module constant, so that
@@ -243,8 +262,8 @@ def parse_variant(spec: str) -> dict:
 
     fwd/fwd_long/dkdv/dq=BMxBN[/warps[/stages]][/ws]; dq_atomic, dq_transpose, dkdv_reverse,
     fwd_split_s, fwd_fast_scalars, fwd_row_series, fwd_ramp_series, fwd_dot_rowsum,
-    fwd_cos_radians, dkdv_cos_radians, dq_cos_radians, bwd_fast_scalars, dq_split_s,
-    dq_row_series, dkdv_split_s, trig_poly=0|1;
+    fwd_cos_radians, fwd_tma, fwd_lazy_rescale, dkdv_cos_radians, dq_cos_radians,
+    bwd_fast_scalars, dq_split_s, dq_row_series, dkdv_split_s, dkdv_tma, dq_tma, trig_poly=0|1;
     trig_terms=3..6 (sin terms; float32 inputs keep at least FLOAT32_TRIG_ERROR);
     taylor_order=1..6; taylor_tolerance=<float>. An empty spec changes nothing.
     """
@@ -260,8 +279,9 @@ def parse_variant(spec: str) -> dict:
             changes[key] = _parse_kernel_config(key, text)
         elif key in ("dq_atomic", "dq_transpose", "dkdv_reverse", "fwd_split_s", "fwd_fast_scalars",
                      "fwd_row_series", "fwd_ramp_series", "fwd_dot_rowsum", "fwd_cos_radians",
-                     "dkdv_cos_radians", "dq_cos_radians", "bwd_fast_scalars", "dq_split_s",
-                     "dq_row_series", "dkdv_split_s", "trig_poly"):
+                     "fwd_tma", "fwd_lazy_rescale", "dkdv_cos_radians", "dq_cos_radians",
+                     "bwd_fast_scalars", "dq_split_s", "dq_row_series", "dkdv_split_s", "dkdv_tma",
+                     "dq_tma", "trig_poly"):
             changes[key] = _parse_flag(key, text)
         elif key == "trig_terms":
             if not text.isdigit() or int(text) not in TRIG_COEFFICIENTS:
@@ -401,24 +421,27 @@ def dq_by_atomics(configs: LaunchConfigs | None = None) -> bool:
 def dkdv_flags(configs: LaunchConfigs | None = None, logit_flags: dict | None = None) -> dict:
     """The dK/dV kernel's own constexprs: dQ by atomics (`dq_by_atomics`) and, with them, the
     transposed dQ products; the query blocks' order; `DKDV_COS_RADIANS` (with the call's
-    `logits_args` flags, as `fwd_flags`), `BWD_FAST_SCALARS` and `DKDV_SPLIT_S`."""
+    `logits_args` flags, as `fwd_flags`), `BWD_FAST_SCALARS`, `DKDV_SPLIT_S` and `DKDV_TMA` (asked
+    for: `backward` takes it only where `tma_ok`)."""
     dq_atomic = dq_by_atomics(configs)
     return dict(DQ_ATOMIC=dq_atomic,
                 DQ_TRANSPOSE=dq_atomic and bool(_chosen(configs, "dq_transpose", DQ_TRANSPOSE)),
                 REVERSE_Q=bool(_chosen(configs, "dkdv_reverse", DKDV_REVERSE)),
                 COS_RADIANS=_cos_radians(configs, "dkdv_cos_radians", DKDV_COS_RADIANS, logit_flags),
                 FAST_SCALARS=bool(_chosen(configs, "bwd_fast_scalars", BWD_FAST_SCALARS)),
-                SPLIT_S=int(bool(_chosen(configs, "dkdv_split_s", DKDV_SPLIT_S))))
+                SPLIT_S=int(bool(_chosen(configs, "dkdv_split_s", DKDV_SPLIT_S))),
+                TMA=bool(_chosen(configs, "dkdv_tma", DKDV_TMA)))
 
 
 def dq_flags(configs: LaunchConfigs | None = None, logit_flags: dict | None = None) -> dict:
     """The dQ kernel's own constexprs: its distances (`DQ_SPLIT_S`, SPLIT_S 2 with
-    `DQ_ROW_SERIES`), `BWD_FAST_SCALARS` and `DQ_COS_RADIANS` (with the call's `logits_args`
-    flags, as `fwd_flags`)."""
+    `DQ_ROW_SERIES`), `BWD_FAST_SCALARS`, `DQ_COS_RADIANS` (with the call's `logits_args` flags,
+    as `fwd_flags`) and `DQ_TMA` (as `dkdv_flags`' TMA)."""
     split_s = _split_s(configs, ("dq_split_s", DQ_SPLIT_S), ("dq_row_series", DQ_ROW_SERIES))
     return dict(SPLIT_S=split_s,
                 FAST_SCALARS=bool(_chosen(configs, "bwd_fast_scalars", BWD_FAST_SCALARS)),
-                COS_RADIANS=_cos_radians(configs, "dq_cos_radians", DQ_COS_RADIANS, logit_flags))
+                COS_RADIANS=_cos_radians(configs, "dq_cos_radians", DQ_COS_RADIANS, logit_flags),
+                TMA=bool(_chosen(configs, "dq_tma", DQ_TMA)))
 
 
 def _split_s(configs: LaunchConfigs | None, split: tuple, row: tuple, ramp: tuple | None = None) -> int:
@@ -440,12 +463,15 @@ def fwd_flags(configs: LaunchConfigs | None = None, logit_flags: dict | None = N
     is 2 with `FWD_ROW_SERIES`, which implies it, and 3 with `FWD_RAMP_SERIES`, which implies
     both), a far tile's scalars (`FWD_FAST_SCALARS`), the softmax row sums (`FWD_DOT_ROWSUM`) and
     the cos's argument (`FWD_COS_RADIANS`, only where the call's `logits_args` flags take the MUFU
-    trig without LONG_PHASE; none given: never)."""
+    trig without LONG_PHASE; none given: never), the K/V loads by TMA (`FWD_TMA`, asked for:
+    `forward` takes them only where `tma_ok`) and the lazy rescale (`FWD_LAZY_RESCALE`)."""
     split_s = _split_s(configs, ("fwd_split_s", FWD_SPLIT_S), ("fwd_row_series", FWD_ROW_SERIES),
                        ("fwd_ramp_series", FWD_RAMP_SERIES))
     return dict(SPLIT_S=split_s,
                 FAST_SCALARS=bool(_chosen(configs, "fwd_fast_scalars", FWD_FAST_SCALARS)),
                 DOT_ROWSUM=bool(_chosen(configs, "fwd_dot_rowsum", FWD_DOT_ROWSUM)),
+                TMA=bool(_chosen(configs, "fwd_tma", FWD_TMA)),
+                LAZY_RESCALE=bool(_chosen(configs, "fwd_lazy_rescale", FWD_LAZY_RESCALE)),
                 COS_RADIANS=_cos_radians(configs, "fwd_cos_radians", FWD_COS_RADIANS, logit_flags))
 
 
@@ -600,6 +626,43 @@ def compiled_kernels() -> list[tuple[dict, object]]:
     return rows
 
 
+def tma_ok(t: torch.Tensor, widths: tuple[int, ...]) -> bool:
+    """Whether a (B, N, H, D) tensor's tiles of these column widths (its parts, in order, which
+    must fill D) can come by TMA descriptors: under the interpreter, or on sm_90+, with a 16-byte
+    aligned base, 16-byte multiples for every stride but the last (1), every width a power of two
+    of at least 16 bytes and at most 256 elements."""
+    if sum(widths) != t.shape[-1] or t.stride(-1) != 1:
+        return False
+    if not interpreting() and not (t.is_cuda and torch.cuda.get_device_capability(t.device)[0] >= 9):
+        return False
+    size = t.element_size()
+    return (t.data_ptr() % 16 == 0 and all(stride * size % 16 == 0 for stride in t.stride()[:-1])
+            and all(w & (w - 1) == 0 and w * size >= 16 and w <= 256 for w in widths))
+
+
+def tma_descriptors(t: torch.Tensor, block_rows: int, widths: tuple[int, ...]) -> list:
+    """One TMA descriptor per column width for `_desc_tile` (blocks (1, block_rows, 1, width)),
+    the same object for equal widths."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    made: dict[int, TensorDescriptor] = {}
+    for width in widths:
+        if width not in made:
+            made[width] = TensorDescriptor(t, list(t.shape), list(t.stride()), [1, block_rows, 1, width])
+    return [made[width] for width in widths]
+
+
+def _loop_descriptors(flags: dict, qk: torch.Tensor, vo: torch.Tensor, block_rows: int,
+                      amp_dim: int) -> list:
+    """A kernel's three loop-tile descriptors (qk's amplitude and phase parts, then vo whole), or
+    three Nones; clears flags["TMA"] where the tensors do not allow TMA (`tma_ok`)."""
+    widths = (amp_dim, qk.shape[-1] - amp_dim)
+    flags["TMA"] = flags["TMA"] and tma_ok(qk, widths) and tma_ok(vo, (vo.shape[-1],))
+    if not flags["TMA"]:
+        return [None, None, None]
+    return [*tma_descriptors(qk, block_rows, widths), *tma_descriptors(vo, block_rows, (vo.shape[-1],))]
+
+
 def _row_strides(t: torch.Tensor):
     return t.stride(0), t.stride(1), t.stride(2)
 
@@ -624,9 +687,10 @@ def forward(q, k, v, *, amp_dim, alpha, distance, phase, causal, q_offset, k_off
     constexprs.update(fwd_flags(configs, constexprs))
     if constexprs["COS_RADIANS"]:
         scalars, _ = with_radians(scalars)
+    descriptors = _loop_descriptors(constexprs, k, v, cfg.block_n, amp_dim)
     grid = (triton.cdiv(n_q, cfg.block_m), batch * heads)
     compiled = kernels._fwd_kernel[grid](
-        q, k, v, out, lse, *_row_strides(q), *_row_strides(k), *_row_strides(v),
+        q, k, v, out, lse, *descriptors, *_row_strides(q), *_row_strides(k), *_row_strides(v),
         *_row_strides(out), n_q, n_k, q_offset, k_offset, heads, heads // kv_heads, *scalars,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, WARP_SPECIALIZE=cfg.warp_specialize,
         **cfg.launch_options(), **constexprs)
@@ -663,8 +727,9 @@ def backward(dout, dlse, q, k, v, out, lse, *, amp_dim, alpha, distance, phase, 
           else torch.empty_like(q))
 
     cfg = configs.dkdv
+    descriptors = _loop_descriptors(dkdv, q, dout, cfg.block_m, amp_dim)
     compiled = kernels._bwd_dkdv_kernel[(triton.cdiv(n_k, cfg.block_n), batch * kv_heads)](
-        q, k, v, dout, lse, delta, dk, dv, dq, *_row_strides(q), *_row_strides(k),
+        q, k, v, dout, lse, delta, dk, dv, dq, *descriptors, *_row_strides(q), *_row_strides(k),
         *_row_strides(v), *_row_strides(dout), *_row_strides(dk), *_row_strides(dv),
         *_row_strides(dq), n_q, n_k, q_offset, k_offset, kv_heads, heads // kv_heads, *dkdv_scalars,
         *dkdv_grad_scales, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
@@ -676,8 +741,9 @@ def backward(dout, dlse, q, k, v, out, lse, *, amp_dim, alpha, distance, phase, 
     dq_own = dq_flags(configs, constexprs)
     if dq_own["COS_RADIANS"]:
         scalars, grad_scales = with_radians(scalars, grad_scales)
+    descriptors = _loop_descriptors(dq_own, k, v, cfg.block_n, amp_dim)
     compiled = kernels._bwd_dq_kernel[(triton.cdiv(n_q, cfg.block_m), batch * heads)](
-        q, k, v, dout, lse, delta, dq, *_row_strides(q), *_row_strides(k), *_row_strides(v),
+        q, k, v, dout, lse, delta, dq, *descriptors, *_row_strides(q), *_row_strides(k), *_row_strides(v),
         *_row_strides(dout), *_row_strides(dq), n_q, n_k, q_offset, k_offset, heads,
         heads // kv_heads, *scalars, *grad_scales, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         WARP_SPECIALIZE=cfg.warp_specialize, **cfg.launch_options(), **dq_own, **constexprs)
