@@ -340,7 +340,8 @@ def test_gpu_defaults_by_head_size_and_dtype(monkeypatch):
     kernel, MUFU trig, the same series and the same forward, with the forward and dK/dV kernels
     under a 168-register cap (run-11.md, run-12.md) and both backward kernels' trig in radians
     (run-17.md), their far-tile scalars from the MUFU and the dQ kernel's split distances
-    (run-18.md); float32 none of them (its grades would show in float32 results)."""
+    (run-18.md); D=128's forward takes its K/V tiles by TMA (run-24.md); float32 none of them (its
+    grades would show in float32 results)."""
     monkeypatch.setattr(triton_launch, "_INTERPRETING", False)
     monkeypatch.delenv(triton_launch.VARIANT_ENV, raising=False)
     lean = (True, True, True)
@@ -368,6 +369,11 @@ def test_gpu_defaults_by_head_size_and_dtype(monkeypatch):
     assert not triton_launch.dkdv_flags(d128, flags)["FAST_SCALARS"]
     assert triton_launch.dkdv_flags(d128, flags)["COS_RADIANS"]
     assert not triton_launch.fwd_flags(d128, dict(flags, LONG_PHASE=True))["COS_RADIANS"]
+    # the forward's K/V tiles by TMA at D=128 only (run-24.md), no backward kernel's, no lazy rescale
+    assert (triton_launch.fwd_flags(d128)["TMA"], triton_launch.fwd_flags(d64)["TMA"]) == (True, False)
+    for configs in (d64, d128):
+        assert not triton_launch.fwd_flags(configs)["LAZY_RESCALE"]
+        assert not (triton_launch.dkdv_flags(configs)["TMA"] or triton_launch.dq_flags(configs)["TMA"])
     for head_dim in (64, 128):
         plain = triton_launch.default_configs(head_dim, head_dim, torch.float32)
         assert (plain.dq_atomic, plain.trig_poly, plain.trig_terms, plain.taylor_order) == (None,) * 4
@@ -607,6 +613,26 @@ def test_lazy_rescale_follows_rising_maxima(causal):
     for name in GRADS:
         error, floor = rel_rmse(fused[name], exact[name]), rel_rmse(same_dtype[name], exact[name])
         assert error <= HALF_BAR * floor + 1e-7, (name, error, floor)
+
+
+def test_tma_only_where_the_tensors_allow_it():
+    """tma_ok: every part a power of two of 16 bytes or more, filling D, 16-byte strides and base;
+    the launcher then keeps TMA, else clears it and passes no descriptors (the pointer loads)."""
+    t = torch.zeros(2, 40, 3, 64, dtype=torch.float16, device=DEVICE)
+    assert triton_launch.tma_ok(t, (32, 32)) and triton_launch.tma_ok(t, (64,))
+    assert not triton_launch.tma_ok(t, (48, 16))  # 48 is not a power of two
+    assert not triton_launch.tma_ok(t, (32, 16))  # the parts must fill D
+    assert not triton_launch.tma_ok(t[..., :8], (4, 4))  # 8-byte parts
+    shifted = torch.zeros(t.numel() + 1, dtype=t.dtype, device=DEVICE)[1:].view(t.shape)  # base + 2 B
+    assert not triton_launch.tma_ok(shifted, (32, 32))
+    odd = torch.zeros(2, 40, 3, 68, dtype=torch.float16, device=DEVICE)[..., :64]  # 136-byte rows
+    assert not triton_launch.tma_ok(odd, (32, 32))
+    flags = dict(TMA=True)
+    assert triton_launch._loop_descriptors(flags, t, t, 16, 32)[0] is not None and flags["TMA"]
+    flags = dict(TMA=True)
+    assert triton_launch._loop_descriptors(flags, t, t, 16, 48) == [None] * 3 and not flags["TMA"]
+    flags = dict(TMA=False)
+    assert triton_launch._loop_descriptors(flags, t, t, 16, 32) == [None] * 3 and not flags["TMA"]
 
 
 def test_dot_rowsum_flag():

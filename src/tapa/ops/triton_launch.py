@@ -91,15 +91,20 @@ FWD_COS_RADIANS = False
 # one thread issues each tile's copy and the warps wait on a barrier, in place of every thread's
 # addresses and cp.async (2.06 of the D=64 far tile's 17.94 instructions a score,
 # offline-census-9.md). Only on sm_90+ (or under the interpreter) and where the tensors allow it
-# (`tma_ok`); elsewhere the pointer loads. Not yet timed.
+# (`tma_ok`); elsewhere the pointer loads. The 16-bit configs at D = 128 choose it (fwd x0.95-0.97
+# at 4k-64k); at D = 64 it loses 1-3%: its far tile takes 16 instructions more (R2UR of the four
+# coordinates, the elected issue, the barrier waits: results/kernel-h200/run-24.md).
 FWD_TMA = False
 # The forward rescales its accumulators only when some row's max passes the one they are kept at by
 # more than RESCALE_SLACK (2 ** 8; a block-wide test a tile), instead of at every tile: the 64 x Dv
 # accumulator's multiplies (1 a score at D=64, 2 at D=128: offline-census-9.md), the rescale's
-# exp2 and the -inf guard go from most tiles. Not yet timed.
+# exp2 and the -inf guard go from most tiles. Not chosen: fwd x1.04-1.05 at D=64 and up to x1.11
+# at D=128 (Run 24): Triton's block-wide test is five shuffles and two barriers a tile, more than
+# the multiplies it saves (results/kernel-h200/run-24.md).
 FWD_LAZY_RESCALE = False
 # The backward kernels' loop tiles by TMA descriptors, as FWD_TMA: the dK/dV kernel's Q and dO
-# tiles, the dQ kernel's K and V tiles. Not yet timed.
+# tiles, the dQ kernel's K and V tiles. Not chosen: bwd x1.01-1.03 at D=64 (dQ kernel 394 -> 442
+# instructions a far tile offline), and at D=128 the dK/dV kernel spills (bwd x1.48-1.53, Run 24).
 DKDV_TMA = False
 DQ_TMA = False
 # The same in the dK/dV kernel: its MUFU cos and sin on the unreduced phase (phase_scale and the
@@ -391,8 +396,11 @@ def _default_configs(head_dim: int, v_dim: int, dtype: torch.dtype) -> LaunchCon
                 return replace(configs, dq=KernelConfig(64, 32, 4, 2), dkdv_cos_radians=True,
                                dq_cos_radians=True, bwd_fast_scalars=True, dq_split_s=True,
                                **far_series, **lean_forward, **capped)
+            # At D=128 the forward's K/V tiles by TMA: fwd x0.954 / 0.960 / 0.974 at 4k / 16k / 64k,
+            # every bf16 error and the 64k far rows unchanged; at D=64 it loses 1-3%, as do the
+            # backward kernels' TMA tiles (results/kernel-h200/run-24.md).
             return replace(configs, dq_atomic=True, dq_transpose=True, dkdv_cos_radians=True,
-                           **far_series, **short_forward, **lean_forward)
+                           fwd_tma=True, **far_series, **short_forward, **lean_forward)
         return configs
     if width <= 256:
         return LaunchConfigs(KernelConfig(64, 64, 4, 2), KernelConfig(16, 64, 4, 2),
@@ -734,7 +742,7 @@ def backward(dout, dlse, q, k, v, out, lse, *, amp_dim, alpha, distance, phase, 
         *_row_strides(dq), n_q, n_k, q_offset, k_offset, kv_heads, heads // kv_heads, *dkdv_scalars,
         *dkdv_grad_scales, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         WARP_SPECIALIZE=cfg.warp_specialize, **cfg.launch_options(), **dkdv, **constexprs)
-    _remember(dkdv_kernel_name(dkdv), cfg, constexprs, compiled)
+    _remember(dkdv_kernel_name(dkdv), cfg, {**constexprs, **dkdv}, compiled)
     if dq_atomic:
         return dq.to(q.dtype), dk, dv
     cfg = configs.dq
