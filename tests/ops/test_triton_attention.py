@@ -417,7 +417,7 @@ def test_gpu_forward_tile_by_key_length(monkeypatch):
     run4 = dict(fwd=long_, dkdv=K(32, 128, 8, 2), taylor_order=2, taylor_tolerance=1e-5,
                 fwd_row_series=True, dq_transpose=False, **lean)
     assert triton_launch.default_configs(128, 128, torch.bfloat16) == triton_launch.LaunchConfigs(
-        dq=K(128, 16, 8, 2), dq_atomic=True, dkdv_cos_radians=True, **run4)
+        dq=K(128, 16, 8, 2), dq_atomic=True, dkdv_cos_radians=True, fwd_tma=True, **run4)
     assert triton_launch.default_configs(64, 64, torch.bfloat16) == triton_launch.LaunchConfigs(
         dq=K(64, 32, 4, 2), dkdv_cos_radians=True, dq_cos_radians=True, bwd_fast_scalars=True,
         dq_split_s=True,
