@@ -169,6 +169,42 @@ def test_decode_long_cache_cuda(dtype):
         assert rel_rmse(out, exact) <= 2 * rel_rmse(same_dtype, exact) + 1e-6
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (the interpreter has no compiled kernel)")
+def test_later_steps_launch_the_compiled_kernels_directly(monkeypatch):
+    """From the third step of a signature (the first tunes, the second keeps what Triton compiled)
+    the split and merge kernels launch without Triton's JIT, with the JIT's results; a caller
+    tensor whose pointer alignment differs from the compiled one goes back through the JIT."""
+    if not decode_kernel.DIRECT_LAUNCH:
+        pytest.skip(f"{decode_kernel.DIRECT_LAUNCH_ENV}=0")
+    q, k, v, lengths, _ = random_case(2, 1, 8, 2, 64, 3000, torch.bfloat16, seed=6)
+    decode_kernel._PLANS.clear()
+    for _ in range(2):
+        decode_kernel.tapa_decode_attention(q, k, v, lengths, num_splits=4)
+    (plan,) = decode_kernel._PLANS.values()
+    assert plan.split_launch is not None and plan.merge_launch is not None
+    by_jit = [decode_kernel.tapa_decode_attention(q, k, v, lengths - i, num_splits=4, return_lse=True)
+              for i in (0, 1)]
+    decode_kernel._PLANS.clear()
+    for _ in range(2):
+        decode_kernel.tapa_decode_attention(q, k, v, lengths, num_splits=4)
+
+    def no_jit(*args, **kwargs):
+        raise AssertionError("a later step went through JITFunction.run")
+
+    for kernel in (decode_kernel._split_kernel, decode_kernel._merge_kernel):
+        monkeypatch.setattr(kernel, "run", no_jit)
+    for i, (out, lse) in zip((0, 1), by_jit):
+        direct = decode_kernel.tapa_decode_attention(q, k, v, lengths - i, num_splits=4, return_lse=True)
+        assert torch.equal(direct[0], out) and torch.equal(direct[1], lse)
+    shifted = torch.empty(q.numel() + 1, dtype=q.dtype, device=q.device)[1:].view(q.shape)
+    shifted.copy_(q)  # the same plan (shape, strides, dtype), a 2-byte aligned pointer
+    with pytest.raises(AssertionError, match="JITFunction.run"):
+        decode_kernel.tapa_decode_attention(shifted, k, v, lengths, num_splits=4)
+    monkeypatch.undo()
+    assert torch.equal(decode_kernel.tapa_decode_attention(shifted, k, v, lengths, num_splits=4), by_jit[0][0])
+
+
 def test_the_tuned_tile_depends_on_the_program_count():
     """The autotuner keys the split kernel's tile on the number of programs as well as the split
     length: batch 1 and batch 8 with splits of one length bucket get separate tunings (Run 6)."""

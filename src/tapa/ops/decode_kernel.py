@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import os
 
 import torch
 import triton
@@ -36,6 +37,12 @@ from tapa.ops.triton_launch import interpreting, logits_args
 from tapa.ops.triton_logits import tile_logits
 
 MAX_QUERY_ROWS = 64  # G * Nq rows per program; more queries are prefill work for the fused kernel
+# Later steps of a call signature launch the compiled kernels directly (`_direct_launch`);
+# TAPA_DECODE_DIRECT_LAUNCH=0 keeps every launch on Triton's JIT path (for timing the two).
+DIRECT_LAUNCH_ENV = "TAPA_DECODE_DIRECT_LAUNCH"
+if os.environ.get(DIRECT_LAUNCH_ENV, "1") not in ("0", "1"):
+    raise ValueError(f"{DIRECT_LAUNCH_ENV} must be 0 or 1, got {os.environ[DIRECT_LAUNCH_ENV]!r}")
+DIRECT_LAUNCH = os.environ.get(DIRECT_LAUNCH_ENV, "1") == "1"
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
@@ -275,10 +282,36 @@ class _Plan:
     merge_flags: dict
     merge_grid: tuple
     split_config: dict | None = None  # BLOCK_N, num_warps, num_stages ... once tuned
+    # After a launch through Triton's JIT with the tuned config: the compiled kernels, launched
+    # directly while the caller's tensors keep the pointer alignment they were compiled for
+    split_launch: object = None
+    merge_launch: object = None
+    alignment: tuple = ()
 
 
 _PLANS: dict[tuple, _Plan] = {}
 _MAX_PLANS = 256
+
+
+def _alignment(*tensors) -> tuple:
+    """Which pointers are 16-byte aligned: Triton specializes a kernel on it (the other
+    specialized values, integers and dtypes, are fixed by the plan's key)."""
+    return tuple(t.data_ptr() % 16 == 0 for t in tensors)
+
+
+def _direct_launch(compiled, kernel, grid: tuple, constexprs: dict):
+    """launch(*args) for the kernel's runtime arguments: compiled[grid] with the constexprs
+    appended in the kernel's order, skipping Triton's per-call binding and specialization
+    (JITFunction.run: about two thirds of a batch-1 decode step's host time, run-5.md)."""
+    names = kernel.arg_names
+    first = min(names.index(name) for name in constexprs if name in names)
+    tail = tuple(constexprs[name] for name in names[first:])
+    runner = compiled[grid]
+
+    def launch(*args):
+        runner(*args, *tail)
+
+    return launch
 
 
 def _contiguous_strides(shape) -> tuple:
@@ -382,14 +415,27 @@ def tapa_decode_attention(
         part_lse = torch.empty(plan.part_shape[:4], dtype=torch.float32, device=q.device)
     starts = cache_starts if cache_starts is not None else cache_seqlens  # unused when HAS_STARTS=False
     args = (q, k_cache, v_cache, cache_seqlens, starts, part, part_lse, *plan.split_tail)
+    merge_args = (part, part_lse, out, lse, *plan.merge_tail)
+    if plan.split_launch is not None and plan.alignment == _alignment(*args[:5]):
+        plan.split_launch(*args)
+        if plan.merge_launch is not None:
+            plan.merge_launch(*merge_args)
+        return (out, lse) if return_lse else out
     if plan.split_config is not None:
-        _split_kernel[plan.split_grid](*args, **plan.split_flags, **plan.split_config)
+        split = _split_kernel[plan.split_grid](*args, **plan.split_flags, **plan.split_config)
     elif q.is_cuda:  # tuned once per query shape, split and program bucket (the autotuner's key)
         _tuned_split_kernel[plan.split_grid](*args, **plan.split_flags)
         plan.split_config = _tuned_split_kernel.best_config.all_kwargs()
+        split = None
     else:  # the Triton interpreter: one fixed configuration
         plan.split_config = {"BLOCK_N": 64}
-        _split_kernel[plan.split_grid](*args, **plan.split_flags, **plan.split_config)
+        split = _split_kernel[plan.split_grid](*args, **plan.split_flags, **plan.split_config)
+    merge = None
     if plan.part_shape is not None:
-        _merge_kernel[plan.merge_grid](part, part_lse, out, lse, *plan.merge_tail, **plan.merge_flags)
+        merge = _merge_kernel[plan.merge_grid](*merge_args, **plan.merge_flags)
+    if DIRECT_LAUNCH and split is not None and q.is_cuda and (merge is not None or plan.part_shape is None):
+        plan.split_launch = _direct_launch(split, _split_kernel, plan.split_grid,
+                                           {**plan.split_flags, **plan.split_config})
+        plan.merge_launch = merge and _direct_launch(merge, _merge_kernel, plan.merge_grid, plan.merge_flags)
+        plan.alignment = _alignment(*args[:5])
     return (out, lse) if return_lse else out
