@@ -169,6 +169,25 @@ def test_decode_long_cache_cuda(dtype):
         assert rel_rmse(out, exact) <= 2 * rel_rmse(same_dtype, exact) + 1e-6
 
 
+def test_a_direct_launch_hands_the_launcher_what_the_jit_would():
+    """`_direct_launch` on a stand-in for Triton's CompiledKernel: a three-dimensional grid (the
+    launcher reads grid[2]) and every argument in the kernel's order, constexprs last."""
+    seen = {}
+
+    class Compiled:
+        def __getitem__(self, grid):
+            seen["grid"] = grid
+            return lambda *args: seen.setdefault("args", args)
+
+    names = decode_kernel._merge_kernel.arg_names
+    runtime = tuple(range(names.index("BLOCK_S")))
+    launch = decode_kernel._direct_launch(Compiled(), decode_kernel._merge_kernel, (6, 3),
+                                          dict(BLOCK_DV=64, BLOCK_S=8, num_warps=4))
+    launch(*runtime)
+    assert seen["grid"] == (6, 3, 1)
+    assert seen["args"] == (*runtime, 8, 64) and len(seen["args"]) == len(names)
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (the interpreter has no compiled kernel)")
 def test_later_steps_launch_the_compiled_kernels_directly(monkeypatch):
