@@ -543,6 +543,10 @@ VARIANTS = {  # spec: call arguments (FAR where the variant changes the far-tile
     # of theta 0.75 make some tiles do it, others not)
     "fwd_lazy_rescale=1": dict(theta=0.75),
     "fwd_lazy_rescale=1,fwd_dot_rowsum=1,fwd_tma=1": {},
+    # the forward as a persistent kernel (under the interpreter one SM: each program several tiles)
+    "fwd_persistent=1": {},
+    "fwd_persistent=1,fwd_tma=1": dict(causal=False),
+    "fwd_persistent=1,fwd_ramp_series=1,taylor_order=2,taylor_tolerance=1e-5": FAR,
     # the backward's loop tiles by TMA, with the separate dQ kernel and with dQ by atomics
     "dkdv_tma=1,dq_tma=1": {},
     "dkdv_tma=1,dq_atomic=1,dq_transpose=1": dict(causal=False),

@@ -22,7 +22,6 @@ as in FlashAttention); float32 inputs use IEEE float32 dots.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import os
 
@@ -195,11 +194,6 @@ _tuned_split_kernel = triton.autotune(
 )(_split_kernel)
 SPLIT_ALIGN = 128  # split lengths are multiples of every BLOCK_N above
 
-@functools.lru_cache(maxsize=None)
-def _num_sms(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
 def _pow2(n: int, minimum: int = 16) -> int:
     return max(minimum, triton.next_power_of_2(n))
 
@@ -214,7 +208,7 @@ def default_num_splits(batch: int, kv_heads: int, capacity: int, device: torch.d
     waves ask for 5 splits (320 programs, 2.4 waves); 8 splits (512) were 7-12% faster at 8k-32k
     keys, and 4 (256) slower at 8k-16k. From 8 splits on the two-wave count stands as timed
     (batch 1: 33 splits, 1.03-1.06x SDPA as graphs in Run 5), and at batch 32 both rules give 2."""
-    sms = _num_sms(device.index or 0) if device.type == "cuda" else 4
+    sms = triton_launch.num_sms(device.index or 0) if device.type == "cuda" else 4
     programs = batch * kv_heads
     wanted = triton.cdiv(2 * sms, programs)
     if wanted < 8:

@@ -98,8 +98,8 @@ def _fwd_inner(acc, m_i, l_i, q_a, q_p, q_sum, pos_m, q_first,
         else:
             k_p = _load_tile(k_base + rows * stride_kn + offs_dp[None, :], key_ok,
                              offs_dp < HEAD_DIM, MASKED, BLOCK_DP != HEAD_DIM - AMP_DIM)
-            k_a = _load_tile(k_base + rows * stride_kn + offs_da[None, :], key_ok, offs_da < AMP_DIM,
-                             MASKED, BLOCK_DA != AMP_DIM)
+            k_a = _load_tile(k_base + rows * stride_kn + offs_da[None, :], key_ok,
+                             offs_da < AMP_DIM, MASKED, BLOCK_DA != AMP_DIM)
         logit = tile_logits(q_a, k_a, q_p, k_p, q_sum, tl.sum(k_p.to(tl.float32), axis=1), s,
                             row_offset, column_ramp,
                             q_first - (key_first + (BLOCK_N - 1)), q_first + (BLOCK_M - 1) - key_first,
@@ -113,8 +113,8 @@ def _fwd_inner(acc, m_i, l_i, q_a, q_p, q_sum, pos_m, q_first,
             logit = tl.where(visible, logit, float("-inf"))
         m_tile = tl.max(logit, 1) * logit_scale
         if LAZY_RESCALE:
-            # m_i may trail a row's max by up to RESCALE_SLACK (its p then up to 2 ** RESCALE_SLACK):
-            # the accumulators move to the new maxima only when some row of the block would pass it
+            # m_i may trail a row's max by up to RESCALE_SLACK (p then up to 2 ** RESCALE_SLACK);
+            # the accumulators move to new maxima only when some row of the block would pass it
             if tl.max((m_tile > m_i + RESCALE_SLACK).to(tl.int32), 0) != 0:
                 m_new = tl.maximum(m_i, m_tile)
                 rescale = tl.exp2(m_i - _finite_or_zero(m_new))
@@ -150,7 +150,7 @@ def _fwd_inner(acc, m_i, l_i, q_a, q_p, q_sum, pos_m, q_first,
 def _fwd_kernel(Q, K, V, Out, Lse, KDescA, KDescP, VDesc,
                 stride_qb, stride_qn, stride_qh, stride_kb, stride_kn, stride_kh,
                 stride_vb, stride_vn, stride_vh, stride_ob, stride_on, stride_oh,
-                n_q, n_k, q_offset, k_offset, heads, group,
+                n_q, n_k, q_offset, k_offset, heads, group, n_bh,
                 logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6,
                 AMP_DIM: tl.constexpr, HEAD_DIM: tl.constexpr, V_DIM: tl.constexpr,
                 BLOCK_DA: tl.constexpr, BLOCK_DP: tl.constexpr, BLOCK_DV: tl.constexpr,
@@ -160,73 +160,84 @@ def _fwd_kernel(Q, K, V, Out, Lse, KDescA, KDescP, VDesc,
                 LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr,
                 WARP_SPECIALIZE: tl.constexpr, SPLIT_S: tl.constexpr, FAST_SCALARS: tl.constexpr,
                 COS_RADIANS: tl.constexpr, DOT_ROWSUM: tl.constexpr, TMA: tl.constexpr,
-                LAZY_RESCALE: tl.constexpr):
-    """KDescA, KDescP, VDesc: TMA descriptors of K's two parts and of V (with TMA; else None)."""
-    block = tl.program_id(0)
-    if CAUSAL:  # the longest rows first, so that the last wave is short
-        block = tl.num_programs(0) - 1 - block
-    start_m = block * BLOCK_M
-    batch = tl.program_id(1) // heads
-    head = tl.program_id(1) % heads
-    kv_head = head // group
-    offs_m = start_m + tl.arange(0, BLOCK_M)
-    offs_da = tl.arange(0, BLOCK_DA)
-    offs_dp = AMP_DIM + tl.arange(0, BLOCK_DP)
-    offs_dv = tl.arange(0, BLOCK_DV)
-    row_ok = offs_m < n_q
-    rows = offs_m.to(tl.int64)[:, None]
-    q_base = Q + batch.to(tl.int64) * stride_qb + head.to(tl.int64) * stride_qh
-    q_a = _load_tile(q_base + rows * stride_qn + offs_da[None, :], row_ok, offs_da < AMP_DIM,
-                     True, BLOCK_DA != AMP_DIM)
-    q_p = _load_tile(q_base + rows * stride_qn + offs_dp[None, :], row_ok, offs_dp < HEAD_DIM,
-                     True, BLOCK_DP != HEAD_DIM - AMP_DIM)
-    q_sum = tl.sum(q_p.to(tl.float32), axis=1)
-    pos_m = (q_offset + offs_m).to(tl.float32)
-    q_first = (q_offset + start_m).to(tl.float32)
-    k_base = K + batch.to(tl.int64) * stride_kb + kv_head.to(tl.int64) * stride_kh
-    v_base = V + batch.to(tl.int64) * stride_vb + kv_head.to(tl.int64) * stride_vh
+                LAZY_RESCALE: tl.constexpr, PERSISTENT: tl.constexpr):
+    """KDescA, KDescP, VDesc: TMA descriptors of K's two parts and of V (with TMA; else None).
+    n_bh: batch x heads. PERSISTENT: a one-dimensional grid of programs, each taking the (query
+    block, batch-head) tiles program_id, program_id + programs, ... (causal: the longest rows
+    first); otherwise one tile per program, the grid (query blocks, batch x heads)."""
+    if PERSISTENT:
+        n_blocks = tl.cdiv(n_q, BLOCK_M)
+        first, total, step = tl.program_id(0), n_blocks * n_bh, tl.num_programs(0)
+    else:  # one iteration, folded away
+        n_blocks, first, total, step = tl.num_programs(0), 0, 1, 1
+    for tile in range(first, total, step):
+        if PERSISTENT:
+            block = tile // n_bh
+            bh = tile % n_bh
+        else:
+            block = tl.program_id(0)
+            bh = tl.program_id(1)
+        if CAUSAL:  # the longest rows first, so that the last wave is short
+            block = n_blocks - 1 - block
+        start_m = block * BLOCK_M
+        batch = bh // heads
+        head = bh % heads
+        kv_head = head // group
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        offs_da = tl.arange(0, BLOCK_DA)
+        offs_dp = AMP_DIM + tl.arange(0, BLOCK_DP)
+        offs_dv = tl.arange(0, BLOCK_DV)
+        row_ok = offs_m < n_q
+        rows = offs_m.to(tl.int64)[:, None]
+        q_base = Q + batch.to(tl.int64) * stride_qb + head.to(tl.int64) * stride_qh
+        q_a = _load_tile(q_base + rows * stride_qn + offs_da[None, :], row_ok, offs_da < AMP_DIM,
+                         True, BLOCK_DA != AMP_DIM)
+        q_p = _load_tile(q_base + rows * stride_qn + offs_dp[None, :], row_ok, offs_dp < HEAD_DIM,
+                         True, BLOCK_DP != HEAD_DIM - AMP_DIM)
+        q_sum = tl.sum(q_p.to(tl.float32), axis=1)
+        pos_m = (q_offset + offs_m).to(tl.float32)
+        q_first = (q_offset + start_m).to(tl.float32)
+        k_base = K + batch.to(tl.int64) * stride_kb + kv_head.to(tl.int64) * stride_kh
+        v_base = V + batch.to(tl.int64) * stride_vb + kv_head.to(tl.int64) * stride_vh
 
-    if CAUSAL:
-        last_row = tl.minimum(start_m + BLOCK_M, n_q) - 1
-        hi = tl.minimum(n_k, q_offset + last_row - k_offset + 1)
-        # key blocks wholly at or before the block's first query need no mask
-        full = tl.minimum((q_offset + start_m - k_offset + 1) // BLOCK_N, n_k // BLOCK_N) * BLOCK_N
-    else:
-        hi = n_k
-        full = (n_k // BLOCK_N) * BLOCK_N
-    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    if DOT_ROWSUM:  # the row sums as a (BLOCK_M, 16) product with ones, every column alike
-        l_i = tl.zeros([BLOCK_M, 16], dtype=tl.float32)
-    else:
-        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc, m_i, l_i = _fwd_inner(acc, m_i, l_i, q_a, q_p, q_sum, pos_m, q_first, k_base, v_base,
-                               stride_kn, stride_vn, n_k, k_offset, 0, full,
-                               KDescA, KDescP, VDesc, batch, kv_head,
-                               logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6,
-                               AMP_DIM, HEAD_DIM, V_DIM, BLOCK_DA, BLOCK_DP, BLOCK_DV, BLOCK_M,
-                               BLOCK_N, False, CAUSAL, DIST_POWER, PHASE_QUAD, TRIG_POLY, TRIG_TERMS,
-                               TAYLOR_ORDER, PTX_ASM, LONG_PHASE, DOT_PRECISION, WARP_SPECIALIZE,
-                               SPLIT_S, FAST_SCALARS, COS_RADIANS, DOT_ROWSUM, TMA,
-                               LAZY_RESCALE)
-    acc, m_i, l_i = _fwd_inner(acc, m_i, l_i, q_a, q_p, q_sum, pos_m, q_first, k_base, v_base,
-                               stride_kn, stride_vn, n_k, k_offset, full, hi,
-                               KDescA, KDescP, VDesc, batch, kv_head,
-                               logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6,
-                               AMP_DIM, HEAD_DIM, V_DIM, BLOCK_DA, BLOCK_DP, BLOCK_DV, BLOCK_M,
-                               BLOCK_N, True, CAUSAL, DIST_POWER, PHASE_QUAD, TRIG_POLY, TRIG_TERMS,
-                               TAYLOR_ORDER, PTX_ASM, LONG_PHASE, DOT_PRECISION, WARP_SPECIALIZE,
-                               SPLIT_S, FAST_SCALARS, COS_RADIANS, DOT_ROWSUM, TMA,
-                               LAZY_RESCALE)
-    if DOT_ROWSUM:
-        l_i = tl.max(l_i, 1)
-    l_safe = tl.where(l_i > 0, l_i, 1.0)  # only padding rows have no visible key
-    out = acc / l_safe[:, None]
-    o_base = Out + batch.to(tl.int64) * stride_ob + head.to(tl.int64) * stride_oh
-    tl.store(o_base + rows * stride_on + offs_dv[None, :], out.to(Out.dtype.element_ty),
-             mask=row_ok[:, None] & (offs_dv < V_DIM)[None, :])
-    lse = (m_i + tl.log2(l_safe)) * LN2
-    tl.store(Lse + tl.program_id(1).to(tl.int64) * n_q + offs_m, lse, mask=row_ok)
+        if CAUSAL:
+            last_row = tl.minimum(start_m + BLOCK_M, n_q) - 1
+            hi = tl.minimum(n_k, q_offset + last_row - k_offset + 1)
+            # key blocks wholly at or before the block's first query need no mask
+            full = (tl.minimum((q_offset + start_m - k_offset + 1) // BLOCK_N, n_k // BLOCK_N)
+                    * BLOCK_N)
+        else:
+            hi = n_k
+            full = (n_k // BLOCK_N) * BLOCK_N
+        acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        if DOT_ROWSUM:  # the row sums as a (BLOCK_M, 16) product with ones, every column alike
+            l_i = tl.zeros([BLOCK_M, 16], dtype=tl.float32)
+        else:
+            l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc, m_i, l_i = _fwd_inner(
+            acc, m_i, l_i, q_a, q_p, q_sum, pos_m, q_first, k_base, v_base, stride_kn, stride_vn,
+            n_k, k_offset, 0, full, KDescA, KDescP, VDesc, batch, kv_head, logit_scale,
+            phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6, AMP_DIM, HEAD_DIM, V_DIM,
+            BLOCK_DA, BLOCK_DP, BLOCK_DV, BLOCK_M, BLOCK_N, False, CAUSAL, DIST_POWER, PHASE_QUAD,
+            TRIG_POLY, TRIG_TERMS, TAYLOR_ORDER, PTX_ASM, LONG_PHASE, DOT_PRECISION,
+            WARP_SPECIALIZE, SPLIT_S, FAST_SCALARS, COS_RADIANS, DOT_ROWSUM, TMA, LAZY_RESCALE)
+        acc, m_i, l_i = _fwd_inner(
+            acc, m_i, l_i, q_a, q_p, q_sum, pos_m, q_first, k_base, v_base, stride_kn, stride_vn,
+            n_k, k_offset, full, hi, KDescA, KDescP, VDesc, batch, kv_head, logit_scale,
+            phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6, AMP_DIM, HEAD_DIM, V_DIM,
+            BLOCK_DA, BLOCK_DP, BLOCK_DV, BLOCK_M, BLOCK_N, True, CAUSAL, DIST_POWER, PHASE_QUAD,
+            TRIG_POLY, TRIG_TERMS, TAYLOR_ORDER, PTX_ASM, LONG_PHASE, DOT_PRECISION,
+            WARP_SPECIALIZE, SPLIT_S, FAST_SCALARS, COS_RADIANS, DOT_ROWSUM, TMA, LAZY_RESCALE)
+        if DOT_ROWSUM:
+            l_i = tl.max(l_i, 1)
+        l_safe = tl.where(l_i > 0, l_i, 1.0)  # only padding rows have no visible key
+        out = acc / l_safe[:, None]
+        o_base = Out + batch.to(tl.int64) * stride_ob + head.to(tl.int64) * stride_oh
+        tl.store(o_base + rows * stride_on + offs_dv[None, :], out.to(Out.dtype.element_ty),
+                 mask=row_ok[:, None] & (offs_dv < V_DIM)[None, :])
+        lse = (m_i + tl.log2(l_safe)) * LN2
+        tl.store(Lse + bh.to(tl.int64) * n_q + offs_m, lse, mask=row_ok)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -438,8 +449,8 @@ def _bwd_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV, DQ, QDescA, QDescP, DODe
             amp_grad_scale, phase_grad_scale,
             AMP_DIM, HEAD_DIM, V_DIM, BLOCK_DA, BLOCK_DP, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL,
             DIST_POWER, PHASE_QUAD, TRIG_POLY, TRIG_TERMS, TAYLOR_ORDER, PTX_ASM, LONG_PHASE,
-            DOT_PRECISION, WARP_SPECIALIZE, DQ_ATOMIC, DQ_TRANSPOSE, False, COS_RADIANS, FAST_SCALARS, SPLIT_S,
-            TMA)
+            DOT_PRECISION, WARP_SPECIALIZE, DQ_ATOMIC, DQ_TRANSPOSE, False, COS_RADIANS, FAST_SCALARS,
+            SPLIT_S, TMA)
         dk_a, dk_p, dk_psum, dv = _dkdv_inner(
             dk_a, dk_p, dk_psum, dv, k_a, k_p, k_sum, v, pos_n, key_first, q_base, do_base, dq_base,
             Lse + bh * n_q, Delta + bh * n_q, stride_qn, stride_dn, stride_dqn, n_q, q_offset,
@@ -448,8 +459,8 @@ def _bwd_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV, DQ, QDescA, QDescP, DODe
             amp_grad_scale, phase_grad_scale,
             AMP_DIM, HEAD_DIM, V_DIM, BLOCK_DA, BLOCK_DP, BLOCK_DV, BLOCK_M, BLOCK_N, False,
             DIST_POWER, PHASE_QUAD, TRIG_POLY, TRIG_TERMS, TAYLOR_ORDER, PTX_ASM, LONG_PHASE,
-            DOT_PRECISION, WARP_SPECIALIZE, DQ_ATOMIC, DQ_TRANSPOSE, REVERSE_Q, COS_RADIANS, FAST_SCALARS, SPLIT_S,
-            TMA)
+            DOT_PRECISION, WARP_SPECIALIZE, DQ_ATOMIC, DQ_TRANSPOSE, REVERSE_Q, COS_RADIANS, FAST_SCALARS,
+            SPLIT_S, TMA)
 
     dk_base = DK + batch.to(tl.int64) * stride_dkb + kv_head.to(tl.int64) * stride_dkh
     tl.store(dk_base + rows * stride_dkn + offs_da[None, :],
@@ -501,8 +512,8 @@ def _dq_inner(dq_a, dq_p, dq_psum, q_a, q_p, q_sum, do, lse2, delta, pos_m, q_fi
         else:
             k_p = _load_tile(k_base + rows * stride_kn + offs_dp[None, :], key_ok,
                              offs_dp < HEAD_DIM, MASKED, BLOCK_DP != HEAD_DIM - AMP_DIM)
-            k_a = _load_tile(k_base + rows * stride_kn + offs_da[None, :], key_ok, offs_da < AMP_DIM,
-                             MASKED, BLOCK_DA != AMP_DIM)
+            k_a = _load_tile(k_base + rows * stride_kn + offs_da[None, :], key_ok,
+                             offs_da < AMP_DIM, MASKED, BLOCK_DA != AMP_DIM)
         qk_amp, cos, phase_factor = tile_logits_and_derivatives(
             q_a, k_a, q_p, k_p, q_sum, tl.sum(k_p.to(tl.float32), axis=1), s, row_offset,
             column_ramp, q_first - (key_first + (BLOCK_N - 1)), q_first + (BLOCK_M - 1) - key_first,

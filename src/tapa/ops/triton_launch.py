@@ -102,6 +102,10 @@ FWD_TMA = False
 # at D=128 (Run 24): Triton's block-wide test is five shuffles and two barriers a tile, more than
 # the multiplies it saves (results/kernel-h200/run-24.md).
 FWD_LAZY_RESCALE = False
+# The forward as a persistent kernel: a one-dimensional grid of about as many programs as fit on
+# the GPU at once (`persistent_programs`), each looping over (query block, batch-head) tiles,
+# the longest rows first where causal, instead of one program per tile. Not yet timed.
+FWD_PERSISTENT = False
 # The backward kernels' loop tiles by TMA descriptors, as FWD_TMA: the dK/dV kernel's Q and dO
 # tiles, the dQ kernel's K and V tiles. Not chosen: bwd x1.01-1.03 at D=64 (dQ kernel 394 -> 442
 # instructions a far tile offline), and at D=128 the dK/dV kernel spills (bwd x1.48-1.53, Run 24).
@@ -184,6 +188,7 @@ class LaunchConfigs:
     fwd_cos_radians: bool | None = None  # None: the module's FWD_COS_RADIANS
     fwd_tma: bool | None = None  # None: the module's FWD_TMA
     fwd_lazy_rescale: bool | None = None  # None: the module's FWD_LAZY_RESCALE
+    fwd_persistent: bool | None = None  # None: the module's FWD_PERSISTENT
     dkdv_cos_radians: bool | None = None  # None: the module's DKDV_COS_RADIANS
     dq_cos_radians: bool | None = None  # None: the module's DQ_COS_RADIANS
     bwd_fast_scalars: bool | None = None  # None: the module's BWD_FAST_SCALARS
@@ -267,7 +272,7 @@ def parse_variant(spec: str) -> dict:
 
     fwd/fwd_long/dkdv/dq=BMxBN[/warps[/stages]][/ws]; dq_atomic, dq_transpose, dkdv_reverse,
     fwd_split_s, fwd_fast_scalars, fwd_row_series, fwd_ramp_series, fwd_dot_rowsum,
-    fwd_cos_radians, fwd_tma, fwd_lazy_rescale, dkdv_cos_radians, dq_cos_radians,
+    fwd_cos_radians, fwd_tma, fwd_lazy_rescale, fwd_persistent, dkdv_cos_radians, dq_cos_radians,
     bwd_fast_scalars, dq_split_s, dq_row_series, dkdv_split_s, dkdv_tma, dq_tma, trig_poly=0|1;
     trig_terms=3..6 (sin terms; float32 inputs keep at least FLOAT32_TRIG_ERROR);
     taylor_order=1..6; taylor_tolerance=<float>. An empty spec changes nothing.
@@ -284,7 +289,7 @@ def parse_variant(spec: str) -> dict:
             changes[key] = _parse_kernel_config(key, text)
         elif key in ("dq_atomic", "dq_transpose", "dkdv_reverse", "fwd_split_s", "fwd_fast_scalars",
                      "fwd_row_series", "fwd_ramp_series", "fwd_dot_rowsum", "fwd_cos_radians",
-                     "fwd_tma", "fwd_lazy_rescale", "dkdv_cos_radians", "dq_cos_radians",
+                     "fwd_tma", "fwd_lazy_rescale", "fwd_persistent", "dkdv_cos_radians", "dq_cos_radians",
                      "bwd_fast_scalars", "dq_split_s", "dq_row_series", "dkdv_split_s", "dkdv_tma",
                      "dq_tma", "trig_poly"):
             changes[key] = _parse_flag(key, text)
@@ -472,7 +477,8 @@ def fwd_flags(configs: LaunchConfigs | None = None, logit_flags: dict | None = N
     both), a far tile's scalars (`FWD_FAST_SCALARS`), the softmax row sums (`FWD_DOT_ROWSUM`) and
     the cos's argument (`FWD_COS_RADIANS`, only where the call's `logits_args` flags take the MUFU
     trig without LONG_PHASE; none given: never), the K/V loads by TMA (`FWD_TMA`, asked for:
-    `forward` takes them only where `tma_ok`) and the lazy rescale (`FWD_LAZY_RESCALE`)."""
+    `forward` takes them only where `tma_ok`), the lazy rescale (`FWD_LAZY_RESCALE`) and the
+    persistent grid (`FWD_PERSISTENT`)."""
     split_s = _split_s(configs, ("fwd_split_s", FWD_SPLIT_S), ("fwd_row_series", FWD_ROW_SERIES),
                        ("fwd_ramp_series", FWD_RAMP_SERIES))
     return dict(SPLIT_S=split_s,
@@ -480,6 +486,7 @@ def fwd_flags(configs: LaunchConfigs | None = None, logit_flags: dict | None = N
                 DOT_ROWSUM=bool(_chosen(configs, "fwd_dot_rowsum", FWD_DOT_ROWSUM)),
                 TMA=bool(_chosen(configs, "fwd_tma", FWD_TMA)),
                 LAZY_RESCALE=bool(_chosen(configs, "fwd_lazy_rescale", FWD_LAZY_RESCALE)),
+                PERSISTENT=bool(_chosen(configs, "fwd_persistent", FWD_PERSISTENT)),
                 COS_RADIANS=_cos_radians(configs, "fwd_cos_radians", FWD_COS_RADIANS, logit_flags))
 
 
@@ -634,6 +641,23 @@ def compiled_kernels() -> list[tuple[dict, object]]:
     return rows
 
 
+@functools.lru_cache(maxsize=None)
+def num_sms(device_index: int) -> int:
+    """The CUDA device's number of SMs."""
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def persistent_programs(config: KernelConfig, device: torch.device, tiles: int) -> int:
+    """A persistent kernel's grid: the programs that fit on the GPU at once, at most `tiles`. By
+    registers only: 64k a SM over the cap's threads where the config caps them, else two 4-warp
+    or one 8-warp program a SM (the uncapped kernels take 228-249 registers, run-24.md). One SM
+    under the interpreter, so that each program takes several tiles."""
+    threads = 32 * config.num_warps
+    per_sm = 65536 // (threads * config.max_registers) if config.max_registers else 256 // threads
+    sms = num_sms(device.index or 0) if device.type == "cuda" and not interpreting() else 1
+    return max(1, min(tiles, sms * max(per_sm, 1)))
+
+
 def tma_ok(t: torch.Tensor, widths: tuple[int, ...]) -> bool:
     """Whether a (B, N, H, D) tensor's tiles of these column widths (its parts, in order, which
     must fill D) can come by TMA descriptors: under the interpreter, or on sm_90+, with a 16-byte
@@ -697,9 +721,12 @@ def forward(q, k, v, *, amp_dim, alpha, distance, phase, causal, q_offset, k_off
         scalars, _ = with_radians(scalars)
     descriptors = _loop_descriptors(constexprs, k, v, cfg.block_n, amp_dim)
     grid = (triton.cdiv(n_q, cfg.block_m), batch * heads)
+    if constexprs["PERSISTENT"]:
+        grid = (persistent_programs(cfg, q.device, grid[0] * grid[1]),)
     compiled = kernels._fwd_kernel[grid](
         q, k, v, out, lse, *descriptors, *_row_strides(q), *_row_strides(k), *_row_strides(v),
-        *_row_strides(out), n_q, n_k, q_offset, k_offset, heads, heads // kv_heads, *scalars,
+        *_row_strides(out), n_q, n_k, q_offset, k_offset, heads, heads // kv_heads, batch * heads,
+        *scalars,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, WARP_SPECIALIZE=cfg.warp_specialize,
         **cfg.launch_options(), **constexprs)
     _remember("fwd", cfg, constexprs, compiled)
