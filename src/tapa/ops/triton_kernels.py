@@ -62,6 +62,30 @@ def _tile_distances(row_offset, ramp, exact, SPLIT_S: tl.constexpr, MASKED: tl.c
     return s
 
 
+@triton.jit
+def _query_block(Q, block, bh, n_q, heads, group, stride_qb, stride_qn, stride_qh,
+                 AMP_DIM: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_DA: tl.constexpr,
+                 BLOCK_DP: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Query block `block` of batch-head bh, as the forward and dQ kernels take it: its first row,
+    batch, head, kv head, rows and their mask, and the Q tile's two parts and phase-row sums."""
+    start_m = block * BLOCK_M
+    batch = bh // heads
+    head = bh % heads
+    kv_head = head // group
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_da = tl.arange(0, BLOCK_DA)
+    offs_dp = AMP_DIM + tl.arange(0, BLOCK_DP)
+    row_ok = offs_m < n_q
+    rows = offs_m.to(tl.int64)[:, None]
+    q_base = Q + batch.to(tl.int64) * stride_qb + head.to(tl.int64) * stride_qh
+    q_a = _load_tile(q_base + rows * stride_qn + offs_da[None, :], row_ok, offs_da < AMP_DIM,
+                     True, BLOCK_DA != AMP_DIM)
+    q_p = _load_tile(q_base + rows * stride_qn + offs_dp[None, :], row_ok, offs_dp < HEAD_DIM,
+                     True, BLOCK_DP != HEAD_DIM - AMP_DIM)
+    q_sum = tl.sum(q_p.to(tl.float32), axis=1)
+    return start_m, batch, head, kv_head, offs_m, row_ok, rows, q_a, q_p, q_sum
+
+
 # ----------------------------------------------------------------------------------------------
 # Forward
 
@@ -179,22 +203,10 @@ def _fwd_kernel(Q, K, V, Out, Lse, KDescA, KDescP, VDesc,
             bh = tl.program_id(1)
         if CAUSAL:  # the longest rows first, so that the last wave is short
             block = n_blocks - 1 - block
-        start_m = block * BLOCK_M
-        batch = bh // heads
-        head = bh % heads
-        kv_head = head // group
-        offs_m = start_m + tl.arange(0, BLOCK_M)
-        offs_da = tl.arange(0, BLOCK_DA)
-        offs_dp = AMP_DIM + tl.arange(0, BLOCK_DP)
+        start_m, batch, head, kv_head, offs_m, row_ok, rows, q_a, q_p, q_sum = _query_block(
+            Q, block, bh, n_q, heads, group, stride_qb, stride_qn, stride_qh, AMP_DIM, HEAD_DIM,
+            BLOCK_DA, BLOCK_DP, BLOCK_M)
         offs_dv = tl.arange(0, BLOCK_DV)
-        row_ok = offs_m < n_q
-        rows = offs_m.to(tl.int64)[:, None]
-        q_base = Q + batch.to(tl.int64) * stride_qb + head.to(tl.int64) * stride_qh
-        q_a = _load_tile(q_base + rows * stride_qn + offs_da[None, :], row_ok, offs_da < AMP_DIM,
-                         True, BLOCK_DA != AMP_DIM)
-        q_p = _load_tile(q_base + rows * stride_qn + offs_dp[None, :], row_ok, offs_dp < HEAD_DIM,
-                         True, BLOCK_DP != HEAD_DIM - AMP_DIM)
-        q_sum = tl.sum(q_p.to(tl.float32), axis=1)
         pos_m = (q_offset + offs_m).to(tl.float32)
         q_first = (q_offset + start_m).to(tl.float32)
         k_base = K + batch.to(tl.int64) * stride_kb + kv_head.to(tl.int64) * stride_kh
@@ -562,22 +574,12 @@ def _bwd_dq_kernel(Q, K, V, DOut, Lse, Delta, DQ, KDescA, KDescP, VDesc,
     block = tl.program_id(0)
     if CAUSAL:
         block = tl.num_programs(0) - 1 - block
-    start_m = block * BLOCK_M
-    batch = tl.program_id(1) // heads
-    head = tl.program_id(1) % heads
-    kv_head = head // group
-    offs_m = start_m + tl.arange(0, BLOCK_M)
+    start_m, batch, head, kv_head, offs_m, row_ok, rows, q_a, q_p, q_sum = _query_block(
+        Q, block, tl.program_id(1), n_q, heads, group, stride_qb, stride_qn, stride_qh, AMP_DIM,
+        HEAD_DIM, BLOCK_DA, BLOCK_DP, BLOCK_M)
     offs_da = tl.arange(0, BLOCK_DA)
     offs_dp = AMP_DIM + tl.arange(0, BLOCK_DP)
     offs_dv = tl.arange(0, BLOCK_DV)
-    row_ok = offs_m < n_q
-    rows = offs_m.to(tl.int64)[:, None]
-    q_base = Q + batch.to(tl.int64) * stride_qb + head.to(tl.int64) * stride_qh
-    q_a = _load_tile(q_base + rows * stride_qn + offs_da[None, :], row_ok, offs_da < AMP_DIM,
-                     True, BLOCK_DA != AMP_DIM)
-    q_p = _load_tile(q_base + rows * stride_qn + offs_dp[None, :], row_ok, offs_dp < HEAD_DIM,
-                     True, BLOCK_DP != HEAD_DIM - AMP_DIM)
-    q_sum = tl.sum(q_p.to(tl.float32), axis=1)
     do = _load_tile(DOut + batch.to(tl.int64) * stride_db + head.to(tl.int64) * stride_dh
                     + rows * stride_dn + offs_dv[None, :], row_ok, offs_dv < V_DIM, True,
                     BLOCK_DV != V_DIM)
