@@ -104,7 +104,9 @@ FWD_TMA = False
 FWD_LAZY_RESCALE = False
 # The forward as a persistent kernel: a one-dimensional grid of about as many programs as fit on
 # the GPU at once (`persistent_programs`), each looping over (query block, batch-head) tiles,
-# the longest rows first where causal, instead of one program per tile. Not yet timed.
+# the longest rows first where causal, instead of one program per tile. Not chosen: fwd x1.12-1.20
+# at D=64 and x1.16-1.41 at D=128 (Run 28; likely the order, which puts every batch-head's K/V in
+# the first wave instead of one or two: results/kernel-h200/run-28.md).
 FWD_PERSISTENT = False
 # The backward kernels' loop tiles by TMA descriptors, as FWD_TMA: the dK/dV kernel's Q and dO
 # tiles, the dQ kernel's K and V tiles. Not chosen: bwd x1.01-1.03 at D=64 (dQ kernel 394 -> 442
