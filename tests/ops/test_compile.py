@@ -28,7 +28,7 @@ from tapa.ops import decode_kernel, triton_kernels
 FP32_POINTERS = {"Lse", "Delta", "DLse", "LSE", "PART", "PART_LSE"}
 INT_POINTERS = {"SEQLENS", "STARTS"}
 FLOATS = {"amp_scale", "logit_scale", "phase_scale", "alpha", "taylor_rho", "b1", "b2", "b3", "b4", "b5",
-          "b6", "amp_grad_scale", "phase_grad_scale"}
+          "b6", "rho_in", "rho_out", "amp_grad_scale", "phase_grad_scale"}
 
 
 def compile_for_hopper(kernel, constexprs, dtype, num_warps, num_stages=2, out_dtype=None,
@@ -58,9 +58,9 @@ def compile_for_hopper(kernel, constexprs, dtype, num_warps, num_stages=2, out_d
                    options={"num_warps": num_warps, "num_stages": num_stages})
 
 
-def logit_flags(dtype, power, quadratic, trig_poly, long_phase, trig_terms=6, taylor_order=6):
+def logit_flags(dtype, power, quadratic, trig_poly, long_phase, trig_terms=6, taylor_order=6, bands=False):
     return dict(DIST_POWER=power, PHASE_QUAD=quadratic, TRIG_POLY=trig_poly, TRIG_TERMS=trig_terms,
-                TAYLOR_ORDER=taylor_order, PTX_ASM=True, LONG_PHASE=long_phase,
+                TAYLOR_ORDER=taylor_order, BANDS=bands, PTX_ASM=True, LONG_PHASE=long_phase,
                 DOT_PRECISION="ieee" if dtype == "fp32" else "tf32")
 
 
@@ -93,7 +93,7 @@ compile_for_hopper(triton_kernels._bwd_dkdv_kernel,  # dQ^T = K^T dS (wgmma with
                                     DODesc="tensordesc<bf16[1,32,1,64]>"))
 compile_for_hopper(triton_kernels._bwd_dq_kernel,  # the dQ kernel's MUFU paths (PTX, GPU only); the
                    # row series (SPLIT_S=2) takes Taylor orders 1..3
-                   dict(fused, **logit_flags("bf16", True, True, False, False, 6, 2), BLOCK_M=64, BLOCK_N=32,
+                   dict(fused, **logit_flags("bf16", True, True, False, False, 6, 2, True), BLOCK_M=64, BLOCK_N=32,
                         SPLIT_S=2, COS_RADIANS=True, FAST_SCALARS=True, WARP_SPECIALIZE=False, TMA=True),
                    "bf16", 4, 2, descriptors=dict(KDescA="tensordesc<bf16[1,32,1,32]>",  # K and V by TMA
                                                   KDescP="tensordesc<bf16[1,32,1,32]>",
@@ -127,7 +127,7 @@ from tapa.ops import triton_kernels, triton_launch
 kernel = triton_kernels._fwd_kernel
 constexprs = dict(AMP_DIM=16, HEAD_DIM=32, V_DIM=32, BLOCK_DA=16, BLOCK_DP=16, BLOCK_DV=32, BLOCK_M=64,
                   BLOCK_N=32, CAUSAL=True, DIST_POWER=False, PHASE_QUAD=True, TRIG_POLY=True, TRIG_TERMS=6,
-                  TAYLOR_ORDER=6, PTX_ASM=True, LONG_PHASE=sys.argv[1] == "1", DOT_PRECISION="ieee",
+                  TAYLOR_ORDER=6, BANDS=False, PTX_ASM=True, LONG_PHASE=sys.argv[1] == "1", DOT_PRECISION="ieee",
                   WARP_SPECIALIZE=False, **triton_launch.fwd_flags())
 signature = {name: "constexpr" if name in constexprs else "*fp32" if name[0].isupper()
              else "i32" if name.startswith(("stride", "n_", "q_off", "k_off", "heads", "group")) else "fp32"

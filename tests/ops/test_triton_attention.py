@@ -543,6 +543,9 @@ VARIANTS = {  # spec: call arguments (FAR where the variant changes the far-tile
     # of theta 0.75 make some tiles do it, others not)
     "fwd_lazy_rescale=1": dict(theta=0.75),
     "fwd_lazy_rescale=1,fwd_dot_rowsum=1,fwd_tma=1": {},
+    # three series bands (orders 1, 2, 3 at 1e-5); at q_offset 6000 every tile is in the farthest
+    # (test_far_bands_within_the_half_precision_bar takes the others)
+    "far_bands=1,fwd_row_series=1,taylor_order=2,taylor_tolerance=1e-5": FAR,
     # the forward as a persistent kernel (under the interpreter one SM: each program several tiles)
     "fwd_persistent=1": {},
     "fwd_persistent=1,fwd_tma=1": dict(causal=False),
@@ -734,11 +737,11 @@ def test_backward_distance_flags():
         triton_launch.dq_flags(triton_launch.with_variant(base, "dq_row_series=1,taylor_order=4"))
 
 
-def _check_variant(spec, call):
+def _check_variant(spec, call, all_far=True):
     kwargs = {"causal": True, **call}
     q, k, v = _inputs(1, 37, 37, 2, 1, 32, 32, torch.float16, seed=31)
     configs = triton_launch.with_variant(triton_launch.default_configs(32, 32, q.dtype), spec)
-    if "taylor_order" in spec:  # every kernel's tiles must take the far-tile series
+    if "taylor_order" in spec and all_far:  # every kernel's tiles must take the far-tile series
         rho, _ = triton_launch.taylor_constants(0.1, configs.taylor_order, configs.taylor_tolerance)
         half_span = max((c.block_m + c.block_n - 2) / 2 for c in (configs.fwd, configs.dkdv, configs.dq))
         assert half_span <= rho * (kwargs["q_offset"] - 37), (half_span, rho)
@@ -750,6 +753,77 @@ def _check_variant(spec, call):
         error, floor = rel_rmse(fused[name], exact[name]), rel_rmse(same_dtype[name], exact[name])
         assert error <= HALF_BAR * floor, (name, error, floor)
     _check_lse(fused, exact, same_dtype, _lse_error_bound(q, k, configs, **kwargs))
+
+
+@pytest.mark.parametrize("q_offset", [0, 200, 900, 6000], ids=["near", "outer", "middle", "farthest"])
+@pytest.mark.parametrize("spec", [
+    "far_bands=1,fwd_row_series=1,dq_row_series=1,taylor_order=2,taylor_tolerance=1e-5",
+    "far_bands=1,fwd_row_series=0,dq_split_s=1,taylor_order=2,taylor_tolerance=1e-5",
+    "far_bands=1,fwd_row_series=0,taylor_order=4,taylor_tolerance=1e-6",
+], ids=["column-series", "u-series", "order-4"])
+def test_far_bands_within_the_half_precision_bar(spec, q_offset):
+    """far_bands at offsets that put the interpreter's tiles (half-spans about 23) in each band:
+    near the diagonal, between it and the order-2 band (rho_out 0.15 at order 3: from 160), in the
+    order-2 band (from 330) and in the farthest (rho_in 0.015 at order 1: from 1550)."""
+    _check_variant(spec, dict(q_offset=q_offset), all_far=False)
+
+
+@triton.jit
+def _distance_weight_kernel(S, Out, s_lo, s_hi, alpha, taylor_rho, b1, b2, b3, b4, b5, b6, rho_in,
+                            rho_out, M: tl.constexpr, N: tl.constexpr, ORDER: tl.constexpr,
+                            BANDS: tl.constexpr):
+    offs = tl.arange(0, M)[:, None] * N + tl.arange(0, N)[None, :]
+    s = tl.load(S + offs)
+    fs = triton_logits._scaled_distance_weight(
+        s, s, s, s_lo, s_hi, alpha, 1.0, taylor_rho, b1, b2, b3, b4, b5, b6, rho_in, rho_out, True,
+        ORDER, BANDS, False, False, 0, False)
+    tl.store(Out + offs, fs)
+
+
+@pytest.mark.parametrize("order,tolerance", [(2, 1e-5), (4, 1e-6)])
+def test_far_bands_hold_their_tolerance_in_every_band(order, tolerance):
+    """`_scaled_distance_weight` with BANDS on 64 x 64 tiles whose centres sweep every band (each
+    band's nearest centre and the next one in): d ** alpha within the series' tolerance plus
+    float32 rounding, against float64; a band given the wrong order or radius exceeds it."""
+    configs = triton_launch.with_variant(triton_launch.default_configs(64, 64, torch.float32),
+                                         f"far_bands=1,taylor_order={order},taylor_tolerance={tolerance}")
+    scalars, flags = triton_launch.logits_args(alpha=0.1, distance="power", phase="quadratic", phase_dim=1,
+                                               dtype=torch.float32, max_distance=10 ** 6, configs=configs)
+    rho, coefficients, rho_in, rho_out = scalars[2], scalars[3:9], scalars[9], scalars[10]
+    ramp = torch.arange(64, dtype=torch.float64)
+    for radius in (rho_in, rho, rho_out):
+        for centre in (63 / radius, 63 / radius + 1.5, 63 / radius - 1.5):
+            s = centre + ramp[:, None] - ramp[None, :]  # s_lo = centre - 63, s_hi = centre + 63
+            s = s.round()
+            out = torch.empty(64, 64, dtype=torch.float32, device=DEVICE)
+            _distance_weight_kernel[(1,)](s.float().to(DEVICE), out, float(s.min()), float(s.max()), 0.1,
+                                          rho, *coefficients, rho_in, rho_out, M=64, N=64, ORDER=order,
+                                          BANDS=True)
+            error = ((out.double().cpu() - s ** 0.1) / s ** 0.1).abs().max().item()
+            assert error < 1.2 * tolerance + 4e-7, (radius, centre, error)
+
+
+def test_far_bands_radii_and_orders():
+    """far_bands' radii are the orders -/+ 1's at the same tolerance (the inner one narrower);
+    without it both are 0 and BANDS is off; orders outside 2..5, or a column-term series whose
+    outer band would pass order 3, are refused."""
+    base = triton_launch.default_configs(64, 64, torch.float32)
+    args = dict(alpha=0.1, distance="power", phase="quadratic", phase_dim=32, dtype=torch.float16,
+                max_distance=1000)
+    configs = triton_launch.with_variant(base, "far_bands=1,taylor_order=2,taylor_tolerance=1e-5")
+    scalars, flags = triton_launch.logits_args(**args, configs=configs)
+    rho, rho_in, rho_out = scalars[2], scalars[-2], scalars[-1]
+    assert flags["BANDS"] and rho_in < rho < rho_out
+    assert rho_in == triton_launch.taylor_constants(0.1, 1, 1e-5)[0]
+    assert rho_out == triton_launch.taylor_constants(0.1, 3, 1e-5)[0]
+    scalars, flags = triton_launch.logits_args(**args, configs=base)
+    assert not flags["BANDS"] and scalars[-2:] == [0.0, 0.0]
+    for order in (1, 6):
+        with pytest.raises(ValueError, match="far_bands takes taylor_order 2..5"):
+            triton_launch.logits_args(**args, configs=triton_launch.with_variant(
+                base, f"far_bands=1,taylor_order={order}"))
+    with pytest.raises(ValueError, match="with far_bands"):
+        triton_launch.fwd_flags(triton_launch.with_variant(base, "far_bands=1,taylor_order=3,fwd_row_series=1"))
 
 
 def test_combined_variant_float32():

@@ -154,7 +154,7 @@ def markdown(rows: list[dict]) -> str:
 # Offline: compile for sm_90 on a machine without a GPU (triton's bundled ptxas)
 
 _FLOAT_ARGS = {"logit_scale", "phase_scale", "alpha", "taylor_rho", "b1", "b2", "b3", "b4", "b5", "b6",
-               "amp_grad_scale", "phase_grad_scale"}
+               "rho_in", "rho_out", "amp_grad_scale", "phase_grad_scale"}
 _FLOAT32_POINTERS = {"Lse", "Delta", "DLse"}
 # The TMA descriptor arguments of each kernel (the dK/dV kernel's under every name it takes), with
 # their block widths for head dim D (amplitude and phase halves as offline_rows compiles them).

@@ -54,9 +54,9 @@ def _split_kernel(
     stride_ob, stride_o1, stride_o2, stride_o3, stride_od,
     stride_lb, stride_l1, stride_l2, stride_l3,
     kv_heads, q_len, group, head_dim, v_dim, amp_dim, keys_per_split, split_bucket, program_bucket,
-    amp_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6,
+    amp_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6, rho_in, rho_out,
     HAS_STARTS: tl.constexpr, FINAL: tl.constexpr, DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr,
-    TRIG_POLY: tl.constexpr, TRIG_TERMS: tl.constexpr, TAYLOR_ORDER: tl.constexpr, PTX_ASM: tl.constexpr,
+    TRIG_POLY: tl.constexpr, TRIG_TERMS: tl.constexpr, TAYLOR_ORDER: tl.constexpr, BANDS: tl.constexpr, PTX_ASM: tl.constexpr,
     LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
 ):
@@ -109,8 +109,8 @@ def _split_kernel(
             q_amp, k, q_phase, k, q_phase_sum, k_phase_sum,
             (query_slot[:, None] - keys[None, :]).to(tl.float32), 0.0, 0.0,
             (first_slot - (start + BLOCK_N - 1)).to(tl.float32), (seqlen - 1 - start).to(tl.float32),
-            alpha, phase_scale, taylor_rho, b1, b2, b3, b4, b5, b6, DIST_POWER, PHASE_QUAD, TRIG_POLY,
-            TRIG_TERMS, TAYLOR_ORDER, PTX_ASM, LONG_PHASE, DOT_PRECISION, False, False, False) * amp_scale
+            alpha, phase_scale, taylor_rho, b1, b2, b3, b4, b5, b6, rho_in, rho_out, DIST_POWER, PHASE_QUAD, TRIG_POLY,
+            TRIG_TERMS, TAYLOR_ORDER, BANDS, PTX_ASM, LONG_PHASE, DOT_PRECISION, False, False, False) * amp_scale
         visible = key_valid[None, :] & (keys[None, :] <= query_slot[:, None]) & row_valid[:, None]
         logits = tl.where(visible, logits, float("-inf"))
 

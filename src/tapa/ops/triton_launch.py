@@ -108,6 +108,12 @@ FWD_LAZY_RESCALE = False
 # at D=64 and x1.16-1.41 at D=128 (Run 28; likely the order, which puts every batch-head's K/V in
 # the first wave instead of one or two: results/kernel-h200/run-28.md).
 FWD_PERSISTENT = False
+# Every kernel's distance series in three bands of tiles instead of one: order TAYLOR_ORDER - 1 on
+# the farthest tiles (where it holds at the same tolerance), TAYLOR_ORDER + 1 between the band of
+# TAYLOR_ORDER and the diagonal, so that fewer tiles take the exact near-diagonal form (offline,
+# D=64 forward, order 2 at 1e-5: one multiply-add a score less on about 87% of the 64k work, and
+# about 60 instructions a tile less on 19-33% of the 1k-4k work: PLAN.md). Not yet timed.
+FAR_BANDS = False
 # The backward kernels' loop tiles by TMA descriptors, as FWD_TMA: the dK/dV kernel's Q and dO
 # tiles, the dQ kernel's K and V tiles. Not chosen: bwd x1.01-1.03 at D=64 (dQ kernel 394 -> 442
 # instructions a far tile offline), and at D=128 the dK/dV kernel spills (bwd x1.48-1.53, Run 24).
@@ -191,6 +197,7 @@ class LaunchConfigs:
     fwd_tma: bool | None = None  # None: the module's FWD_TMA
     fwd_lazy_rescale: bool | None = None  # None: the module's FWD_LAZY_RESCALE
     fwd_persistent: bool | None = None  # None: the module's FWD_PERSISTENT
+    far_bands: bool | None = None  # None: the module's FAR_BANDS
     dkdv_cos_radians: bool | None = None  # None: the module's DKDV_COS_RADIANS
     dq_cos_radians: bool | None = None  # None: the module's DQ_COS_RADIANS
     bwd_fast_scalars: bool | None = None  # None: the module's BWD_FAST_SCALARS
@@ -275,7 +282,8 @@ def parse_variant(spec: str) -> dict:
     fwd/fwd_long/dkdv/dq=BMxBN[/warps[/stages]][/ws]; dq_atomic, dq_transpose, dkdv_reverse,
     fwd_split_s, fwd_fast_scalars, fwd_row_series, fwd_ramp_series, fwd_dot_rowsum,
     fwd_cos_radians, fwd_tma, fwd_lazy_rescale, fwd_persistent, dkdv_cos_radians, dq_cos_radians,
-    bwd_fast_scalars, dq_split_s, dq_row_series, dkdv_split_s, dkdv_tma, dq_tma, trig_poly=0|1;
+    bwd_fast_scalars, dq_split_s, dq_row_series, dkdv_split_s, dkdv_tma, dq_tma, far_bands,
+    trig_poly=0|1;
     trig_terms=3..6 (sin terms; float32 inputs keep at least FLOAT32_TRIG_ERROR);
     taylor_order=1..6; taylor_tolerance=<float>. An empty spec changes nothing.
     """
@@ -293,7 +301,7 @@ def parse_variant(spec: str) -> dict:
                      "fwd_row_series", "fwd_ramp_series", "fwd_dot_rowsum", "fwd_cos_radians",
                      "fwd_tma", "fwd_lazy_rescale", "fwd_persistent", "dkdv_cos_radians", "dq_cos_radians",
                      "bwd_fast_scalars", "dq_split_s", "dq_row_series", "dkdv_split_s", "dkdv_tma",
-                     "dq_tma", "trig_poly"):
+                     "dq_tma", "far_bands", "trig_poly"):
             changes[key] = _parse_flag(key, text)
         elif key == "trig_terms":
             if not text.isdigit() or int(text) not in TRIG_COEFFICIENTS:
@@ -462,14 +470,17 @@ def dq_flags(configs: LaunchConfigs | None = None, logit_flags: dict | None = No
 def _split_s(configs: LaunchConfigs | None, split: tuple, row: tuple, ramp: tuple | None = None) -> int:
     """A kernel's SPLIT_S from its (name, module default) flags: 1 for the split distances, 2 for
     the column-term series (which implies them), 3 for that series on the ramp (implies both);
-    the column-term forms take taylor_order 1..3 only."""
+    the column-term forms take taylor_order 1..3 only (1..2 with far_bands, whose outer band is one
+    order more)."""
     with_ramp = ramp is not None and bool(_chosen(configs, *ramp))
     if not (with_ramp or _chosen(configs, *row)):
         return int(bool(_chosen(configs, *split)))
     order = _chosen(configs, "taylor_order", TAYLOR_ORDER)
-    if not 1 <= order <= 3:
-        raise ValueError(f"{row[0]} takes taylor_order 1..3, got {order} (the 16-bit "
-                         f"defaults set fwd_row_series=1: add fwd_row_series=0 for a higher order)")
+    highest = order + 1 if _chosen(configs, "far_bands", FAR_BANDS) else order
+    if not 1 <= order <= highest <= 3:
+        raise ValueError(f"{row[0]} takes series of order 1..3, got taylor_order {order}"
+                         f"{' with far_bands' if highest > order else ''} (the 16-bit defaults set "
+                         "fwd_row_series=1: add fwd_row_series=0 for a higher order)")
     return 3 if with_ramp else 2
 
 
@@ -594,15 +605,25 @@ def long_phase(alpha: float, distance: str, max_distance: int) -> bool:
 
 def logits_args(*, alpha: float, distance: str, phase: str, phase_dim: int, dtype: torch.dtype,
                 max_distance: int, configs: LaunchConfigs | None = None) -> tuple[list, dict]:
-    """The scalars (phase_scale, alpha, taylor_rho, b1..b6) and flags of
-    `triton_logits.tile_logits`, the same for every kernel that calls it."""
+    """The scalars (phase_scale, alpha, taylor_rho, b1..b6, rho_in, rho_out) and flags of
+    `triton_logits.tile_logits`, the same for every kernel that calls it. With `FAR_BANDS` the
+    series bands of orders taylor_order -/+ 1 at the same tolerance (rho_in, rho_out; 0 without);
+    they take taylor_order 2..5."""
     order = _chosen(configs, "taylor_order", TAYLOR_ORDER)
-    rho, coefficients = taylor_constants(float(alpha), order,
-                                         _chosen(configs, "taylor_tolerance", TAYLOR_TOLERANCE))
-    scalars = [1 / math.sqrt(phase_dim), float(alpha), rho, *coefficients]
+    tolerance = _chosen(configs, "taylor_tolerance", TAYLOR_TOLERANCE)
+    rho, coefficients = taylor_constants(float(alpha), order, tolerance)
+    bands = bool(_chosen(configs, "far_bands", FAR_BANDS))
+    rho_in = rho_out = 0.0
+    if bands:
+        if not 2 <= order <= 5:
+            raise ValueError(f"far_bands takes taylor_order 2..5 (its bands are orders "
+                             f"taylor_order -/+ 1), got {order}")
+        rho_in = taylor_constants(float(alpha), order - 1, tolerance)[0]
+        rho_out = taylor_constants(float(alpha), order + 1, tolerance)[0]
+    scalars = [1 / math.sqrt(phase_dim), float(alpha), rho, *coefficients, rho_in, rho_out]
     flags = dict(DIST_POWER=distance == "power", PHASE_QUAD=phase == "quadratic",
                  TRIG_POLY=trig_poly(configs), TRIG_TERMS=trig_terms(configs, dtype),
-                 TAYLOR_ORDER=order, PTX_ASM=not interpreting(),
+                 TAYLOR_ORDER=order, BANDS=bands, PTX_ASM=not interpreting(),
                  LONG_PHASE=long_phase(alpha, distance, max_distance),
                  DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32")
     return scalars, flags

@@ -25,9 +25,10 @@ per score each exp2 / log2 / cos costs about a quarter of the matmul work at D=1
   applies, `taylor_rho`, to keep its tolerance).
 
 Flags (constexpr, the same names in every kernel): DIST_POWER (f = d ** alpha, else alpha * d),
-PHASE_QUAD (phi = a_P . b_P, else the sums), TRIG_POLY, TRIG_TERMS, TAYLOR_ORDER, PTX_ASM (MUFU's
-lg2.approx near the diagonal; GPU only), LONG_PHASE, DOT_PRECISION ("ieee" for float32 operands,
-else "tf32"). Kernel variants (off by default, `tapa.ops.triton_launch`): SPLIT_S (the distances
+PHASE_QUAD (phi = a_P . b_P, else the sums), TRIG_POLY, TRIG_TERMS, TAYLOR_ORDER, BANDS (two more
+series bands, orders TAYLOR_ORDER -/+ 1, `_scaled_distance_weight`), PTX_ASM (MUFU's lg2.approx
+near the diagonal; GPU only), LONG_PHASE, DOT_PRECISION ("ieee" for float32 operands, else
+"tf32"). Kernel variants (off by default, `tapa.ops.triton_launch`): SPLIT_S (the distances
 as row and column parts), FAST_SCALARS (a far tile's scalars by the MUFU), COS_RADIANS (the MUFU
 trig on the unreduced phase in radians).
 """
@@ -287,9 +288,74 @@ def _column_series(a, col, scale, p0, b1, b2, b3, TAYLOR_ORDER: tl.constexpr, RA
 
 
 @triton.jit
+def _far_series(s, s_rows, s_cols, centre, d0, alpha, phase_scale, b1, b2, b3, b4, b5, b6,
+                TAYLOR_ORDER: tl.constexpr, PTX_ASM: tl.constexpr, LONG_PHASE: tl.constexpr,
+                SPLIT_S: tl.constexpr, FAST_SCALARS: tl.constexpr):
+    """A far tile's f(|s|) * phase_scale: d0 ** alpha times the degree-TAYLOR_ORDER series in
+    u = |s| / d0 - 1 around the tile's centre (`_scaled_distance_weight`)."""
+    if FAST_SCALARS:
+        log2_d0 = _log2(d0, PTX_ASM)
+        to_u = tl.where(centre > 0, 1.0, -1.0) * _rcp(d0, PTX_ASM)
+    else:
+        log2_d0 = tl.log2(d0)
+        to_u = tl.where(centre > 0, 1.0, -1.0) / d0
+    if LONG_PHASE:
+        p0 = _exact_pow(d0, alpha) * phase_scale
+    else:
+        p0 = tl.exp2(alpha * log2_d0) * phase_scale
+    if SPLIT_S >= 2:  # the series in the column term (3: on the ramp): `_column_series`
+        fs = _column_series(s_rows * to_u - 1.0, s_cols, -to_u, p0, b1, b2, b3,
+                            TAYLOR_ORDER, SPLIT_S == 3)
+    else:
+        if SPLIT_S:  # u = s * to_u - 1 = (s_rows * to_u - 1) - s_cols * to_u
+            u = (s_rows * to_u - 1.0)[:, None] + s_cols[None, :] * (-to_u)
+        else:
+            u = s * to_u - 1.0
+        # Horner from the leading (scalar) coefficient down: TAYLOR_ORDER FMAs per element
+        tl.static_assert((TAYLOR_ORDER >= 1) & (TAYLOR_ORDER <= 6), "TAYLOR_ORDER must be 1..6")
+        if TAYLOR_ORDER == 6:
+            h = p0 * b6
+        elif TAYLOR_ORDER == 5:
+            h = p0 * b5
+        elif TAYLOR_ORDER == 4:
+            h = p0 * b4
+        elif TAYLOR_ORDER == 3:
+            h = p0 * b3
+        elif TAYLOR_ORDER == 2:
+            h = p0 * b2
+        else:
+            h = p0 * b1
+        if TAYLOR_ORDER > 5:
+            h = h * u + p0 * b5
+        if TAYLOR_ORDER > 4:
+            h = h * u + p0 * b4
+        if TAYLOR_ORDER > 3:
+            h = h * u + p0 * b3
+        if TAYLOR_ORDER > 2:
+            h = h * u + p0 * b2
+        if TAYLOR_ORDER > 1:
+            h = h * u + p0 * b1
+        fs = h * u + p0
+    return fs
+
+
+@triton.jit
+def _near_weight(s, s_rows, s_cols, alpha, phase_scale, PTX_ASM: tl.constexpr,
+                 LONG_PHASE: tl.constexpr, SPLIT_S: tl.constexpr):
+    """f(|s|) * phase_scale element by element, for tiles the series does not cover."""
+    d = tl.abs(_distances(s, s_rows, s_cols, SPLIT_S))
+    if LONG_PHASE:
+        fs = tl.where(d > 0, _exact_pow(tl.maximum(d, 1.0), alpha), 0.0) * phase_scale
+    else:
+        # log2(0) = -inf, so f(0) = 0
+        fs = tl.exp2(alpha * _log2(d, PTX_ASM)) * phase_scale
+    return fs
+
+
+@triton.jit
 def _scaled_distance_weight(s, s_rows, s_cols, s_lo, s_hi, alpha, phase_scale, taylor_rho,
-                            b1, b2, b3, b4, b5, b6, DIST_POWER: tl.constexpr,
-                            TAYLOR_ORDER: tl.constexpr, PTX_ASM: tl.constexpr,
+                            b1, b2, b3, b4, b5, b6, rho_in, rho_out, DIST_POWER: tl.constexpr,
+                            TAYLOR_ORDER: tl.constexpr, BANDS: tl.constexpr, PTX_ASM: tl.constexpr,
                             LONG_PHASE: tl.constexpr, SPLIT_S: tl.constexpr,
                             FAST_SCALARS: tl.constexpr):
     """f(|s|) * phase_scale for a tile of signed distances s = m - n, s_lo <= s <= s_hi.
@@ -303,64 +369,42 @@ def _scaled_distance_weight(s, s_rows, s_cols, s_lo, s_hi, alpha, phase_scale, t
     SPLIT_S: s is given as s_rows[:, None] - s_cols[None, :] (s itself is not read), so that u is
     one multiply-add per element; SPLIT_S == 2: the far tile's series is evaluated in the column
     term with per-row coefficients (`_column_series`), one multiply-add per element less; 3: the
-    same on the column ramp s_cols itself (the tile's 1 / d0 in the coefficients). FAST_SCALARS: the far tile's log2(d0) and 1 / d0 by the MUFU's
-    approximations (GPU only), not libdevice's log2f and an IEEE division.
+    same on the column ramp s_cols itself (the tile's 1 / d0 in the coefficients). FAST_SCALARS:
+    the far tile's log2(d0) and 1 / d0 by the MUFU's approximations (GPU only), not libdevice's
+    log2f and an IEEE division.
+
+    BANDS: two more bands of tiles, each with its own series: where the half-span is within
+    rho_in * centre (the farthest tiles), order TAYLOR_ORDER - 1; where it is within rho_out *
+    centre but not taylor_rho * centre (between the series' band and the diagonal), order
+    TAYLOR_ORDER + 1. The host sets rho_in and rho_out for the same tolerance (`logits_args`).
     """
     if DIST_POWER:
         centre = (s_lo + s_hi) * 0.5
         d0 = tl.abs(centre)
-        far = ((s_lo > 0) | (s_hi < 0)) & ((s_hi - s_lo) * 0.5 <= taylor_rho * d0)
-        if far:
-            if FAST_SCALARS:
-                log2_d0 = _log2(d0, PTX_ASM)
-                to_u = tl.where(centre > 0, 1.0, -1.0) * _rcp(d0, PTX_ASM)
-            else:
-                log2_d0 = tl.log2(d0)
-                to_u = tl.where(centre > 0, 1.0, -1.0) / d0
-            if LONG_PHASE:
-                p0 = _exact_pow(d0, alpha) * phase_scale
-            else:
-                p0 = tl.exp2(alpha * log2_d0) * phase_scale
-            if SPLIT_S >= 2:  # the series in the column term (3: on the ramp): `_column_series`
-                fs = _column_series(s_rows * to_u - 1.0, s_cols, -to_u, p0, b1, b2, b3,
-                                    TAYLOR_ORDER, SPLIT_S == 3)
-            else:
-                if SPLIT_S:  # u = s * to_u - 1 = (s_rows * to_u - 1) - s_cols * to_u
-                    u = (s_rows * to_u - 1.0)[:, None] + s_cols[None, :] * (-to_u)
+        side = (s_lo > 0) | (s_hi < 0)
+        half_span = (s_hi - s_lo) * 0.5
+        if side & (half_span <= taylor_rho * d0):
+            if BANDS:  # the farthest tiles: one order less holds within rho_in
+                if half_span <= rho_in * d0:
+                    fs = _far_series(s, s_rows, s_cols, centre, d0, alpha, phase_scale, b1, b2, b3, b4,
+                                     b5, b6, TAYLOR_ORDER - 1, PTX_ASM, LONG_PHASE, SPLIT_S,
+                                     FAST_SCALARS)
                 else:
-                    u = s * to_u - 1.0
-                # Horner from the leading (scalar) coefficient down: TAYLOR_ORDER FMAs per element
-                tl.static_assert((TAYLOR_ORDER >= 1) & (TAYLOR_ORDER <= 6), "TAYLOR_ORDER must be 1..6")
-                if TAYLOR_ORDER == 6:
-                    h = p0 * b6
-                elif TAYLOR_ORDER == 5:
-                    h = p0 * b5
-                elif TAYLOR_ORDER == 4:
-                    h = p0 * b4
-                elif TAYLOR_ORDER == 3:
-                    h = p0 * b3
-                elif TAYLOR_ORDER == 2:
-                    h = p0 * b2
-                else:
-                    h = p0 * b1
-                if TAYLOR_ORDER > 5:
-                    h = h * u + p0 * b5
-                if TAYLOR_ORDER > 4:
-                    h = h * u + p0 * b4
-                if TAYLOR_ORDER > 3:
-                    h = h * u + p0 * b3
-                if TAYLOR_ORDER > 2:
-                    h = h * u + p0 * b2
-                if TAYLOR_ORDER > 1:
-                    h = h * u + p0 * b1
-                fs = h * u + p0
+                    fs = _far_series(s, s_rows, s_cols, centre, d0, alpha, phase_scale, b1, b2, b3, b4,
+                                     b5, b6, TAYLOR_ORDER, PTX_ASM, LONG_PHASE, SPLIT_S, FAST_SCALARS)
+            else:
+                fs = _far_series(s, s_rows, s_cols, centre, d0, alpha, phase_scale, b1, b2, b3, b4, b5,
+                                 b6, TAYLOR_ORDER, PTX_ASM, LONG_PHASE, SPLIT_S, FAST_SCALARS)
         else:
-            d = tl.abs(_distances(s, s_rows, s_cols, SPLIT_S))
-            if LONG_PHASE:
-                fs = tl.where(d > 0, _exact_pow(tl.maximum(d, 1.0), alpha), 0.0) * phase_scale
+            if BANDS:  # tiles between the series' band and the diagonal: one order more, rho_out
+                if side & (half_span <= rho_out * d0):
+                    fs = _far_series(s, s_rows, s_cols, centre, d0, alpha, phase_scale, b1, b2, b3, b4,
+                                     b5, b6, TAYLOR_ORDER + 1, PTX_ASM, LONG_PHASE, SPLIT_S,
+                                     FAST_SCALARS)
+                else:
+                    fs = _near_weight(s, s_rows, s_cols, alpha, phase_scale, PTX_ASM, LONG_PHASE, SPLIT_S)
             else:
-                # log2(0) = -inf, so f(0) = 0
-                fs = tl.exp2(alpha * _log2(d, PTX_ASM)) * phase_scale
+                fs = _near_weight(s, s_rows, s_cols, alpha, phase_scale, PTX_ASM, LONG_PHASE, SPLIT_S)
     else:
         fs = tl.abs(_distances(s, s_rows, s_cols, SPLIT_S)) * (alpha * phase_scale)
     return fs
@@ -372,16 +416,16 @@ def _scaled_distance_weight(s, s_rows, s_cols, s_lo, s_hi, alpha, phase_scale, t
 
 @triton.jit
 def _tile_amplitude_and_phase(a_amp, b_amp, a_phase, b_phase, a_phase_sum, b_phase_sum, s, s_rows,
-                              s_cols, s_lo, s_hi, alpha, phase_scale, taylor_rho, b1, b2, b3, b4, b5, b6,
+                              s_cols, s_lo, s_hi, alpha, phase_scale, taylor_rho, b1, b2, b3, b4, b5, b6, rho_in, rho_out,
                               DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr,
-                              TAYLOR_ORDER: tl.constexpr, PTX_ASM: tl.constexpr,
+                              TAYLOR_ORDER: tl.constexpr, BANDS: tl.constexpr, PTX_ASM: tl.constexpr,
                               LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr,
                               SPLIT_S: tl.constexpr, FAST_SCALARS: tl.constexpr,
                               REDUCE: tl.constexpr):
     """(qk_amp, r, fs): the amplitude dot, the reduced phase r = t - round(t) and fs = f / sqrt(d_P)
     (without REDUCE, r is t itself)."""
     fs = _scaled_distance_weight(s, s_rows, s_cols, s_lo, s_hi, alpha, phase_scale, taylor_rho,
-                                 b1, b2, b3, b4, b5, b6, DIST_POWER, TAYLOR_ORDER, PTX_ASM, LONG_PHASE,
+                                 b1, b2, b3, b4, b5, b6, rho_in, rho_out, DIST_POWER, TAYLOR_ORDER, BANDS, PTX_ASM, LONG_PHASE,
                                  SPLIT_S, FAST_SCALARS)
     if PHASE_QUAD:
         phi = tl.dot(a_phase, tl.trans(b_phase), input_precision=DOT_PRECISION)
@@ -396,9 +440,9 @@ def _tile_amplitude_and_phase(a_amp, b_amp, a_phase, b_phase, a_phase_sum, b_pha
 
 @triton.jit
 def tile_logits(a_amp, b_amp, a_phase, b_phase, a_phase_sum, b_phase_sum, s, s_rows, s_cols, s_lo, s_hi,
-                alpha, phase_scale, taylor_rho, b1, b2, b3, b4, b5, b6,
+                alpha, phase_scale, taylor_rho, b1, b2, b3, b4, b5, b6, rho_in, rho_out,
                 DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr, TRIG_POLY: tl.constexpr,
-                TRIG_TERMS: tl.constexpr, TAYLOR_ORDER: tl.constexpr, PTX_ASM: tl.constexpr,
+                TRIG_TERMS: tl.constexpr, TAYLOR_ORDER: tl.constexpr, BANDS: tl.constexpr, PTX_ASM: tl.constexpr,
                 LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr,
                 SPLIT_S: tl.constexpr, FAST_SCALARS: tl.constexpr, COS_RADIANS: tl.constexpr):
     """TAPA logits of the tile times sqrt(d_A): rows a_* (M, .) against rows b_* (N, .) -> (M, N).
@@ -415,7 +459,7 @@ def tile_logits(a_amp, b_amp, a_phase, b_phase, a_phase_sum, b_phase_sum, s, s_r
     """
     qk_amp, r, fs = _tile_amplitude_and_phase(
         a_amp, b_amp, a_phase, b_phase, a_phase_sum, b_phase_sum, s, s_rows, s_cols, s_lo, s_hi, alpha,
-        phase_scale, taylor_rho, b1, b2, b3, b4, b5, b6, DIST_POWER, PHASE_QUAD, TAYLOR_ORDER, PTX_ASM,
+        phase_scale, taylor_rho, b1, b2, b3, b4, b5, b6, rho_in, rho_out, DIST_POWER, PHASE_QUAD, TAYLOR_ORDER, BANDS, PTX_ASM,
         LONG_PHASE, DOT_PRECISION, SPLIT_S, FAST_SCALARS, not COS_RADIANS)
     if COS_RADIANS:
         cos = _mufu_cos(r)
@@ -426,10 +470,10 @@ def tile_logits(a_amp, b_amp, a_phase, b_phase, a_phase_sum, b_phase_sum, s, s_r
 
 @triton.jit
 def tile_logits_and_derivatives(a_amp, b_amp, a_phase, b_phase, a_phase_sum, b_phase_sum, s, s_rows,
-                                s_cols, s_lo, s_hi, alpha, phase_scale, taylor_rho, b1, b2, b3, b4, b5, b6,
+                                s_cols, s_lo, s_hi, alpha, phase_scale, taylor_rho, b1, b2, b3, b4, b5, b6, rho_in, rho_out,
                                 DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr,
                                 TRIG_POLY: tl.constexpr, TRIG_TERMS: tl.constexpr,
-                                TAYLOR_ORDER: tl.constexpr, PTX_ASM: tl.constexpr,
+                                TAYLOR_ORDER: tl.constexpr, BANDS: tl.constexpr, PTX_ASM: tl.constexpr,
                                 LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr,
                                 SPLIT_S: tl.constexpr, FAST_SCALARS: tl.constexpr,
                                 COS_RADIANS: tl.constexpr):
@@ -441,7 +485,7 @@ def tile_logits_and_derivatives(a_amp, b_amp, a_phase, b_phase, a_phase_sum, b_p
     FAST_SCALARS: `_scaled_distance_weight` (without SPLIT_S, s_rows and s_cols are not read)."""
     qk_amp, r, fs = _tile_amplitude_and_phase(
         a_amp, b_amp, a_phase, b_phase, a_phase_sum, b_phase_sum, s, s_rows, s_cols, s_lo, s_hi, alpha,
-        phase_scale, taylor_rho, b1, b2, b3, b4, b5, b6, DIST_POWER, PHASE_QUAD, TAYLOR_ORDER, PTX_ASM,
+        phase_scale, taylor_rho, b1, b2, b3, b4, b5, b6, rho_in, rho_out, DIST_POWER, PHASE_QUAD, TAYLOR_ORDER, BANDS, PTX_ASM,
         LONG_PHASE, DOT_PRECISION, SPLIT_S, FAST_SCALARS, not COS_RADIANS)
     if COS_RADIANS:
         cos, sin = _mufu_cos(r), _mufu_sin(r)
