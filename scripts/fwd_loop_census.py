@@ -11,6 +11,7 @@ instruction classes of each part per iteration and per score of a thread (BLOCK_
     PYTHONPATH=src python scripts/fwd_loop_census.py --head-dim 64 --sass-dir /tmp/sass
     PYTHONPATH=src python scripts/fwd_loop_census.py --head-dim 64 --variant fwd_split_s=1
     PYTHONPATH=src python scripts/fwd_loop_census.py --head-dim 64 --kernel dq
+    PYTHONPATH=src python scripts/fwd_loop_census.py --head-dim 64 --variant far_bands=1 --paths
 """
 
 from __future__ import annotations
@@ -64,6 +65,58 @@ def loops(ins: list[dict]) -> list[dict]:
     return found
 
 
+def paths(body: list[dict], limit: int = 64) -> list[collections.Counter]:
+    """The opcode counts of every path through one iteration of a loop body (its instructions in
+    address order, the loop's backward BRA last): a predicated forward BRA forks, an
+    unconditional one jumps, a backward one inside the body (a barrier's wait loop) is taken as
+    not taken, and a branch out of the body ends the path uncounted. For nested far/near arms
+    (far_bands), where `census`'s two arms no longer describe a tile."""
+    index = {i["addr"]: n for n, i in enumerate(body)}
+    found: list[collections.Counter] = []
+    stack = [(0, collections.Counter())]
+    while stack and len(found) < limit:
+        n, counts = stack.pop()
+        while n < len(body):
+            i = body[n]
+            counts[i["op"] + (i["mods"] if i["op"] == "MUFU" else "")] += 1
+            m = re.match(r"(0x[0-9a-f]+)", i["args"]) if i["op"] == "BRA" else None
+            if m is None:
+                n += 1
+                continue
+            target = int(m.group(1), 16)
+            if n == len(body) - 1:  # the loop's own backward branch: one iteration done
+                found.append(counts)
+                break
+            if target <= i["addr"]:  # a wait loop inside the body
+                n += 1
+            elif target not in index:  # out of the loop
+                break
+            elif i["pred"]:
+                stack.append((index[target], counts.copy()))
+                n += 1
+            else:
+                n = index[target]
+    unique = {tuple(sorted(c.items())): c for c in found}
+    return sorted(unique.values(), key=lambda c: sum(c.values()))
+
+
+def path_table(ins: list[dict], scores: int) -> str:
+    lines = []
+    for number, loop in enumerate(loops(ins), 1):
+        body = [i for i in ins if loop["start"] <= i["addr"] <= loop["end"]]
+        found = paths(body)
+        if len(found) < 2:
+            continue
+        lines.append(f"\nloop {number} [{loop['start']:#x}, {loop['end']:#x}]: {len(found)} paths")
+        lines.append("| instructions | per score | FFMA | MUFU.LG2 | MUFU.EX2 | BRA |")
+        lines.append("|---|---|---|---|---|---|")
+        for counts in found:
+            total = sum(counts.values())
+            lines.append(f"| {total} | {total / scores:.2f} | {counts['FFMA']} | {counts['MUFU.LG2']} | "
+                         f"{counts['MUFU.EX2']} | {counts['BRA']} |")
+    return "\n".join(lines)
+
+
 def census(ins: list[dict], scores: int) -> str:
     lines = []
     for number, loop in enumerate(loops(ins), 1):
@@ -103,6 +156,8 @@ def main() -> int:
     parser.add_argument("--sass-dir", type=Path, default=None, help="write each kernel's SASS here")
     parser.add_argument("--variant", default="", help="a kernel variant spec (TAPA_KERNEL_VARIANT's "
                         "form) instead of the defaults")
+    parser.add_argument("--paths", action="store_true", help="also each loop's paths through one "
+                        "iteration (instructions, FFMA, MUFU.LG2 per path; for nested arms)")
     args = parser.parse_args()
     from tapa.ops.triton_launch import parse_variant
 
@@ -123,6 +178,8 @@ def main() -> int:
             path.write_text(text)
             print(f"SASS: {path}")
         print(census(kernel_report.sass_instructions(text), scores))
+        if args.paths:
+            print(path_table(kernel_report.sass_instructions(text), scores))
     return 0
 
 

@@ -757,14 +757,15 @@ def _check_variant(spec, call, all_far=True):
 
 @pytest.mark.parametrize("q_offset", [0, 200, 900, 6000], ids=["near", "outer", "middle", "farthest"])
 @pytest.mark.parametrize("spec", [
-    "far_bands=1,fwd_row_series=1,dq_row_series=1,taylor_order=2,taylor_tolerance=1e-5",
-    "far_bands=1,fwd_row_series=0,dq_split_s=1,taylor_order=2,taylor_tolerance=1e-5",
+    "far_bands=1,fwd_row_series=1,taylor_order=2,taylor_tolerance=1e-5",
+    "far_bands=1,fwd_row_series=0,fwd_split_s=1,taylor_order=2,taylor_tolerance=1e-5",
     "far_bands=1,fwd_row_series=0,taylor_order=4,taylor_tolerance=1e-6",
 ], ids=["column-series", "u-series", "order-4"])
 def test_far_bands_within_the_half_precision_bar(spec, q_offset):
-    """far_bands at offsets that put the interpreter's tiles (half-spans about 23) in each band:
-    near the diagonal, between it and the order-2 band (rho_out 0.15 at order 3: from 160), in the
-    order-2 band (from 330) and in the farthest (rho_in 0.015 at order 1: from 1550)."""
+    """far_bands (the forward's) at offsets that put the interpreter's tiles (half-spans about 23)
+    in each band (alpha 0.1, order 2 at 1e-5): near the diagonal; between it and the order-2 band
+    (rho_out 0.125 at order 3: centres from about 184, some of q_offset 200's tiles); in the
+    order-2 band (rho 0.056: from 411); and in the farthest (rho_in 0.0105 at order 1: from 2182)."""
     _check_variant(spec, dict(q_offset=q_offset), all_far=False)
 
 
@@ -805,19 +806,21 @@ def test_far_bands_hold_their_tolerance_in_every_band(order, tolerance):
 
 def test_far_bands_radii_and_orders():
     """far_bands' radii are the orders -/+ 1's at the same tolerance (the inner one narrower);
-    without it both are 0 and BANDS is off; orders outside 2..5, or a column-term series whose
-    outer band would pass order 3, are refused."""
+    without it both are 0; BANDS is on in the forward only; orders outside 2..5, or a column-term
+    series whose outer band would pass order 3, are refused."""
     base = triton_launch.default_configs(64, 64, torch.float32)
     args = dict(alpha=0.1, distance="power", phase="quadratic", phase_dim=32, dtype=torch.float16,
                 max_distance=1000)
     configs = triton_launch.with_variant(base, "far_bands=1,taylor_order=2,taylor_tolerance=1e-5")
     scalars, flags = triton_launch.logits_args(**args, configs=configs)
     rho, rho_in, rho_out = scalars[2], scalars[-2], scalars[-1]
-    assert flags["BANDS"] and rho_in < rho < rho_out
+    assert rho_in < rho < rho_out and not flags["BANDS"]
+    assert triton_launch.fwd_flags(configs)["BANDS"] and not triton_launch.fwd_flags(base)["BANDS"]
+    assert "BANDS" not in triton_launch.dq_flags(configs) and "BANDS" not in triton_launch.dkdv_flags(configs)
     assert rho_in == triton_launch.taylor_constants(0.1, 1, 1e-5)[0]
     assert rho_out == triton_launch.taylor_constants(0.1, 3, 1e-5)[0]
-    scalars, flags = triton_launch.logits_args(**args, configs=base)
-    assert not flags["BANDS"] and scalars[-2:] == [0.0, 0.0]
+    scalars, _ = triton_launch.logits_args(**args, configs=base)
+    assert scalars[-2:] == [0.0, 0.0]
     for order in (1, 6):
         with pytest.raises(ValueError, match="far_bands takes taylor_order 2..5"):
             triton_launch.logits_args(**args, configs=triton_launch.with_variant(

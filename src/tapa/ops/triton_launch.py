@@ -108,11 +108,14 @@ FWD_LAZY_RESCALE = False
 # at D=64 and x1.16-1.41 at D=128 (Run 28; likely the order, which puts every batch-head's K/V in
 # the first wave instead of one or two: results/kernel-h200/run-28.md).
 FWD_PERSISTENT = False
-# Every kernel's distance series in three bands of tiles instead of one: order TAYLOR_ORDER - 1 on
+# The forward's distance series in three bands of tiles instead of one: order TAYLOR_ORDER - 1 on
 # the farthest tiles (where it holds at the same tolerance), TAYLOR_ORDER + 1 between the band of
-# TAYLOR_ORDER and the diagonal, so that fewer tiles take the exact near-diagonal form (offline,
-# D=64 forward, order 2 at 1e-5: one multiply-add a score less on about 87% of the 64k work, and
-# about 60 instructions a tile less on 19-33% of the 1k-4k work: PLAN.md). Not yet timed.
+# TAYLOR_ORDER and the diagonal, so that fewer tiles take the exact near-diagonal form. Offline
+# (Triton 3.6, D=64, order 2 at 1e-5, `scripts/fwd_loop_census.py --paths`): a far tile 574 ->
+# 538 instructions in the order-1 band, 576 in the order-2 one, a tile between it and the
+# diagonal 666 -> 616; about x0.98 of the unmasked loop's instructions at 1k-4k, x0.97 at 16k,
+# x0.95 at 64k. The backward kernels' arms differ less (their near tiles cost 4-9% more than far
+# ones), so they keep one band. Not yet timed.
 FAR_BANDS = False
 # The backward kernels' loop tiles by TMA descriptors, as FWD_TMA: the dK/dV kernel's Q and dO
 # tiles, the dQ kernel's K and V tiles. Not chosen: bwd x1.01-1.03 at D=64 (dQ kernel 394 -> 442
@@ -467,16 +470,17 @@ def dq_flags(configs: LaunchConfigs | None = None, logit_flags: dict | None = No
                 TMA=bool(_chosen(configs, "dq_tma", DQ_TMA)))
 
 
-def _split_s(configs: LaunchConfigs | None, split: tuple, row: tuple, ramp: tuple | None = None) -> int:
+def _split_s(configs: LaunchConfigs | None, split: tuple, row: tuple, ramp: tuple | None = None,
+             bands: bool = False) -> int:
     """A kernel's SPLIT_S from its (name, module default) flags: 1 for the split distances, 2 for
     the column-term series (which implies them), 3 for that series on the ramp (implies both);
-    the column-term forms take taylor_order 1..3 only (1..2 with far_bands, whose outer band is one
+    the column-term forms take taylor_order 1..3 only (1..2 with bands, whose outer one is one
     order more)."""
     with_ramp = ramp is not None and bool(_chosen(configs, *ramp))
     if not (with_ramp or _chosen(configs, *row)):
         return int(bool(_chosen(configs, *split)))
     order = _chosen(configs, "taylor_order", TAYLOR_ORDER)
-    highest = order + 1 if _chosen(configs, "far_bands", FAR_BANDS) else order
+    highest = order + 1 if bands else order
     if not 1 <= order <= highest <= 3:
         raise ValueError(f"{row[0]} takes series of order 1..3, got taylor_order {order}"
                          f"{' with far_bands' if highest > order else ''} (the 16-bit defaults set "
@@ -490,16 +494,19 @@ def fwd_flags(configs: LaunchConfigs | None = None, logit_flags: dict | None = N
     both), a far tile's scalars (`FWD_FAST_SCALARS`), the softmax row sums (`FWD_DOT_ROWSUM`) and
     the cos's argument (`FWD_COS_RADIANS`, only where the call's `logits_args` flags take the MUFU
     trig without LONG_PHASE; none given: never), the K/V loads by TMA (`FWD_TMA`, asked for:
-    `forward` takes them only where `tma_ok`), the lazy rescale (`FWD_LAZY_RESCALE`) and the
-    persistent grid (`FWD_PERSISTENT`)."""
+    `forward` takes them only where `tma_ok`), the lazy rescale (`FWD_LAZY_RESCALE`), the
+    persistent grid (`FWD_PERSISTENT`) and the series bands (`FAR_BANDS`, whose radii
+    `logits_args` sets)."""
+    bands = bool(_chosen(configs, "far_bands", FAR_BANDS))
     split_s = _split_s(configs, ("fwd_split_s", FWD_SPLIT_S), ("fwd_row_series", FWD_ROW_SERIES),
-                       ("fwd_ramp_series", FWD_RAMP_SERIES))
+                       ("fwd_ramp_series", FWD_RAMP_SERIES), bands)
     return dict(SPLIT_S=split_s,
                 FAST_SCALARS=bool(_chosen(configs, "fwd_fast_scalars", FWD_FAST_SCALARS)),
                 DOT_ROWSUM=bool(_chosen(configs, "fwd_dot_rowsum", FWD_DOT_ROWSUM)),
                 TMA=bool(_chosen(configs, "fwd_tma", FWD_TMA)),
                 LAZY_RESCALE=bool(_chosen(configs, "fwd_lazy_rescale", FWD_LAZY_RESCALE)),
                 PERSISTENT=bool(_chosen(configs, "fwd_persistent", FWD_PERSISTENT)),
+                BANDS=bands,
                 COS_RADIANS=_cos_radians(configs, "fwd_cos_radians", FWD_COS_RADIANS, logit_flags))
 
 
@@ -607,8 +614,9 @@ def logits_args(*, alpha: float, distance: str, phase: str, phase_dim: int, dtyp
                 max_distance: int, configs: LaunchConfigs | None = None) -> tuple[list, dict]:
     """The scalars (phase_scale, alpha, taylor_rho, b1..b6, rho_in, rho_out) and flags of
     `triton_logits.tile_logits`, the same for every kernel that calls it. With `FAR_BANDS` the
-    series bands of orders taylor_order -/+ 1 at the same tolerance (rho_in, rho_out; 0 without);
-    they take taylor_order 2..5."""
+    radii of the series bands of orders taylor_order -/+ 1 at the same tolerance (rho_in,
+    rho_out; 0 without; taylor_order 2..5); BANDS is off here, and on in the kernels whose own
+    flags set it (`fwd_flags`)."""
     order = _chosen(configs, "taylor_order", TAYLOR_ORDER)
     tolerance = _chosen(configs, "taylor_tolerance", TAYLOR_TOLERANCE)
     rho, coefficients = taylor_constants(float(alpha), order, tolerance)
@@ -623,7 +631,7 @@ def logits_args(*, alpha: float, distance: str, phase: str, phase_dim: int, dtyp
     scalars = [1 / math.sqrt(phase_dim), float(alpha), rho, *coefficients, rho_in, rho_out]
     flags = dict(DIST_POWER=distance == "power", PHASE_QUAD=phase == "quadratic",
                  TRIG_POLY=trig_poly(configs), TRIG_TERMS=trig_terms(configs, dtype),
-                 TAYLOR_ORDER=order, BANDS=bands, PTX_ASM=not interpreting(),
+                 TAYLOR_ORDER=order, BANDS=False, PTX_ASM=not interpreting(),
                  LONG_PHASE=long_phase(alpha, distance, max_distance),
                  DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32")
     return scalars, flags
