@@ -68,9 +68,10 @@ def loops(ins: list[dict]) -> list[dict]:
 def paths(body: list[dict], limit: int = 64) -> list[collections.Counter]:
     """The opcode counts of every path through one iteration of a loop body (its instructions in
     address order, the loop's backward BRA last): a predicated forward BRA forks, an
-    unconditional one jumps, a backward one inside the body (a barrier's wait loop) is taken as
-    not taken, and a branch out of the body ends the path uncounted. For nested far/near arms
-    (far_bands), where `census`'s two arms no longer describe a tile."""
+    unconditional one jumps, a backward one inside the body (a barrier's wait loop) and a
+    predicated one out of it (a detour to a wait loop placed after the loop, as TMA's are) are
+    taken as not taken, and an unconditional branch out of the body ends the path uncounted. For
+    nested far/near arms (far_bands), where `census`'s two arms no longer describe a tile."""
     index = {i["addr"]: n for n, i in enumerate(body)}
     found: list[collections.Counter] = []
     stack = [(0, collections.Counter())]
@@ -87,8 +88,8 @@ def paths(body: list[dict], limit: int = 64) -> list[collections.Counter]:
             if n == len(body) - 1:  # the loop's own backward branch: one iteration done
                 found.append(counts)
                 break
-            if target <= i["addr"]:  # a wait loop inside the body
-                n += 1
+            if target <= i["addr"] or (target not in index and i["pred"]):
+                n += 1  # a wait loop inside the body, or a predicated detour to one after it
             elif target not in index:  # out of the loop
                 break
             elif i["pred"]:
