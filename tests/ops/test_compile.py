@@ -127,7 +127,7 @@ from tapa.ops import triton_kernels, triton_launch
 kernel = triton_kernels._fwd_kernel
 constexprs = dict(AMP_DIM=16, HEAD_DIM=32, V_DIM=32, BLOCK_DA=16, BLOCK_DP=16, BLOCK_DV=32, BLOCK_M=64,
                   BLOCK_N=32, CAUSAL=True, DIST_POWER=False, PHASE_QUAD=True, TRIG_POLY=True, TRIG_TERMS=6,
-                  TAYLOR_ORDER=6, BANDS=False, PTX_ASM=True, LONG_PHASE=sys.argv[1] == "1", DOT_PRECISION="ieee",
+                  TAYLOR_ORDER=6, PTX_ASM=True, LONG_PHASE=sys.argv[1] == "1", DOT_PRECISION="ieee",
                   WARP_SPECIALIZE=False, **triton_launch.fwd_flags())
 signature = {name: "constexpr" if name in constexprs else "*fp32" if name[0].isupper()
              else "i32" if name.startswith(("stride", "n_", "q_off", "k_off", "heads", "group")) else "fp32"

@@ -825,7 +825,7 @@ def test_far_bands_radii_and_orders():
         with pytest.raises(ValueError, match="far_bands takes taylor_order 2..5"):
             triton_launch.logits_args(**args, configs=triton_launch.with_variant(
                 base, f"far_bands=1,taylor_order={order}"))
-    with pytest.raises(ValueError, match="with far_bands"):
+    with pytest.raises(ValueError, match="taylor_order 1..2 with far_bands"):
         triton_launch.fwd_flags(triton_launch.with_variant(base, "far_bands=1,taylor_order=3,fwd_row_series=1"))
 
 

@@ -63,11 +63,12 @@ def _tile_distances(row_offset, ramp, exact, SPLIT_S: tl.constexpr, MASKED: tl.c
 
 
 @triton.jit
-def _query_block(Q, block, bh, n_q, heads, group, stride_qb, stride_qn, stride_qh,
-                 AMP_DIM: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_DA: tl.constexpr,
-                 BLOCK_DP: tl.constexpr, BLOCK_M: tl.constexpr):
-    """Query block `block` of batch-head bh, as the forward and dQ kernels take it: its first row,
-    batch, head, kv head, rows and their mask, and the Q tile's two parts and phase-row sums."""
+def _row_block(Q, block, bh, n_q, heads, group, stride_qb, stride_qn, stride_qh,
+               AMP_DIM: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_DA: tl.constexpr,
+               BLOCK_DP: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Row block `block` of batch-head bh of a (B, N, H, D) tensor (queries in the forward and dQ
+    kernels; keys in the dK/dV kernel, with H the kv heads and group 1): its first row, batch,
+    head, kv head, rows and their mask, and the tile's two parts and phase-row sums."""
     start_m = block * BLOCK_M
     batch = bh // heads
     head = bh % heads
@@ -203,7 +204,7 @@ def _fwd_kernel(Q, K, V, Out, Lse, KDescA, KDescP, VDesc,
             bh = tl.program_id(1)
         if CAUSAL:  # the longest rows first, so that the last wave is short
             block = n_blocks - 1 - block
-        start_m, batch, head, kv_head, offs_m, row_ok, rows, q_a, q_p, q_sum = _query_block(
+        start_m, batch, head, kv_head, offs_m, row_ok, rows, q_a, q_p, q_sum = _row_block(
             Q, block, bh, n_q, heads, group, stride_qb, stride_qn, stride_qh, AMP_DIM, HEAD_DIM,
             BLOCK_DA, BLOCK_DP, BLOCK_M)
         offs_dv = tl.arange(0, BLOCK_DV)
@@ -411,21 +412,12 @@ def _bwd_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV, DQ, QDescA, QDescP, DODe
                      REVERSE_Q: tl.constexpr, COS_RADIANS: tl.constexpr,
                      FAST_SCALARS: tl.constexpr, SPLIT_S: tl.constexpr, TMA: tl.constexpr):
     """QDescA, QDescP, DODesc: TMA descriptors of Q's two parts and of dO (with TMA; else None)."""
-    start_n = tl.program_id(0) * BLOCK_N
-    batch = tl.program_id(1) // kv_heads
-    kv_head = tl.program_id(1) % kv_heads
-    offs_n = start_n + tl.arange(0, BLOCK_N)
+    start_n, batch, kv_head, _, offs_n, key_ok, rows, k_a, k_p, k_sum = _row_block(
+        K, tl.program_id(0), tl.program_id(1), n_k, kv_heads, 1, stride_kb, stride_kn, stride_kh,
+        AMP_DIM, HEAD_DIM, BLOCK_DA, BLOCK_DP, BLOCK_N)
     offs_da = tl.arange(0, BLOCK_DA)
     offs_dp = AMP_DIM + tl.arange(0, BLOCK_DP)
     offs_dv = tl.arange(0, BLOCK_DV)
-    key_ok = offs_n < n_k
-    rows = offs_n.to(tl.int64)[:, None]
-    k_base = K + batch.to(tl.int64) * stride_kb + kv_head.to(tl.int64) * stride_kh
-    k_a = _load_tile(k_base + rows * stride_kn + offs_da[None, :], key_ok, offs_da < AMP_DIM,
-                     True, BLOCK_DA != AMP_DIM)
-    k_p = _load_tile(k_base + rows * stride_kn + offs_dp[None, :], key_ok, offs_dp < HEAD_DIM,
-                     True, BLOCK_DP != HEAD_DIM - AMP_DIM)
-    k_sum = tl.sum(k_p.to(tl.float32), axis=1)
     v = _load_tile(V + batch.to(tl.int64) * stride_vb + kv_head.to(tl.int64) * stride_vh
                    + rows * stride_vn + offs_dv[None, :], key_ok, offs_dv < V_DIM, True,
                    BLOCK_DV != V_DIM)
@@ -574,7 +566,7 @@ def _bwd_dq_kernel(Q, K, V, DOut, Lse, Delta, DQ, KDescA, KDescP, VDesc,
     block = tl.program_id(0)
     if CAUSAL:
         block = tl.num_programs(0) - 1 - block
-    start_m, batch, head, kv_head, offs_m, row_ok, rows, q_a, q_p, q_sum = _query_block(
+    start_m, batch, head, kv_head, offs_m, row_ok, rows, q_a, q_p, q_sum = _row_block(
         Q, block, tl.program_id(1), n_q, heads, group, stride_qb, stride_qn, stride_qh, AMP_DIM,
         HEAD_DIM, BLOCK_DA, BLOCK_DP, BLOCK_M)
     offs_da = tl.arange(0, BLOCK_DA)

@@ -480,11 +480,11 @@ def _split_s(configs: LaunchConfigs | None, split: tuple, row: tuple, ramp: tupl
     if not (with_ramp or _chosen(configs, *row)):
         return int(bool(_chosen(configs, *split)))
     order = _chosen(configs, "taylor_order", TAYLOR_ORDER)
-    highest = order + 1 if bands else order
-    if not 1 <= order <= highest <= 3:
-        raise ValueError(f"{row[0]} takes series of order 1..3, got taylor_order {order}"
-                         f"{' with far_bands' if highest > order else ''} (the 16-bit defaults set "
-                         "fwd_row_series=1: add fwd_row_series=0 for a higher order)")
+    top = 2 if bands else 3  # the bands' outer series is one order more
+    if not 1 <= order <= top:
+        raise ValueError(f"{row[0]} takes taylor_order 1..{top}{' with far_bands' if bands else ''}, "
+                         f"got {order} (the 16-bit defaults set fwd_row_series=1: add "
+                         "fwd_row_series=0 for a higher order)")
     return 3 if with_ramp else 2
 
 
