@@ -113,8 +113,9 @@ def path_table(ins: list[dict], scores: int) -> str:
         lines.append("|---|---|---|---|---|---|")
         for counts in found:
             total = sum(counts.values())
-            lines.append(f"| {total} | {total / scores:.2f} | {counts['FFMA']} | {counts['MUFU.LG2']} | "
-                         f"{counts['MUFU.EX2']} | {counts['BRA']} |")
+            cells = (total, f"{total / scores:.2f}", counts["FFMA"], counts["MUFU.LG2"],
+                     counts["MUFU.EX2"], counts["BRA"])
+            lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     return "\n".join(lines)
 
 

@@ -56,7 +56,8 @@ def _split_kernel(
     kv_heads, q_len, group, head_dim, v_dim, amp_dim, keys_per_split, split_bucket, program_bucket,
     amp_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6, rho_in, rho_out,
     HAS_STARTS: tl.constexpr, FINAL: tl.constexpr, DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr,
-    TRIG_POLY: tl.constexpr, TRIG_TERMS: tl.constexpr, TAYLOR_ORDER: tl.constexpr, BANDS: tl.constexpr, PTX_ASM: tl.constexpr,
+    TRIG_POLY: tl.constexpr, TRIG_TERMS: tl.constexpr, TAYLOR_ORDER: tl.constexpr,
+    BANDS: tl.constexpr, PTX_ASM: tl.constexpr,
     LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
 ):
@@ -108,9 +109,12 @@ def _split_kernel(
         logits = tile_logits(
             q_amp, k, q_phase, k, q_phase_sum, k_phase_sum,
             (query_slot[:, None] - keys[None, :]).to(tl.float32), 0.0, 0.0,
-            (first_slot - (start + BLOCK_N - 1)).to(tl.float32), (seqlen - 1 - start).to(tl.float32),
-            alpha, phase_scale, taylor_rho, b1, b2, b3, b4, b5, b6, rho_in, rho_out, DIST_POWER, PHASE_QUAD, TRIG_POLY,
-            TRIG_TERMS, TAYLOR_ORDER, BANDS, PTX_ASM, LONG_PHASE, DOT_PRECISION, False, False, False) * amp_scale
+            (first_slot - (start + BLOCK_N - 1)).to(tl.float32),
+            (seqlen - 1 - start).to(tl.float32),
+            alpha, phase_scale, taylor_rho, b1, b2, b3, b4, b5, b6, rho_in, rho_out, DIST_POWER,
+            PHASE_QUAD, TRIG_POLY,
+            TRIG_TERMS, TAYLOR_ORDER, BANDS, PTX_ASM, LONG_PHASE, DOT_PRECISION, False, False,
+            False) * amp_scale
         visible = key_valid[None, :] & (keys[None, :] <= query_slot[:, None]) & row_valid[:, None]
         logits = tl.where(visible, logits, float("-inf"))
 
@@ -266,7 +270,8 @@ class _Plan:
     also holds the split kernel's tuned configuration, so later steps launch the kernel without
     the autotuner's per-call key lookup (Run 3's cProfile: a fifth of the host time), and after
     its second the kernels Triton compiled, which later steps launch without Triton's JIT
-    (`_direct_launch`: the batch-1 step's host time 0.10 -> 0.05 ms, results/kernel-h200/run-27.md)."""
+    (`_direct_launch`: the batch-1 step's host time 0.10 -> 0.05 ms,
+    results/kernel-h200/run-27.md)."""
 
     out_shape: tuple
     lse_shape: tuple
@@ -319,7 +324,8 @@ def _settings() -> tuple:
     """The module-level settings a plan's launch arguments read (the kernels' trig and distance
     series, the split alignment): a plan made under other settings is not reused."""
     return (triton_launch.TRIG_POLY, triton_launch.TRIG_TERMS, triton_launch.TAYLOR_ORDER,
-            triton_launch.TAYLOR_TOLERANCE, triton_launch.LONG_PHASE_FROM, SPLIT_ALIGN, interpreting())
+            triton_launch.TAYLOR_TOLERANCE, triton_launch.LONG_PHASE_FROM, SPLIT_ALIGN,
+            interpreting())
 
 
 def _plan(q, k_cache, v_cache, cache_seqlens, cache_starts, theta, alpha, distance, phase,
@@ -429,9 +435,11 @@ def tapa_decode_attention(
     merge = None
     if plan.part_shape is not None:
         merge = _merge_kernel[plan.merge_grid](*merge_args, **plan.merge_flags)
-    if DIRECT_LAUNCH and split is not None and q.is_cuda and (merge is not None or plan.part_shape is None):
+    merge_done = merge is not None or plan.part_shape is None
+    if DIRECT_LAUNCH and split is not None and q.is_cuda and merge_done:
         plan.split_launch = _direct_launch(split, _split_kernel, plan.split_grid,
                                            {**plan.split_flags, **plan.split_config})
-        plan.merge_launch = merge and _direct_launch(merge, _merge_kernel, plan.merge_grid, plan.merge_flags)
+        plan.merge_launch = merge and _direct_launch(merge, _merge_kernel, plan.merge_grid,
+                                                     plan.merge_flags)
         plan.alignment = _alignment(*args[:5])
     return (out, lse) if return_lse else out

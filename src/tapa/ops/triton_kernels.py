@@ -100,7 +100,8 @@ def _fwd_inner(acc, m_i, l_i, q_a, q_p, q_sum, pos_m, q_first,
                BLOCK_DA: tl.constexpr, BLOCK_DP: tl.constexpr, BLOCK_DV: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
                CAUSAL: tl.constexpr, DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr,
-               TRIG_POLY: tl.constexpr, TRIG_TERMS: tl.constexpr, TAYLOR_ORDER: tl.constexpr, BANDS: tl.constexpr,
+               TRIG_POLY: tl.constexpr, TRIG_TERMS: tl.constexpr, TAYLOR_ORDER: tl.constexpr,
+               BANDS: tl.constexpr,
                PTX_ASM: tl.constexpr, LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr,
                WARP_SPECIALIZE: tl.constexpr, SPLIT_S: tl.constexpr, FAST_SCALARS: tl.constexpr,
                COS_RADIANS: tl.constexpr, DOT_ROWSUM: tl.constexpr, TMA: tl.constexpr,
@@ -116,7 +117,8 @@ def _fwd_inner(acc, m_i, l_i, q_a, q_p, q_sum, pos_m, q_first,
         key_first = (k_offset + start_n).to(tl.float32)
         row_offset = pos_m - key_first
         s = _tile_distances(row_offset, column_ramp,
-                            pos_m[:, None] - (k_offset + offs_n).to(tl.float32)[None, :], SPLIT_S, MASKED)
+                            pos_m[:, None] - (k_offset + offs_n).to(tl.float32)[None, :], SPLIT_S,
+                            MASKED)
         if TMA:  # the host chose it only where every block is its part's exact width
             k_p = _desc_tile(k_desc_p, batch, start_n, kv_head, AMP_DIM, BLOCK_N, BLOCK_DP)
             k_a = _desc_tile(k_desc_a, batch, start_n, kv_head, 0, BLOCK_N, BLOCK_DA)
@@ -127,9 +129,12 @@ def _fwd_inner(acc, m_i, l_i, q_a, q_p, q_sum, pos_m, q_first,
                              offs_da < AMP_DIM, MASKED, BLOCK_DA != AMP_DIM)
         logit = tile_logits(q_a, k_a, q_p, k_p, q_sum, tl.sum(k_p.to(tl.float32), axis=1), s,
                             row_offset, column_ramp,
-                            q_first - (key_first + (BLOCK_N - 1)), q_first + (BLOCK_M - 1) - key_first,
-                            alpha, phase_scale, taylor_rho, b1, b2, b3, b4, b5, b6, rho_in, rho_out, DIST_POWER,
-                            PHASE_QUAD, TRIG_POLY, TRIG_TERMS, TAYLOR_ORDER, BANDS, PTX_ASM, LONG_PHASE,
+                            q_first - (key_first + (BLOCK_N - 1)),
+                            q_first + (BLOCK_M - 1) - key_first,
+                            alpha, phase_scale, taylor_rho, b1, b2, b3, b4, b5, b6, rho_in,
+                            rho_out, DIST_POWER,
+                            PHASE_QUAD, TRIG_POLY, TRIG_TERMS, TAYLOR_ORDER, BANDS, PTX_ASM,
+                            LONG_PHASE,
                             DOT_PRECISION, SPLIT_S, FAST_SCALARS, COS_RADIANS)  # x sqrt(d_A)
         if MASKED:
             visible = key_ok[None, :]
@@ -176,12 +181,14 @@ def _fwd_kernel(Q, K, V, Out, Lse, KDescA, KDescP, VDesc,
                 stride_qb, stride_qn, stride_qh, stride_kb, stride_kn, stride_kh,
                 stride_vb, stride_vn, stride_vh, stride_ob, stride_on, stride_oh,
                 n_q, n_k, q_offset, k_offset, heads, group, n_bh,
-                logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6, rho_in, rho_out,
+                logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6, rho_in,
+                rho_out,
                 AMP_DIM: tl.constexpr, HEAD_DIM: tl.constexpr, V_DIM: tl.constexpr,
                 BLOCK_DA: tl.constexpr, BLOCK_DP: tl.constexpr, BLOCK_DV: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
                 DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr, TRIG_POLY: tl.constexpr,
-                TRIG_TERMS: tl.constexpr, TAYLOR_ORDER: tl.constexpr, BANDS: tl.constexpr, PTX_ASM: tl.constexpr,
+                TRIG_TERMS: tl.constexpr, TAYLOR_ORDER: tl.constexpr, BANDS: tl.constexpr,
+                PTX_ASM: tl.constexpr,
                 LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr,
                 WARP_SPECIALIZE: tl.constexpr, SPLIT_S: tl.constexpr, FAST_SCALARS: tl.constexpr,
                 COS_RADIANS: tl.constexpr, DOT_ROWSUM: tl.constexpr, TMA: tl.constexpr,
@@ -231,14 +238,16 @@ def _fwd_kernel(Q, K, V, Out, Lse, KDescA, KDescP, VDesc,
         acc, m_i, l_i = _fwd_inner(
             acc, m_i, l_i, q_a, q_p, q_sum, pos_m, q_first, k_base, v_base, stride_kn, stride_vn,
             n_k, k_offset, 0, full, KDescA, KDescP, VDesc, batch, kv_head, logit_scale,
-            phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6, rho_in, rho_out, AMP_DIM, HEAD_DIM, V_DIM,
+            phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6, rho_in, rho_out, AMP_DIM,
+            HEAD_DIM, V_DIM,
             BLOCK_DA, BLOCK_DP, BLOCK_DV, BLOCK_M, BLOCK_N, False, CAUSAL, DIST_POWER, PHASE_QUAD,
             TRIG_POLY, TRIG_TERMS, TAYLOR_ORDER, BANDS, PTX_ASM, LONG_PHASE, DOT_PRECISION,
             WARP_SPECIALIZE, SPLIT_S, FAST_SCALARS, COS_RADIANS, DOT_ROWSUM, TMA, LAZY_RESCALE)
         acc, m_i, l_i = _fwd_inner(
             acc, m_i, l_i, q_a, q_p, q_sum, pos_m, q_first, k_base, v_base, stride_kn, stride_vn,
             n_k, k_offset, full, hi, KDescA, KDescP, VDesc, batch, kv_head, logit_scale,
-            phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6, rho_in, rho_out, AMP_DIM, HEAD_DIM, V_DIM,
+            phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6, rho_in, rho_out, AMP_DIM,
+            HEAD_DIM, V_DIM,
             BLOCK_DA, BLOCK_DP, BLOCK_DV, BLOCK_M, BLOCK_N, True, CAUSAL, DIST_POWER, PHASE_QUAD,
             TRIG_POLY, TRIG_TERMS, TAYLOR_ORDER, BANDS, PTX_ASM, LONG_PHASE, DOT_PRECISION,
             WARP_SPECIALIZE, SPLIT_S, FAST_SCALARS, COS_RADIANS, DOT_ROWSUM, TMA, LAZY_RESCALE)
@@ -284,13 +293,15 @@ def _bwd_preprocess_kernel(Out, DOut, DLse, Delta, stride_ob, stride_on, stride_
 def _dkdv_inner(dk_a, dk_p, dk_psum, dv, k_a, k_p, k_sum, v, pos_n, key_first,
                 q_base, do_base, dq_base, lse_ptr, delta_ptr, stride_qn, stride_dn, stride_dqn,
                 n_q, q_offset, lo, hi, q_desc_a, q_desc_p, do_desc, batch, head,
-                logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6, rho_in, rho_out,
+                logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6, rho_in,
+                rho_out,
                 amp_grad_scale, phase_grad_scale,
                 AMP_DIM: tl.constexpr, HEAD_DIM: tl.constexpr, V_DIM: tl.constexpr,
                 BLOCK_DA: tl.constexpr, BLOCK_DP: tl.constexpr, BLOCK_DV: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
                 DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr, TRIG_POLY: tl.constexpr,
-                TRIG_TERMS: tl.constexpr, TAYLOR_ORDER: tl.constexpr, BANDS: tl.constexpr, PTX_ASM: tl.constexpr,
+                TRIG_TERMS: tl.constexpr, TAYLOR_ORDER: tl.constexpr, BANDS: tl.constexpr,
+                PTX_ASM: tl.constexpr,
                 LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr,
                 WARP_SPECIALIZE: tl.constexpr, DQ_ATOMIC: tl.constexpr,
                 DQ_TRANSPOSE: tl.constexpr, REVERSE_Q: tl.constexpr, COS_RADIANS: tl.constexpr,
@@ -328,7 +339,8 @@ def _dkdv_inner(dk_a, dk_p, dk_psum, dv, k_a, k_p, k_sum, v, pos_n, key_first,
         q_first = (q_offset + start_m).to(tl.float32)
         row_offset = q_first - pos_n
         s = _tile_distances(row_offset, negated_ramp,
-                            (q_offset + offs_m).to(tl.float32)[None, :] - pos_n[:, None], SPLIT_S, MASKED)
+                            (q_offset + offs_m).to(tl.float32)[None, :] - pos_n[:, None], SPLIT_S,
+                            MASKED)
         if TMA:
             q_p = _desc_tile(q_desc_p, batch, start_m, head, AMP_DIM, BLOCK_M, BLOCK_DP)
             q_a = _desc_tile(q_desc_a, batch, start_m, head, 0, BLOCK_M, BLOCK_DA)
@@ -339,8 +351,10 @@ def _dkdv_inner(dk_a, dk_p, dk_psum, dv, k_a, k_p, k_sum, v, pos_n, key_first,
                              offs_da < AMP_DIM, True, BLOCK_DA != AMP_DIM)
         qk_amp, cos, phase_factor = tile_logits_and_derivatives(
             k_a, q_a, k_p, q_p, k_sum, tl.sum(q_p.to(tl.float32), axis=1), s, row_offset,
-            negated_ramp, q_first - (key_first + (BLOCK_N - 1)), q_first + (BLOCK_M - 1) - key_first,
-            alpha, phase_scale, taylor_rho, b1, b2, b3, b4, b5, b6, rho_in, rho_out, DIST_POWER, PHASE_QUAD,
+            negated_ramp, q_first - (key_first + (BLOCK_N - 1)),
+            q_first + (BLOCK_M - 1) - key_first,
+            alpha, phase_scale, taylor_rho, b1, b2, b3, b4, b5, b6, rho_in, rho_out, DIST_POWER,
+            PHASE_QUAD,
             TRIG_POLY, TRIG_TERMS, TAYLOR_ORDER, BANDS, PTX_ASM, LONG_PHASE, DOT_PRECISION, SPLIT_S,
             FAST_SCALARS, COS_RADIANS)
         # padding query rows load lse = +inf, so p = 0 there
@@ -399,14 +413,16 @@ def _bwd_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV, DQ, QDescA, QDescP, DODe
                      stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh,
                      stride_dqb, stride_dqn, stride_dqh,
                      n_q, n_k, q_offset, k_offset, kv_heads, group,
-                     logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6, rho_in, rho_out,
+                     logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6, rho_in,
+                     rho_out,
                      amp_grad_scale, phase_grad_scale,
                      AMP_DIM: tl.constexpr, HEAD_DIM: tl.constexpr, V_DIM: tl.constexpr,
                      BLOCK_DA: tl.constexpr, BLOCK_DP: tl.constexpr, BLOCK_DV: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
                      DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr,
                      TRIG_POLY: tl.constexpr, TRIG_TERMS: tl.constexpr,
-                     TAYLOR_ORDER: tl.constexpr, BANDS: tl.constexpr, PTX_ASM: tl.constexpr, LONG_PHASE: tl.constexpr,
+                     TAYLOR_ORDER: tl.constexpr, BANDS: tl.constexpr, PTX_ASM: tl.constexpr,
+                     LONG_PHASE: tl.constexpr,
                      DOT_PRECISION: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
                      DQ_ATOMIC: tl.constexpr, DQ_TRANSPOSE: tl.constexpr,
                      REVERSE_Q: tl.constexpr, COS_RADIANS: tl.constexpr,
@@ -453,7 +469,8 @@ def _bwd_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV, DQ, QDescA, QDescP, DODe
             amp_grad_scale, phase_grad_scale,
             AMP_DIM, HEAD_DIM, V_DIM, BLOCK_DA, BLOCK_DP, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL,
             DIST_POWER, PHASE_QUAD, TRIG_POLY, TRIG_TERMS, TAYLOR_ORDER, BANDS, PTX_ASM, LONG_PHASE,
-            DOT_PRECISION, WARP_SPECIALIZE, DQ_ATOMIC, DQ_TRANSPOSE, False, COS_RADIANS, FAST_SCALARS,
+            DOT_PRECISION, WARP_SPECIALIZE, DQ_ATOMIC, DQ_TRANSPOSE, False, COS_RADIANS,
+            FAST_SCALARS,
             SPLIT_S, TMA)
         dk_a, dk_p, dk_psum, dv = _dkdv_inner(
             dk_a, dk_p, dk_psum, dv, k_a, k_p, k_sum, v, pos_n, key_first, q_base, do_base, dq_base,
@@ -463,7 +480,8 @@ def _bwd_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV, DQ, QDescA, QDescP, DODe
             amp_grad_scale, phase_grad_scale,
             AMP_DIM, HEAD_DIM, V_DIM, BLOCK_DA, BLOCK_DP, BLOCK_DV, BLOCK_M, BLOCK_N, False,
             DIST_POWER, PHASE_QUAD, TRIG_POLY, TRIG_TERMS, TAYLOR_ORDER, BANDS, PTX_ASM, LONG_PHASE,
-            DOT_PRECISION, WARP_SPECIALIZE, DQ_ATOMIC, DQ_TRANSPOSE, REVERSE_Q, COS_RADIANS, FAST_SCALARS,
+            DOT_PRECISION, WARP_SPECIALIZE, DQ_ATOMIC, DQ_TRANSPOSE, REVERSE_Q, COS_RADIANS,
+            FAST_SCALARS,
             SPLIT_S, TMA)
 
     dk_base = DK + batch.to(tl.int64) * stride_dkb + kv_head.to(tl.int64) * stride_dkh
@@ -491,7 +509,8 @@ def _dq_inner(dq_a, dq_p, dq_psum, q_a, q_p, q_sum, do, lse2, delta, pos_m, q_fi
               BLOCK_DA: tl.constexpr, BLOCK_DP: tl.constexpr, BLOCK_DV: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
               CAUSAL: tl.constexpr, DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr,
-              TRIG_POLY: tl.constexpr, TRIG_TERMS: tl.constexpr, TAYLOR_ORDER: tl.constexpr, BANDS: tl.constexpr,
+              TRIG_POLY: tl.constexpr, TRIG_TERMS: tl.constexpr, TAYLOR_ORDER: tl.constexpr,
+              BANDS: tl.constexpr,
               PTX_ASM: tl.constexpr, LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr,
               WARP_SPECIALIZE: tl.constexpr, SPLIT_S: tl.constexpr, FAST_SCALARS: tl.constexpr,
               COS_RADIANS: tl.constexpr, TMA: tl.constexpr):
@@ -509,7 +528,8 @@ def _dq_inner(dq_a, dq_p, dq_psum, q_a, q_p, q_sum, do, lse2, delta, pos_m, q_fi
         key_first = (k_offset + start_n).to(tl.float32)
         row_offset = pos_m - key_first
         s = _tile_distances(row_offset, column_ramp,
-                            pos_m[:, None] - (k_offset + offs_n).to(tl.float32)[None, :], SPLIT_S, MASKED)
+                            pos_m[:, None] - (k_offset + offs_n).to(tl.float32)[None, :], SPLIT_S,
+                            MASKED)
         if TMA:
             k_p = _desc_tile(k_desc_p, batch, start_n, kv_head, AMP_DIM, BLOCK_N, BLOCK_DP)
             k_a = _desc_tile(k_desc_a, batch, start_n, kv_head, 0, BLOCK_N, BLOCK_DA)
@@ -521,7 +541,8 @@ def _dq_inner(dq_a, dq_p, dq_psum, q_a, q_p, q_sum, do, lse2, delta, pos_m, q_fi
         qk_amp, cos, phase_factor = tile_logits_and_derivatives(
             q_a, k_a, q_p, k_p, q_sum, tl.sum(k_p.to(tl.float32), axis=1), s, row_offset,
             column_ramp, q_first - (key_first + (BLOCK_N - 1)), q_first + (BLOCK_M - 1) - key_first,
-            alpha, phase_scale, taylor_rho, b1, b2, b3, b4, b5, b6, rho_in, rho_out, DIST_POWER, PHASE_QUAD,
+            alpha, phase_scale, taylor_rho, b1, b2, b3, b4, b5, b6, rho_in, rho_out, DIST_POWER,
+            PHASE_QUAD,
             TRIG_POLY, TRIG_TERMS, TAYLOR_ORDER, BANDS, PTX_ASM, LONG_PHASE, DOT_PRECISION, SPLIT_S,
             FAST_SCALARS, COS_RADIANS)
         p = tl.exp2(qk_amp * cos * logit_scale - lse2[:, None])
@@ -552,13 +573,15 @@ def _bwd_dq_kernel(Q, K, V, DOut, Lse, Delta, DQ, KDescA, KDescP, VDesc,
                    stride_vb, stride_vn, stride_vh, stride_db, stride_dn, stride_dh,
                    stride_dqb, stride_dqn, stride_dqh,
                    n_q, n_k, q_offset, k_offset, heads, group,
-                   logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6, rho_in, rho_out,
+                   logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6, rho_in,
+                   rho_out,
                    amp_grad_scale, phase_grad_scale,
                    AMP_DIM: tl.constexpr, HEAD_DIM: tl.constexpr, V_DIM: tl.constexpr,
                    BLOCK_DA: tl.constexpr, BLOCK_DP: tl.constexpr, BLOCK_DV: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
                    DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr, TRIG_POLY: tl.constexpr,
-                   TRIG_TERMS: tl.constexpr, TAYLOR_ORDER: tl.constexpr, BANDS: tl.constexpr, PTX_ASM: tl.constexpr,
+                   TRIG_TERMS: tl.constexpr, TAYLOR_ORDER: tl.constexpr, BANDS: tl.constexpr,
+                   PTX_ASM: tl.constexpr,
                    LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr,
                    WARP_SPECIALIZE: tl.constexpr, SPLIT_S: tl.constexpr,
                    FAST_SCALARS: tl.constexpr, COS_RADIANS: tl.constexpr, TMA: tl.constexpr):

@@ -302,9 +302,9 @@ def parse_variant(spec: str) -> dict:
             changes[key] = _parse_kernel_config(key, text)
         elif key in ("dq_atomic", "dq_transpose", "dkdv_reverse", "fwd_split_s", "fwd_fast_scalars",
                      "fwd_row_series", "fwd_ramp_series", "fwd_dot_rowsum", "fwd_cos_radians",
-                     "fwd_tma", "fwd_lazy_rescale", "fwd_persistent", "dkdv_cos_radians", "dq_cos_radians",
-                     "bwd_fast_scalars", "dq_split_s", "dq_row_series", "dkdv_split_s", "dkdv_tma",
-                     "dq_tma", "far_bands", "trig_poly"):
+                     "fwd_tma", "fwd_lazy_rescale", "fwd_persistent", "dkdv_cos_radians",
+                     "dq_cos_radians", "bwd_fast_scalars", "dq_split_s", "dq_row_series",
+                     "dkdv_split_s", "dkdv_tma", "dq_tma", "far_bands", "trig_poly"):
             changes[key] = _parse_flag(key, text)
         elif key == "trig_terms":
             if not text.isdigit() or int(text) not in TRIG_COEFFICIENTS:
@@ -482,9 +482,10 @@ def _split_s(configs: LaunchConfigs | None, split: tuple, row: tuple, ramp: tupl
     order = _chosen(configs, "taylor_order", TAYLOR_ORDER)
     top = 2 if bands else 3  # the bands' outer series is one order more
     if not 1 <= order <= top:
-        raise ValueError(f"{row[0]} takes taylor_order 1..{top}{' with far_bands' if bands else ''}, "
-                         f"got {order} (the 16-bit defaults set fwd_row_series=1: add "
-                         "fwd_row_series=0 for a higher order)")
+        bands_text = " with far_bands" if bands else ""
+        raise ValueError(f"{row[0]} takes taylor_order 1..{top}{bands_text}, got {order} (the "
+                         "16-bit defaults set fwd_row_series=1: add fwd_row_series=0 for a higher "
+                         "order)")
     return 3 if with_ramp else 2
 
 
@@ -696,7 +697,8 @@ def tma_ok(t: torch.Tensor, widths: tuple[int, ...]) -> bool:
     of at least 16 bytes and at most 256 elements."""
     if sum(widths) != t.shape[-1] or t.stride(-1) != 1:
         return False
-    if not interpreting() and not (t.is_cuda and torch.cuda.get_device_capability(t.device)[0] >= 9):
+    hopper = t.is_cuda and torch.cuda.get_device_capability(t.device)[0] >= 9
+    if not (interpreting() or hopper):
         return False
     size = t.element_size()
     return (t.data_ptr() % 16 == 0 and all(stride * size % 16 == 0 for stride in t.stride()[:-1])
@@ -711,7 +713,8 @@ def tma_descriptors(t: torch.Tensor, block_rows: int, widths: tuple[int, ...]) -
     made: dict[int, TensorDescriptor] = {}
     for width in widths:
         if width not in made:
-            made[width] = TensorDescriptor(t, list(t.shape), list(t.stride()), [1, block_rows, 1, width])
+            made[width] = TensorDescriptor(t, list(t.shape), list(t.stride()),
+                                           [1, block_rows, 1, width])
     return [made[width] for width in widths]
 
 
@@ -723,7 +726,8 @@ def _loop_descriptors(flags: dict, qk: torch.Tensor, vo: torch.Tensor, block_row
     flags["TMA"] = flags["TMA"] and tma_ok(qk, widths) and tma_ok(vo, (vo.shape[-1],))
     if not flags["TMA"]:
         return [None, None, None]
-    return [*tma_descriptors(qk, block_rows, widths), *tma_descriptors(vo, block_rows, (vo.shape[-1],))]
+    return [*tma_descriptors(qk, block_rows, widths),
+            *tma_descriptors(vo, block_rows, (vo.shape[-1],))]
 
 
 def _row_strides(t: torch.Tensor):
@@ -809,9 +813,9 @@ def backward(dout, dlse, q, k, v, out, lse, *, amp_dim, alpha, distance, phase, 
         scalars, grad_scales = with_radians(scalars, grad_scales)
     descriptors = _loop_descriptors(dq_own, k, v, cfg.block_n, amp_dim)
     compiled = kernels._bwd_dq_kernel[(triton.cdiv(n_q, cfg.block_m), batch * heads)](
-        q, k, v, dout, lse, delta, dq, *descriptors, *_row_strides(q), *_row_strides(k), *_row_strides(v),
-        *_row_strides(dout), *_row_strides(dq), n_q, n_k, q_offset, k_offset, heads,
-        heads // kv_heads, *scalars, *grad_scales, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        q, k, v, dout, lse, delta, dq, *descriptors, *_row_strides(q), *_row_strides(k),
+        *_row_strides(v), *_row_strides(dout), *_row_strides(dq), n_q, n_k, q_offset, k_offset,
+        heads, heads // kv_heads, *scalars, *grad_scales, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         WARP_SPECIALIZE=cfg.warp_specialize, **cfg.launch_options(), **dq_own, **constexprs)
     _remember("dq", cfg, {**constexprs, **dq_own}, compiled)
     return dq, dk, dv

@@ -386,25 +386,28 @@ def _scaled_distance_weight(s, s_rows, s_cols, s_lo, s_hi, alpha, phase_scale, t
         if side & (half_span <= taylor_rho * d0):
             if BANDS:  # the farthest tiles: one order less holds within rho_in
                 if half_span <= rho_in * d0:
-                    fs = _far_series(s, s_rows, s_cols, centre, d0, alpha, phase_scale, b1, b2, b3, b4,
-                                     b5, b6, TAYLOR_ORDER - 1, PTX_ASM, LONG_PHASE, SPLIT_S,
+                    fs = _far_series(s, s_rows, s_cols, centre, d0, alpha, phase_scale, b1, b2, b3,
+                                     b4, b5, b6, TAYLOR_ORDER - 1, PTX_ASM, LONG_PHASE, SPLIT_S,
                                      FAST_SCALARS)
                 else:
-                    fs = _far_series(s, s_rows, s_cols, centre, d0, alpha, phase_scale, b1, b2, b3, b4,
-                                     b5, b6, TAYLOR_ORDER, PTX_ASM, LONG_PHASE, SPLIT_S, FAST_SCALARS)
+                    fs = _far_series(s, s_rows, s_cols, centre, d0, alpha, phase_scale, b1, b2, b3,
+                                     b4, b5, b6, TAYLOR_ORDER, PTX_ASM, LONG_PHASE, SPLIT_S,
+                                     FAST_SCALARS)
             else:
-                fs = _far_series(s, s_rows, s_cols, centre, d0, alpha, phase_scale, b1, b2, b3, b4, b5,
-                                 b6, TAYLOR_ORDER, PTX_ASM, LONG_PHASE, SPLIT_S, FAST_SCALARS)
+                fs = _far_series(s, s_rows, s_cols, centre, d0, alpha, phase_scale, b1, b2, b3, b4,
+                                 b5, b6, TAYLOR_ORDER, PTX_ASM, LONG_PHASE, SPLIT_S, FAST_SCALARS)
         else:
             if BANDS:  # tiles between the series' band and the diagonal: one order more, rho_out
                 if side & (half_span <= rho_out * d0):
-                    fs = _far_series(s, s_rows, s_cols, centre, d0, alpha, phase_scale, b1, b2, b3, b4,
-                                     b5, b6, TAYLOR_ORDER + 1, PTX_ASM, LONG_PHASE, SPLIT_S,
+                    fs = _far_series(s, s_rows, s_cols, centre, d0, alpha, phase_scale, b1, b2, b3,
+                                     b4, b5, b6, TAYLOR_ORDER + 1, PTX_ASM, LONG_PHASE, SPLIT_S,
                                      FAST_SCALARS)
                 else:
-                    fs = _near_weight(s, s_rows, s_cols, alpha, phase_scale, PTX_ASM, LONG_PHASE, SPLIT_S)
+                    fs = _near_weight(s, s_rows, s_cols, alpha, phase_scale, PTX_ASM, LONG_PHASE,
+                                      SPLIT_S)
             else:
-                fs = _near_weight(s, s_rows, s_cols, alpha, phase_scale, PTX_ASM, LONG_PHASE, SPLIT_S)
+                fs = _near_weight(s, s_rows, s_cols, alpha, phase_scale, PTX_ASM, LONG_PHASE,
+                                  SPLIT_S)
     else:
         fs = tl.abs(_distances(s, s_rows, s_cols, SPLIT_S)) * (alpha * phase_scale)
     return fs
@@ -416,16 +419,19 @@ def _scaled_distance_weight(s, s_rows, s_cols, s_lo, s_hi, alpha, phase_scale, t
 
 @triton.jit
 def _tile_amplitude_and_phase(a_amp, b_amp, a_phase, b_phase, a_phase_sum, b_phase_sum, s, s_rows,
-                              s_cols, s_lo, s_hi, alpha, phase_scale, taylor_rho, b1, b2, b3, b4, b5, b6, rho_in, rho_out,
+                              s_cols, s_lo, s_hi, alpha, phase_scale, taylor_rho, b1, b2, b3, b4,
+                              b5, b6, rho_in, rho_out,
                               DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr,
-                              TAYLOR_ORDER: tl.constexpr, BANDS: tl.constexpr, PTX_ASM: tl.constexpr,
+                              TAYLOR_ORDER: tl.constexpr, BANDS: tl.constexpr,
+                              PTX_ASM: tl.constexpr,
                               LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr,
                               SPLIT_S: tl.constexpr, FAST_SCALARS: tl.constexpr,
                               REDUCE: tl.constexpr):
     """(qk_amp, r, fs): the amplitude dot, the reduced phase r = t - round(t) and fs = f / sqrt(d_P)
     (without REDUCE, r is t itself)."""
     fs = _scaled_distance_weight(s, s_rows, s_cols, s_lo, s_hi, alpha, phase_scale, taylor_rho,
-                                 b1, b2, b3, b4, b5, b6, rho_in, rho_out, DIST_POWER, TAYLOR_ORDER, BANDS, PTX_ASM, LONG_PHASE,
+                                 b1, b2, b3, b4, b5, b6, rho_in, rho_out, DIST_POWER, TAYLOR_ORDER,
+                                 BANDS, PTX_ASM, LONG_PHASE,
                                  SPLIT_S, FAST_SCALARS)
     if PHASE_QUAD:
         phi = tl.dot(a_phase, tl.trans(b_phase), input_precision=DOT_PRECISION)
@@ -442,7 +448,8 @@ def _tile_amplitude_and_phase(a_amp, b_amp, a_phase, b_phase, a_phase_sum, b_pha
 def tile_logits(a_amp, b_amp, a_phase, b_phase, a_phase_sum, b_phase_sum, s, s_rows, s_cols, s_lo, s_hi,
                 alpha, phase_scale, taylor_rho, b1, b2, b3, b4, b5, b6, rho_in, rho_out,
                 DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr, TRIG_POLY: tl.constexpr,
-                TRIG_TERMS: tl.constexpr, TAYLOR_ORDER: tl.constexpr, BANDS: tl.constexpr, PTX_ASM: tl.constexpr,
+                TRIG_TERMS: tl.constexpr, TAYLOR_ORDER: tl.constexpr, BANDS: tl.constexpr,
+                PTX_ASM: tl.constexpr,
                 LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr,
                 SPLIT_S: tl.constexpr, FAST_SCALARS: tl.constexpr, COS_RADIANS: tl.constexpr):
     """TAPA logits of the tile times sqrt(d_A): rows a_* (M, .) against rows b_* (N, .) -> (M, N).
@@ -459,7 +466,8 @@ def tile_logits(a_amp, b_amp, a_phase, b_phase, a_phase_sum, b_phase_sum, s, s_r
     """
     qk_amp, r, fs = _tile_amplitude_and_phase(
         a_amp, b_amp, a_phase, b_phase, a_phase_sum, b_phase_sum, s, s_rows, s_cols, s_lo, s_hi, alpha,
-        phase_scale, taylor_rho, b1, b2, b3, b4, b5, b6, rho_in, rho_out, DIST_POWER, PHASE_QUAD, TAYLOR_ORDER, BANDS, PTX_ASM,
+        phase_scale, taylor_rho, b1, b2, b3, b4, b5, b6, rho_in, rho_out, DIST_POWER, PHASE_QUAD,
+        TAYLOR_ORDER, BANDS, PTX_ASM,
         LONG_PHASE, DOT_PRECISION, SPLIT_S, FAST_SCALARS, not COS_RADIANS)
     if COS_RADIANS:
         cos = _mufu_cos(r)
@@ -470,10 +478,12 @@ def tile_logits(a_amp, b_amp, a_phase, b_phase, a_phase_sum, b_phase_sum, s, s_r
 
 @triton.jit
 def tile_logits_and_derivatives(a_amp, b_amp, a_phase, b_phase, a_phase_sum, b_phase_sum, s, s_rows,
-                                s_cols, s_lo, s_hi, alpha, phase_scale, taylor_rho, b1, b2, b3, b4, b5, b6, rho_in, rho_out,
+                                s_cols, s_lo, s_hi, alpha, phase_scale, taylor_rho, b1, b2, b3, b4,
+                                b5, b6, rho_in, rho_out,
                                 DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr,
                                 TRIG_POLY: tl.constexpr, TRIG_TERMS: tl.constexpr,
-                                TAYLOR_ORDER: tl.constexpr, BANDS: tl.constexpr, PTX_ASM: tl.constexpr,
+                                TAYLOR_ORDER: tl.constexpr, BANDS: tl.constexpr,
+                                PTX_ASM: tl.constexpr,
                                 LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr,
                                 SPLIT_S: tl.constexpr, FAST_SCALARS: tl.constexpr,
                                 COS_RADIANS: tl.constexpr):
@@ -485,7 +495,8 @@ def tile_logits_and_derivatives(a_amp, b_amp, a_phase, b_phase, a_phase_sum, b_p
     FAST_SCALARS: `_scaled_distance_weight` (without SPLIT_S, s_rows and s_cols are not read)."""
     qk_amp, r, fs = _tile_amplitude_and_phase(
         a_amp, b_amp, a_phase, b_phase, a_phase_sum, b_phase_sum, s, s_rows, s_cols, s_lo, s_hi, alpha,
-        phase_scale, taylor_rho, b1, b2, b3, b4, b5, b6, rho_in, rho_out, DIST_POWER, PHASE_QUAD, TAYLOR_ORDER, BANDS, PTX_ASM,
+        phase_scale, taylor_rho, b1, b2, b3, b4, b5, b6, rho_in, rho_out, DIST_POWER, PHASE_QUAD,
+        TAYLOR_ORDER, BANDS, PTX_ASM,
         LONG_PHASE, DOT_PRECISION, SPLIT_S, FAST_SCALARS, not COS_RADIANS)
     if COS_RADIANS:
         cos, sin = _mufu_cos(r), _mufu_sin(r)
