@@ -41,6 +41,27 @@ def _desc_tile(desc, batch, row, head, col, BLOCK_R: tl.constexpr, BLOCK_C: tl.c
 
 
 @triton.jit
+def _loop_parts(desc_a, desc_p, base, rows, stride_n, row_ok, batch, first, head,
+                ROW_MASK: tl.constexpr, TMA: tl.constexpr, AMP_DIM: tl.constexpr,
+                HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_DA: tl.constexpr,
+                BLOCK_DP: tl.constexpr):
+    """A loop tile's amplitude and phase parts (rows first .. first + BLOCK_R - 1): by their TMA
+    descriptors with TMA (the host chose it only where every block is its part's exact width),
+    else by pointers from base with the rows' mask where ROW_MASK. The phase part is loaded first."""
+    if TMA:
+        part_p = _desc_tile(desc_p, batch, first, head, AMP_DIM, BLOCK_R, BLOCK_DP)
+        part_a = _desc_tile(desc_a, batch, first, head, 0, BLOCK_R, BLOCK_DA)
+    else:
+        offs_da = tl.arange(0, BLOCK_DA)
+        offs_dp = AMP_DIM + tl.arange(0, BLOCK_DP)
+        part_p = _load_tile(base + rows * stride_n + offs_dp[None, :], row_ok, offs_dp < HEAD_DIM,
+                            ROW_MASK, BLOCK_DP != HEAD_DIM - AMP_DIM)
+        part_a = _load_tile(base + rows * stride_n + offs_da[None, :], row_ok, offs_da < AMP_DIM,
+                            ROW_MASK, BLOCK_DA != AMP_DIM)
+    return part_a, part_p
+
+
+@triton.jit
 def _finite_or_zero(m):
     """A softmax shift: a row that has seen no visible key yet keeps max -inf and is shifted by 0
     (no inf - inf)."""
@@ -106,8 +127,6 @@ def _fwd_inner(acc, m_i, l_i, q_a, q_p, q_sum, pos_m, q_first,
                WARP_SPECIALIZE: tl.constexpr, SPLIT_S: tl.constexpr, FAST_SCALARS: tl.constexpr,
                COS_RADIANS: tl.constexpr, DOT_ROWSUM: tl.constexpr, TMA: tl.constexpr,
                LAZY_RESCALE: tl.constexpr):
-    offs_da = tl.arange(0, BLOCK_DA)
-    offs_dp = AMP_DIM + tl.arange(0, BLOCK_DP)
     offs_dv = tl.arange(0, BLOCK_DV)
     column_ramp = tl.arange(0, BLOCK_N).to(tl.float32)  # read only with SPLIT_S
     for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
@@ -119,14 +138,8 @@ def _fwd_inner(acc, m_i, l_i, q_a, q_p, q_sum, pos_m, q_first,
         s = _tile_distances(row_offset, column_ramp,
                             pos_m[:, None] - (k_offset + offs_n).to(tl.float32)[None, :], SPLIT_S,
                             MASKED)
-        if TMA:  # the host chose it only where every block is its part's exact width
-            k_p = _desc_tile(k_desc_p, batch, start_n, kv_head, AMP_DIM, BLOCK_N, BLOCK_DP)
-            k_a = _desc_tile(k_desc_a, batch, start_n, kv_head, 0, BLOCK_N, BLOCK_DA)
-        else:
-            k_p = _load_tile(k_base + rows * stride_kn + offs_dp[None, :], key_ok,
-                             offs_dp < HEAD_DIM, MASKED, BLOCK_DP != HEAD_DIM - AMP_DIM)
-            k_a = _load_tile(k_base + rows * stride_kn + offs_da[None, :], key_ok,
-                             offs_da < AMP_DIM, MASKED, BLOCK_DA != AMP_DIM)
+        k_a, k_p = _loop_parts(k_desc_a, k_desc_p, k_base, rows, stride_kn, key_ok, batch, start_n,
+                               kv_head, MASKED, TMA, AMP_DIM, HEAD_DIM, BLOCK_N, BLOCK_DA, BLOCK_DP)
         logit = tile_logits(q_a, k_a, q_p, k_p, q_sum, tl.sum(k_p.to(tl.float32), axis=1), s,
                             row_offset, column_ramp,
                             q_first - (key_first + (BLOCK_N - 1)),
@@ -341,14 +354,8 @@ def _dkdv_inner(dk_a, dk_p, dk_psum, dv, k_a, k_p, k_sum, v, pos_n, key_first,
         s = _tile_distances(row_offset, negated_ramp,
                             (q_offset + offs_m).to(tl.float32)[None, :] - pos_n[:, None], SPLIT_S,
                             MASKED)
-        if TMA:
-            q_p = _desc_tile(q_desc_p, batch, start_m, head, AMP_DIM, BLOCK_M, BLOCK_DP)
-            q_a = _desc_tile(q_desc_a, batch, start_m, head, 0, BLOCK_M, BLOCK_DA)
-        else:
-            q_p = _load_tile(q_base + rows * stride_qn + offs_dp[None, :], row_ok,
-                             offs_dp < HEAD_DIM, True, BLOCK_DP != HEAD_DIM - AMP_DIM)
-            q_a = _load_tile(q_base + rows * stride_qn + offs_da[None, :], row_ok,
-                             offs_da < AMP_DIM, True, BLOCK_DA != AMP_DIM)
+        q_a, q_p = _loop_parts(q_desc_a, q_desc_p, q_base, rows, stride_qn, row_ok, batch, start_m,
+                               head, True, TMA, AMP_DIM, HEAD_DIM, BLOCK_M, BLOCK_DA, BLOCK_DP)
         qk_amp, cos, phase_factor = tile_logits_and_derivatives(
             k_a, q_a, k_p, q_p, k_sum, tl.sum(q_p.to(tl.float32), axis=1), s, row_offset,
             negated_ramp, q_first - (key_first + (BLOCK_N - 1)),
@@ -517,8 +524,6 @@ def _dq_inner(dq_a, dq_p, dq_psum, q_a, q_p, q_sum, do, lse2, delta, pos_m, q_fi
     """dQ of one query block against key blocks [lo, hi); tiles are (queries, keys). SPLIT_S
     (the distances as row offsets less the column ramp; 2: the far tiles' series in the column
     term), FAST_SCALARS, COS_RADIANS and TMA: as in the forward's `_fwd_inner`."""
-    offs_da = tl.arange(0, BLOCK_DA)
-    offs_dp = AMP_DIM + tl.arange(0, BLOCK_DP)
     offs_dv = tl.arange(0, BLOCK_DV)
     column_ramp = tl.arange(0, BLOCK_N).to(tl.float32)  # read only with SPLIT_S
     for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
@@ -530,14 +535,8 @@ def _dq_inner(dq_a, dq_p, dq_psum, q_a, q_p, q_sum, do, lse2, delta, pos_m, q_fi
         s = _tile_distances(row_offset, column_ramp,
                             pos_m[:, None] - (k_offset + offs_n).to(tl.float32)[None, :], SPLIT_S,
                             MASKED)
-        if TMA:
-            k_p = _desc_tile(k_desc_p, batch, start_n, kv_head, AMP_DIM, BLOCK_N, BLOCK_DP)
-            k_a = _desc_tile(k_desc_a, batch, start_n, kv_head, 0, BLOCK_N, BLOCK_DA)
-        else:
-            k_p = _load_tile(k_base + rows * stride_kn + offs_dp[None, :], key_ok,
-                             offs_dp < HEAD_DIM, MASKED, BLOCK_DP != HEAD_DIM - AMP_DIM)
-            k_a = _load_tile(k_base + rows * stride_kn + offs_da[None, :], key_ok,
-                             offs_da < AMP_DIM, MASKED, BLOCK_DA != AMP_DIM)
+        k_a, k_p = _loop_parts(k_desc_a, k_desc_p, k_base, rows, stride_kn, key_ok, batch, start_n,
+                               kv_head, MASKED, TMA, AMP_DIM, HEAD_DIM, BLOCK_N, BLOCK_DA, BLOCK_DP)
         qk_amp, cos, phase_factor = tile_logits_and_derivatives(
             q_a, k_a, q_p, k_p, q_sum, tl.sum(k_p.to(tl.float32), axis=1), s, row_offset,
             column_ramp, q_first - (key_first + (BLOCK_N - 1)), q_first + (BLOCK_M - 1) - key_first,
