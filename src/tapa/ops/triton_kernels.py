@@ -108,6 +108,21 @@ def _row_block(Q, block, bh, n_q, heads, group, stride_qb, stride_qn, stride_qh,
     return start_m, batch, head, kv_head, offs_m, row_ok, rows, q_a, q_p, q_sum
 
 
+@triton.jit
+def _key_range(start_m, n_q, n_k, q_offset, k_offset, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+               CAUSAL: tl.constexpr):
+    """(full, hi) for the query block at start_m: keys [0, full) need no mask (causal: the key
+    blocks wholly at or before the block's first query), [full, hi) are the masked ones."""
+    if CAUSAL:
+        last_row = tl.minimum(start_m + BLOCK_M, n_q) - 1
+        hi = tl.minimum(n_k, q_offset + last_row - k_offset + 1)
+        full = tl.minimum((q_offset + start_m - k_offset + 1) // BLOCK_N, n_k // BLOCK_N) * BLOCK_N
+    else:
+        hi = n_k
+        full = (n_k // BLOCK_N) * BLOCK_N
+    return full, hi
+
+
 # ----------------------------------------------------------------------------------------------
 # Forward
 
@@ -233,15 +248,7 @@ def _fwd_kernel(Q, K, V, Out, Lse, KDescA, KDescP, VDesc,
         k_base = K + batch.to(tl.int64) * stride_kb + kv_head.to(tl.int64) * stride_kh
         v_base = V + batch.to(tl.int64) * stride_vb + kv_head.to(tl.int64) * stride_vh
 
-        if CAUSAL:
-            last_row = tl.minimum(start_m + BLOCK_M, n_q) - 1
-            hi = tl.minimum(n_k, q_offset + last_row - k_offset + 1)
-            # key blocks wholly at or before the block's first query need no mask
-            full = (tl.minimum((q_offset + start_m - k_offset + 1) // BLOCK_N, n_k // BLOCK_N)
-                    * BLOCK_N)
-        else:
-            hi = n_k
-            full = (n_k // BLOCK_N) * BLOCK_N
+        full, hi = _key_range(start_m, n_q, n_k, q_offset, k_offset, BLOCK_M, BLOCK_N, CAUSAL)
         acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
         if DOT_ROWSUM:  # the row sums as a (BLOCK_M, 16) product with ones, every column alike
@@ -605,13 +612,7 @@ def _bwd_dq_kernel(Q, K, V, DOut, Lse, Delta, DQ, KDescA, KDescP, VDesc,
     k_base = K + batch.to(tl.int64) * stride_kb + kv_head.to(tl.int64) * stride_kh
     v_base = V + batch.to(tl.int64) * stride_vb + kv_head.to(tl.int64) * stride_vh
 
-    if CAUSAL:
-        last_row = tl.minimum(start_m + BLOCK_M, n_q) - 1
-        hi = tl.minimum(n_k, q_offset + last_row - k_offset + 1)
-        full = tl.minimum((q_offset + start_m - k_offset + 1) // BLOCK_N, n_k // BLOCK_N) * BLOCK_N
-    else:
-        hi = n_k
-        full = (n_k // BLOCK_N) * BLOCK_N
+    full, hi = _key_range(start_m, n_q, n_k, q_offset, k_offset, BLOCK_M, BLOCK_N, CAUSAL)
     dq_a = tl.zeros([BLOCK_M, BLOCK_DA], dtype=tl.float32)
     dq_p = tl.zeros([BLOCK_M, BLOCK_DP], dtype=tl.float32)
     dq_psum = tl.zeros([BLOCK_M], dtype=tl.float32)
