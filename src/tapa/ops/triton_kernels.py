@@ -223,8 +223,10 @@ def _fwd_kernel(Q, K, V, Out, Lse, KDescA, KDescP, VDesc,
                 LAZY_RESCALE: tl.constexpr, PERSISTENT: tl.constexpr):
     """KDescA, KDescP, VDesc: TMA descriptors of K's two parts and of V (with TMA; else None).
     n_bh: batch x heads. PERSISTENT: a one-dimensional grid of programs, each taking the (query
-    block, batch-head) tiles program_id, program_id + programs, ... (causal: the longest rows
-    first); otherwise one tile per program, the grid (query blocks, batch x heads)."""
+    block, batch-head) tiles program_id, program_id + programs, ... of the list ordered by
+    batch-head, then query block (causal: the longest rows first), so that the programs running
+    at once share one or two batch-heads' K/V, as the hardware grid's order does; otherwise one
+    tile per program, the grid (query blocks, batch x heads)."""
     if PERSISTENT:
         n_blocks = tl.cdiv(n_q, BLOCK_M)
         first, total, step = tl.program_id(0), n_blocks * n_bh, tl.num_programs(0)
@@ -232,8 +234,8 @@ def _fwd_kernel(Q, K, V, Out, Lse, KDescA, KDescP, VDesc,
         n_blocks, first, total, step = tl.num_programs(0), 0, 1, 1
     for tile in range(first, total, step):
         if PERSISTENT:
-            block = tile // n_bh
-            bh = tile % n_bh
+            bh = tile // n_blocks
+            block = tile % n_blocks
         else:
             block = tl.program_id(0)
             bh = tl.program_id(1)

@@ -104,9 +104,10 @@ FWD_TMA = False
 FWD_LAZY_RESCALE = False
 # The forward as a persistent kernel: a one-dimensional grid of about as many programs as fit on
 # the GPU at once (`persistent_programs`), each looping over (query block, batch-head) tiles,
-# the longest rows first where causal, instead of one program per tile. Not chosen: fwd x1.12-1.20
-# at D=64 and x1.16-1.41 at D=128 (Run 28; likely the order, which puts every batch-head's K/V in
-# the first wave instead of one or two: results/kernel-h200/run-28.md).
+# batch-head major, the longest rows first where causal, instead of one program per tile. Run 28
+# timed it query-block major: fwd x1.12-1.20 at D=64 and x1.16-1.41 at D=128, likely because that
+# order put every batch-head's K/V in the first wave instead of one or two
+# (results/kernel-h200/run-28.md); the batch-head-major order since is not yet timed.
 FWD_PERSISTENT = False
 # The forward's distance series in three bands of tiles instead of one: order TAYLOR_ORDER - 1 on
 # the farthest tiles (where it holds at the same tolerance), TAYLOR_ORDER + 1 between the band of
