@@ -11,15 +11,17 @@
 #   decode    the same on the new default (direct launches): the B side
 #   generate  `tapa bench generate`: whole-model greedy decoding, eager / static step / graph
 #   device tool: run(command="bash scripts/gpu_h200_kernel_run26.sh", kind="nvidia-h200")
+# RUN (default kernel_run26) names the work folder and the tarball: Run 27 repeats this script.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-source scripts/device_steps.sh kernel_run26
+RUN=${RUN:-kernel_run26}
+source scripts/device_steps.sh "$RUN"
 step tests 120 python3 -m pytest tests/model/test_static_decode.py tests/ops/test_decode_kernel.py \
     tests/ops/test_decode.py tests/bench/test_bench_decode.py "${PYTEST_ARGS[@]}"
 step jit 90 env TAPA_DECODE_DIRECT_LAUNCH=0 python3 -m tapa.cli bench decode --graphs --profile --out "$WORK/jit"
 step decode 90 python3 -m tapa.cli bench decode --graphs --profile --out "$WORK/decode"
 step generate 130 python3 -m tapa.cli bench generate --out "$WORK/generate"
-tar czf "$OUT/kernel_run26.tar.gz" -C /tmp kernel_run26
+tar czf "$OUT/$RUN.tar.gz" -C /tmp "$RUN"
 echo "done at +$(($(date +%s) - START))s"
 cat "$WORK/steps.txt"
 tail -3 "$WORK/tests.log"

@@ -156,12 +156,6 @@ def markdown(rows: list[dict]) -> str:
 _FLOAT_ARGS = {"logit_scale", "phase_scale", "alpha", "taylor_rho", "b1", "b2", "b3", "b4", "b5", "b6",
                "rho_in", "rho_out", "amp_grad_scale", "phase_grad_scale"}
 _FLOAT32_POINTERS = {"Lse", "Delta", "DLse"}
-# The TMA descriptor arguments of each kernel (the dK/dV kernel's under every name it takes), with
-# their block widths for head dim D (amplitude and phase halves as offline_rows compiles them).
-_HALF, _WHOLE = (lambda d: d // 2), (lambda d: d)
-_DESCRIPTORS = {"fwd": {"KDescA": _HALF, "KDescP": _HALF, "VDesc": _WHOLE},
-                "dq": {"KDescA": _HALF, "KDescP": _HALF, "VDesc": _WHOLE},
-                "dkdv": {"QDescA": _HALF, "QDescP": _HALF, "DODesc": _WHOLE}}
 
 
 def _resource_usage(cubin: bytes, cuobjdump: str) -> dict:
@@ -212,11 +206,13 @@ def offline_rows(variants: dict, head_dim: int = 128, max_distance: int = 16383,
             constexprs = dict(common, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
                               WARP_SPECIALIZE=config.warp_specialize, group=1, **extra)
             signature, hints = {}, {}
-            dkdv_kernel = name.startswith("dkdv")  # its loop tiles are query rows
-            block_rows = config.block_m if dkdv_kernel else config.block_n
-            for arg, width in _DESCRIPTORS["dkdv" if dkdv_kernel else name].items():
-                if extra.get("TMA"):  # the launcher's descriptors (tma_descriptors' blocks)
-                    signature[arg] = f"tensordesc<bf16[1,{block_rows},1,{width(head_dim)}]>"
+            # TMA descriptors (`...DescA`/`...DescP`: the two halves, else whole rows), with the
+            # blocks of triton_launch.tma_descriptors; the dK/dV kernel's loop tiles are queries
+            block_rows = config.block_m if name.startswith("dkdv") else config.block_n
+            for arg in (a for a in kernel.arg_names if "Desc" in a):
+                width = head_dim // 2 if arg.endswith(("DescA", "DescP")) else head_dim
+                if extra.get("TMA"):
+                    signature[arg] = f"tensordesc<bf16[1,{block_rows},1,{width}]>"
                 else:
                     constexprs[arg] = None
             for index, arg in enumerate(kernel.arg_names):

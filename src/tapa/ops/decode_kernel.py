@@ -39,9 +39,10 @@ MAX_QUERY_ROWS = 64  # G * Nq rows per program; more queries are prefill work fo
 # Later steps of a call signature launch the compiled kernels directly (`_direct_launch`);
 # TAPA_DECODE_DIRECT_LAUNCH=0 keeps every launch on Triton's JIT path (for timing the two).
 DIRECT_LAUNCH_ENV = "TAPA_DECODE_DIRECT_LAUNCH"
-if os.environ.get(DIRECT_LAUNCH_ENV, "1") not in ("0", "1"):
-    raise ValueError(f"{DIRECT_LAUNCH_ENV} must be 0 or 1, got {os.environ[DIRECT_LAUNCH_ENV]!r}")
-DIRECT_LAUNCH = os.environ.get(DIRECT_LAUNCH_ENV, "1") == "1"
+_direct_launch_value = os.environ.get(DIRECT_LAUNCH_ENV, "1")
+if _direct_launch_value not in ("0", "1"):
+    raise ValueError(f"{DIRECT_LAUNCH_ENV} must be 0 or 1, got {_direct_launch_value!r}")
+DIRECT_LAUNCH = _direct_launch_value == "1"
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
@@ -109,12 +110,10 @@ def _split_kernel(
         logits = tile_logits(
             q_amp, k, q_phase, k, q_phase_sum, k_phase_sum,
             (query_slot[:, None] - keys[None, :]).to(tl.float32), 0.0, 0.0,
-            (first_slot - (start + BLOCK_N - 1)).to(tl.float32),
-            (seqlen - 1 - start).to(tl.float32),
+            (first_slot - (start + BLOCK_N - 1)).to(tl.float32), (seqlen - 1 - start).to(tl.float32),
             alpha, phase_scale, taylor_rho, b1, b2, b3, b4, b5, b6, rho_in, rho_out, DIST_POWER,
-            PHASE_QUAD, TRIG_POLY,
-            TRIG_TERMS, TAYLOR_ORDER, BANDS, PTX_ASM, LONG_PHASE, DOT_PRECISION, False, False,
-            False) * amp_scale
+            PHASE_QUAD, TRIG_POLY, TRIG_TERMS, TAYLOR_ORDER, BANDS, PTX_ASM, LONG_PHASE,
+            DOT_PRECISION, False, False, False) * amp_scale
         visible = key_valid[None, :] & (keys[None, :] <= query_slot[:, None]) & row_valid[:, None]
         logits = tl.where(visible, logits, float("-inf"))
 
@@ -435,8 +434,8 @@ def tapa_decode_attention(
     merge = None
     if plan.part_shape is not None:
         merge = _merge_kernel[plan.merge_grid](*merge_args, **plan.merge_flags)
-    merge_done = merge is not None or plan.part_shape is None
-    if DIRECT_LAUNCH and split is not None and q.is_cuda and merge_done:
+    # later steps of this signature launch what Triton compiled here, directly
+    if DIRECT_LAUNCH and split is not None and q.is_cuda:
         plan.split_launch = _direct_launch(split, _split_kernel, plan.split_grid,
                                            {**plan.split_flags, **plan.split_config})
         plan.merge_launch = merge and _direct_launch(merge, _merge_kernel, plan.merge_grid,

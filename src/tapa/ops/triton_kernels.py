@@ -47,7 +47,7 @@ def _loop_parts(desc_a, desc_p, base, rows, stride_n, row_ok, batch, first, head
                 BLOCK_DP: tl.constexpr):
     """A loop tile's amplitude and phase parts (rows first .. first + BLOCK_R - 1): by their TMA
     descriptors with TMA (the host chose it only where every block is its part's exact width),
-    else by pointers from base with the rows' mask where ROW_MASK. The phase part is loaded first."""
+    else by pointers from base with the rows' mask where ROW_MASK. The phase part loads first."""
     if TMA:
         part_p = _desc_tile(desc_p, batch, first, head, AMP_DIM, BLOCK_R, BLOCK_DP)
         part_a = _desc_tile(desc_a, batch, first, head, 0, BLOCK_R, BLOCK_DA)
@@ -129,19 +129,17 @@ def _key_range(start_m, n_q, n_k, q_offset, k_offset, BLOCK_M: tl.constexpr, BLO
 
 @triton.jit
 def _fwd_inner(acc, m_i, l_i, q_a, q_p, q_sum, pos_m, q_first,
-               k_base, v_base, stride_kn, stride_vn, n_k, k_offset, lo, hi,
-               k_desc_a, k_desc_p, v_desc, batch, kv_head,
-               logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6, rho_in, rho_out,
-               AMP_DIM: tl.constexpr, HEAD_DIM: tl.constexpr, V_DIM: tl.constexpr,
-               BLOCK_DA: tl.constexpr, BLOCK_DP: tl.constexpr, BLOCK_DV: tl.constexpr,
-               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
-               CAUSAL: tl.constexpr, DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr,
-               TRIG_POLY: tl.constexpr, TRIG_TERMS: tl.constexpr, TAYLOR_ORDER: tl.constexpr,
-               BANDS: tl.constexpr,
-               PTX_ASM: tl.constexpr, LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-               WARP_SPECIALIZE: tl.constexpr, SPLIT_S: tl.constexpr, FAST_SCALARS: tl.constexpr,
-               COS_RADIANS: tl.constexpr, DOT_ROWSUM: tl.constexpr, TMA: tl.constexpr,
-               LAZY_RESCALE: tl.constexpr):
+               k_base, v_base, stride_kn, stride_vn, n_k, k_offset, lo, hi, k_desc_a, k_desc_p,
+               v_desc, batch, kv_head, logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4,
+               b5, b6, rho_in, rho_out, AMP_DIM: tl.constexpr, HEAD_DIM: tl.constexpr,
+               V_DIM: tl.constexpr, BLOCK_DA: tl.constexpr, BLOCK_DP: tl.constexpr,
+               BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+               MASKED: tl.constexpr, CAUSAL: tl.constexpr, DIST_POWER: tl.constexpr,
+               PHASE_QUAD: tl.constexpr, TRIG_POLY: tl.constexpr, TRIG_TERMS: tl.constexpr,
+               TAYLOR_ORDER: tl.constexpr, BANDS: tl.constexpr, PTX_ASM: tl.constexpr,
+               LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
+               SPLIT_S: tl.constexpr, FAST_SCALARS: tl.constexpr, COS_RADIANS: tl.constexpr,
+               DOT_ROWSUM: tl.constexpr, TMA: tl.constexpr, LAZY_RESCALE: tl.constexpr):
     offs_dv = tl.arange(0, BLOCK_DV)
     column_ramp = tl.arange(0, BLOCK_N).to(tl.float32)  # read only with SPLIT_S
     for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
@@ -156,13 +154,10 @@ def _fwd_inner(acc, m_i, l_i, q_a, q_p, q_sum, pos_m, q_first,
         k_a, k_p = _loop_parts(k_desc_a, k_desc_p, k_base, rows, stride_kn, key_ok, batch, start_n,
                                kv_head, MASKED, TMA, AMP_DIM, HEAD_DIM, BLOCK_N, BLOCK_DA, BLOCK_DP)
         logit = tile_logits(q_a, k_a, q_p, k_p, q_sum, tl.sum(k_p.to(tl.float32), axis=1), s,
-                            row_offset, column_ramp,
-                            q_first - (key_first + (BLOCK_N - 1)),
-                            q_first + (BLOCK_M - 1) - key_first,
-                            alpha, phase_scale, taylor_rho, b1, b2, b3, b4, b5, b6, rho_in,
-                            rho_out, DIST_POWER,
-                            PHASE_QUAD, TRIG_POLY, TRIG_TERMS, TAYLOR_ORDER, BANDS, PTX_ASM,
-                            LONG_PHASE,
+                            row_offset, column_ramp, q_first - (key_first + (BLOCK_N - 1)),
+                            q_first + (BLOCK_M - 1) - key_first, alpha, phase_scale, taylor_rho, b1,
+                            b2, b3, b4, b5, b6, rho_in, rho_out, DIST_POWER, PHASE_QUAD, TRIG_POLY,
+                            TRIG_TERMS, TAYLOR_ORDER, BANDS, PTX_ASM, LONG_PHASE,
                             DOT_PRECISION, SPLIT_S, FAST_SCALARS, COS_RADIANS)  # x sqrt(d_A)
         if MASKED:
             visible = key_ok[None, :]
@@ -206,21 +201,18 @@ def _fwd_inner(acc, m_i, l_i, q_a, q_p, q_sum, pos_m, q_first,
 
 @triton.jit
 def _fwd_kernel(Q, K, V, Out, Lse, KDescA, KDescP, VDesc,
-                stride_qb, stride_qn, stride_qh, stride_kb, stride_kn, stride_kh,
-                stride_vb, stride_vn, stride_vh, stride_ob, stride_on, stride_oh,
-                n_q, n_k, q_offset, k_offset, heads, group, n_bh,
-                logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6, rho_in,
-                rho_out,
-                AMP_DIM: tl.constexpr, HEAD_DIM: tl.constexpr, V_DIM: tl.constexpr,
-                BLOCK_DA: tl.constexpr, BLOCK_DP: tl.constexpr, BLOCK_DV: tl.constexpr,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-                DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr, TRIG_POLY: tl.constexpr,
-                TRIG_TERMS: tl.constexpr, TAYLOR_ORDER: tl.constexpr, BANDS: tl.constexpr,
-                PTX_ASM: tl.constexpr,
-                LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                WARP_SPECIALIZE: tl.constexpr, SPLIT_S: tl.constexpr, FAST_SCALARS: tl.constexpr,
-                COS_RADIANS: tl.constexpr, DOT_ROWSUM: tl.constexpr, TMA: tl.constexpr,
-                LAZY_RESCALE: tl.constexpr, PERSISTENT: tl.constexpr):
+                stride_qb, stride_qn, stride_qh, stride_kb, stride_kn, stride_kh, stride_vb,
+                stride_vn, stride_vh, stride_ob, stride_on, stride_oh, n_q, n_k, q_offset, k_offset,
+                heads, group, n_bh, logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5,
+                b6, rho_in, rho_out, AMP_DIM: tl.constexpr, HEAD_DIM: tl.constexpr,
+                V_DIM: tl.constexpr, BLOCK_DA: tl.constexpr, BLOCK_DP: tl.constexpr,
+                BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                CAUSAL: tl.constexpr, DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr,
+                TRIG_POLY: tl.constexpr, TRIG_TERMS: tl.constexpr, TAYLOR_ORDER: tl.constexpr,
+                BANDS: tl.constexpr, PTX_ASM: tl.constexpr, LONG_PHASE: tl.constexpr,
+                DOT_PRECISION: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, SPLIT_S: tl.constexpr,
+                FAST_SCALARS: tl.constexpr, COS_RADIANS: tl.constexpr, DOT_ROWSUM: tl.constexpr,
+                TMA: tl.constexpr, LAZY_RESCALE: tl.constexpr, PERSISTENT: tl.constexpr):
     """KDescA, KDescP, VDesc: TMA descriptors of K's two parts and of V (with TMA; else None).
     n_bh: batch x heads. PERSISTENT: a one-dimensional grid of programs, each taking the (query
     block, batch-head) tiles program_id, program_id + programs, ... of the list ordered by
@@ -259,9 +251,8 @@ def _fwd_kernel(Q, K, V, Out, Lse, KDescA, KDescP, VDesc,
             l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc, m_i, l_i = _fwd_inner(
             acc, m_i, l_i, q_a, q_p, q_sum, pos_m, q_first, k_base, v_base, stride_kn, stride_vn,
-            n_k, k_offset, 0, full, KDescA, KDescP, VDesc, batch, kv_head, logit_scale,
-            phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6, rho_in, rho_out, AMP_DIM,
-            HEAD_DIM, V_DIM,
+            n_k, k_offset, 0, full, KDescA, KDescP, VDesc, batch, kv_head, logit_scale, phase_scale,
+            alpha, taylor_rho, b1, b2, b3, b4, b5, b6, rho_in, rho_out, AMP_DIM, HEAD_DIM, V_DIM,
             BLOCK_DA, BLOCK_DP, BLOCK_DV, BLOCK_M, BLOCK_N, False, CAUSAL, DIST_POWER, PHASE_QUAD,
             TRIG_POLY, TRIG_TERMS, TAYLOR_ORDER, BANDS, PTX_ASM, LONG_PHASE, DOT_PRECISION,
             WARP_SPECIALIZE, SPLIT_S, FAST_SCALARS, COS_RADIANS, DOT_ROWSUM, TMA, LAZY_RESCALE)
@@ -269,10 +260,10 @@ def _fwd_kernel(Q, K, V, Out, Lse, KDescA, KDescP, VDesc,
             acc, m_i, l_i, q_a, q_p, q_sum, pos_m, q_first, k_base, v_base, stride_kn, stride_vn,
             n_k, k_offset, full, hi, KDescA, KDescP, VDesc, batch, kv_head, logit_scale,
             phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6, rho_in, rho_out, AMP_DIM,
-            HEAD_DIM, V_DIM,
-            BLOCK_DA, BLOCK_DP, BLOCK_DV, BLOCK_M, BLOCK_N, True, CAUSAL, DIST_POWER, PHASE_QUAD,
-            TRIG_POLY, TRIG_TERMS, TAYLOR_ORDER, BANDS, PTX_ASM, LONG_PHASE, DOT_PRECISION,
-            WARP_SPECIALIZE, SPLIT_S, FAST_SCALARS, COS_RADIANS, DOT_ROWSUM, TMA, LAZY_RESCALE)
+            HEAD_DIM, V_DIM, BLOCK_DA, BLOCK_DP, BLOCK_DV, BLOCK_M, BLOCK_N, True, CAUSAL,
+            DIST_POWER, PHASE_QUAD, TRIG_POLY, TRIG_TERMS, TAYLOR_ORDER, BANDS, PTX_ASM, LONG_PHASE,
+            DOT_PRECISION, WARP_SPECIALIZE, SPLIT_S, FAST_SCALARS, COS_RADIANS, DOT_ROWSUM, TMA,
+            LAZY_RESCALE)
         if DOT_ROWSUM:
             l_i = tl.max(l_i, 1)
         l_safe = tl.where(l_i > 0, l_i, 1.0)  # only padding rows have no visible key
@@ -313,19 +304,16 @@ def _bwd_preprocess_kernel(Out, DOut, DLse, Delta, stride_ob, stride_on, stride_
 
 @triton.jit
 def _dkdv_inner(dk_a, dk_p, dk_psum, dv, k_a, k_p, k_sum, v, pos_n, key_first,
-                q_base, do_base, dq_base, lse_ptr, delta_ptr, stride_qn, stride_dn, stride_dqn,
-                n_q, q_offset, lo, hi, q_desc_a, q_desc_p, do_desc, batch, head,
-                logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6, rho_in,
-                rho_out,
-                amp_grad_scale, phase_grad_scale,
-                AMP_DIM: tl.constexpr, HEAD_DIM: tl.constexpr, V_DIM: tl.constexpr,
-                BLOCK_DA: tl.constexpr, BLOCK_DP: tl.constexpr, BLOCK_DV: tl.constexpr,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
-                DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr, TRIG_POLY: tl.constexpr,
-                TRIG_TERMS: tl.constexpr, TAYLOR_ORDER: tl.constexpr, BANDS: tl.constexpr,
-                PTX_ASM: tl.constexpr,
-                LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                WARP_SPECIALIZE: tl.constexpr, DQ_ATOMIC: tl.constexpr,
+                q_base, do_base, dq_base, lse_ptr, delta_ptr, stride_qn, stride_dn, stride_dqn, n_q,
+                q_offset, lo, hi, q_desc_a, q_desc_p, do_desc, batch, head, logit_scale,
+                phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6, rho_in, rho_out,
+                amp_grad_scale, phase_grad_scale, AMP_DIM: tl.constexpr, HEAD_DIM: tl.constexpr,
+                V_DIM: tl.constexpr, BLOCK_DA: tl.constexpr, BLOCK_DP: tl.constexpr,
+                BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                MASKED: tl.constexpr, DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr,
+                TRIG_POLY: tl.constexpr, TRIG_TERMS: tl.constexpr, TAYLOR_ORDER: tl.constexpr,
+                BANDS: tl.constexpr, PTX_ASM: tl.constexpr, LONG_PHASE: tl.constexpr,
+                DOT_PRECISION: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, DQ_ATOMIC: tl.constexpr,
                 DQ_TRANSPOSE: tl.constexpr, REVERSE_Q: tl.constexpr, COS_RADIANS: tl.constexpr,
                 FAST_SCALARS: tl.constexpr, SPLIT_S: tl.constexpr, TMA: tl.constexpr):
     """dK/dV of one key block against query blocks [lo, hi); tiles are (keys, queries).
@@ -368,11 +356,9 @@ def _dkdv_inner(dk_a, dk_p, dk_psum, dv, k_a, k_p, k_sum, v, pos_n, key_first,
         qk_amp, cos, phase_factor = tile_logits_and_derivatives(
             k_a, q_a, k_p, q_p, k_sum, tl.sum(q_p.to(tl.float32), axis=1), s, row_offset,
             negated_ramp, q_first - (key_first + (BLOCK_N - 1)),
-            q_first + (BLOCK_M - 1) - key_first,
-            alpha, phase_scale, taylor_rho, b1, b2, b3, b4, b5, b6, rho_in, rho_out, DIST_POWER,
-            PHASE_QUAD,
-            TRIG_POLY, TRIG_TERMS, TAYLOR_ORDER, BANDS, PTX_ASM, LONG_PHASE, DOT_PRECISION, SPLIT_S,
-            FAST_SCALARS, COS_RADIANS)
+            q_first + (BLOCK_M - 1) - key_first, alpha, phase_scale, taylor_rho, b1, b2, b3, b4, b5,
+            b6, rho_in, rho_out, DIST_POWER, PHASE_QUAD, TRIG_POLY, TRIG_TERMS, TAYLOR_ORDER, BANDS,
+            PTX_ASM, LONG_PHASE, DOT_PRECISION, SPLIT_S, FAST_SCALARS, COS_RADIANS)
         # padding query rows load lse = +inf, so p = 0 there
         lse2 = tl.load(lse_ptr + offs_m, mask=row_ok, other=float("inf")) * LOG2E
         p = tl.exp2(qk_amp * cos * logit_scale - lse2[None, :])
@@ -424,24 +410,20 @@ def _dkdv_inner(dk_a, dk_p, dk_psum, dv, k_a, k_p, k_sum, v, pos_n, key_first,
 
 @triton.jit
 def _bwd_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV, DQ, QDescA, QDescP, DODesc,
-                     stride_qb, stride_qn, stride_qh, stride_kb, stride_kn, stride_kh,
-                     stride_vb, stride_vn, stride_vh, stride_db, stride_dn, stride_dh,
-                     stride_dkb, stride_dkn, stride_dkh, stride_dvb, stride_dvn, stride_dvh,
-                     stride_dqb, stride_dqn, stride_dqh,
-                     n_q, n_k, q_offset, k_offset, kv_heads, group,
-                     logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6, rho_in,
-                     rho_out,
-                     amp_grad_scale, phase_grad_scale,
-                     AMP_DIM: tl.constexpr, HEAD_DIM: tl.constexpr, V_DIM: tl.constexpr,
-                     BLOCK_DA: tl.constexpr, BLOCK_DP: tl.constexpr, BLOCK_DV: tl.constexpr,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-                     DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr,
-                     TRIG_POLY: tl.constexpr, TRIG_TERMS: tl.constexpr,
+                     stride_qb, stride_qn, stride_qh, stride_kb, stride_kn, stride_kh, stride_vb,
+                     stride_vn, stride_vh, stride_db, stride_dn, stride_dh, stride_dkb, stride_dkn,
+                     stride_dkh, stride_dvb, stride_dvn, stride_dvh, stride_dqb, stride_dqn,
+                     stride_dqh, n_q, n_k, q_offset, k_offset, kv_heads, group, logit_scale,
+                     phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6, rho_in, rho_out,
+                     amp_grad_scale, phase_grad_scale, AMP_DIM: tl.constexpr,
+                     HEAD_DIM: tl.constexpr, V_DIM: tl.constexpr, BLOCK_DA: tl.constexpr,
+                     BLOCK_DP: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr,
+                     BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, DIST_POWER: tl.constexpr,
+                     PHASE_QUAD: tl.constexpr, TRIG_POLY: tl.constexpr, TRIG_TERMS: tl.constexpr,
                      TAYLOR_ORDER: tl.constexpr, BANDS: tl.constexpr, PTX_ASM: tl.constexpr,
-                     LONG_PHASE: tl.constexpr,
-                     DOT_PRECISION: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
-                     DQ_ATOMIC: tl.constexpr, DQ_TRANSPOSE: tl.constexpr,
-                     REVERSE_Q: tl.constexpr, COS_RADIANS: tl.constexpr,
+                     LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                     WARP_SPECIALIZE: tl.constexpr, DQ_ATOMIC: tl.constexpr,
+                     DQ_TRANSPOSE: tl.constexpr, REVERSE_Q: tl.constexpr, COS_RADIANS: tl.constexpr,
                      FAST_SCALARS: tl.constexpr, SPLIT_S: tl.constexpr, TMA: tl.constexpr):
     """QDescA, QDescP, DODesc: TMA descriptors of Q's two parts and of dO (with TMA; else None)."""
     start_n, batch, kv_head, _, offs_n, key_ok, rows, k_a, k_p, k_sum = _row_block(
@@ -479,26 +461,22 @@ def _bwd_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV, DQ, QDescA, QDescP, DODe
         dq_base = DQ + batch.to(tl.int64) * stride_dqb + head.to(tl.int64) * stride_dqh
         dk_a, dk_p, dk_psum, dv = _dkdv_inner(
             dk_a, dk_p, dk_psum, dv, k_a, k_p, k_sum, v, pos_n, key_first, q_base, do_base, dq_base,
-            Lse + bh * n_q, Delta + bh * n_q, stride_qn, stride_dn, stride_dqn, n_q, q_offset,
-            lo, mid, QDescA, QDescP, DODesc, batch, head,
-            logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6, rho_in, rho_out,
-            amp_grad_scale, phase_grad_scale,
-            AMP_DIM, HEAD_DIM, V_DIM, BLOCK_DA, BLOCK_DP, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL,
-            DIST_POWER, PHASE_QUAD, TRIG_POLY, TRIG_TERMS, TAYLOR_ORDER, BANDS, PTX_ASM, LONG_PHASE,
+            Lse + bh * n_q, Delta + bh * n_q, stride_qn, stride_dn, stride_dqn, n_q, q_offset, lo,
+            mid, QDescA, QDescP, DODesc, batch, head, logit_scale, phase_scale, alpha, taylor_rho,
+            b1, b2, b3, b4, b5, b6, rho_in, rho_out, amp_grad_scale, phase_grad_scale, AMP_DIM,
+            HEAD_DIM, V_DIM, BLOCK_DA, BLOCK_DP, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, DIST_POWER,
+            PHASE_QUAD, TRIG_POLY, TRIG_TERMS, TAYLOR_ORDER, BANDS, PTX_ASM, LONG_PHASE,
             DOT_PRECISION, WARP_SPECIALIZE, DQ_ATOMIC, DQ_TRANSPOSE, False, COS_RADIANS,
-            FAST_SCALARS,
-            SPLIT_S, TMA)
+            FAST_SCALARS, SPLIT_S, TMA)
         dk_a, dk_p, dk_psum, dv = _dkdv_inner(
             dk_a, dk_p, dk_psum, dv, k_a, k_p, k_sum, v, pos_n, key_first, q_base, do_base, dq_base,
-            Lse + bh * n_q, Delta + bh * n_q, stride_qn, stride_dn, stride_dqn, n_q, q_offset,
-            mid, n_q, QDescA, QDescP, DODesc, batch, head,
-            logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6, rho_in, rho_out,
-            amp_grad_scale, phase_grad_scale,
-            AMP_DIM, HEAD_DIM, V_DIM, BLOCK_DA, BLOCK_DP, BLOCK_DV, BLOCK_M, BLOCK_N, False,
-            DIST_POWER, PHASE_QUAD, TRIG_POLY, TRIG_TERMS, TAYLOR_ORDER, BANDS, PTX_ASM, LONG_PHASE,
+            Lse + bh * n_q, Delta + bh * n_q, stride_qn, stride_dn, stride_dqn, n_q, q_offset, mid,
+            n_q, QDescA, QDescP, DODesc, batch, head, logit_scale, phase_scale, alpha, taylor_rho,
+            b1, b2, b3, b4, b5, b6, rho_in, rho_out, amp_grad_scale, phase_grad_scale, AMP_DIM,
+            HEAD_DIM, V_DIM, BLOCK_DA, BLOCK_DP, BLOCK_DV, BLOCK_M, BLOCK_N, False, DIST_POWER,
+            PHASE_QUAD, TRIG_POLY, TRIG_TERMS, TAYLOR_ORDER, BANDS, PTX_ASM, LONG_PHASE,
             DOT_PRECISION, WARP_SPECIALIZE, DQ_ATOMIC, DQ_TRANSPOSE, REVERSE_Q, COS_RADIANS,
-            FAST_SCALARS,
-            SPLIT_S, TMA)
+            FAST_SCALARS, SPLIT_S, TMA)
 
     dk_base = DK + batch.to(tl.int64) * stride_dkb + kv_head.to(tl.int64) * stride_dkh
     tl.store(dk_base + rows * stride_dkn + offs_da[None, :],
@@ -518,18 +496,17 @@ def _bwd_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV, DQ, QDescA, QDescP, DODe
 
 @triton.jit
 def _dq_inner(dq_a, dq_p, dq_psum, q_a, q_p, q_sum, do, lse2, delta, pos_m, q_first,
-              k_base, v_base, stride_kn, stride_vn, n_k, k_offset, lo, hi,
-              k_desc_a, k_desc_p, v_desc, batch, kv_head,
-              logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6, rho_in, rho_out,
-              AMP_DIM: tl.constexpr, HEAD_DIM: tl.constexpr, V_DIM: tl.constexpr,
-              BLOCK_DA: tl.constexpr, BLOCK_DP: tl.constexpr, BLOCK_DV: tl.constexpr,
-              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
-              CAUSAL: tl.constexpr, DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr,
-              TRIG_POLY: tl.constexpr, TRIG_TERMS: tl.constexpr, TAYLOR_ORDER: tl.constexpr,
-              BANDS: tl.constexpr,
-              PTX_ASM: tl.constexpr, LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-              WARP_SPECIALIZE: tl.constexpr, SPLIT_S: tl.constexpr, FAST_SCALARS: tl.constexpr,
-              COS_RADIANS: tl.constexpr, TMA: tl.constexpr):
+              k_base, v_base, stride_kn, stride_vn, n_k, k_offset, lo, hi, k_desc_a, k_desc_p,
+              v_desc, batch, kv_head, logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4,
+              b5, b6, rho_in, rho_out, AMP_DIM: tl.constexpr, HEAD_DIM: tl.constexpr,
+              V_DIM: tl.constexpr, BLOCK_DA: tl.constexpr, BLOCK_DP: tl.constexpr,
+              BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              MASKED: tl.constexpr, CAUSAL: tl.constexpr, DIST_POWER: tl.constexpr,
+              PHASE_QUAD: tl.constexpr, TRIG_POLY: tl.constexpr, TRIG_TERMS: tl.constexpr,
+              TAYLOR_ORDER: tl.constexpr, BANDS: tl.constexpr, PTX_ASM: tl.constexpr,
+              LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
+              SPLIT_S: tl.constexpr, FAST_SCALARS: tl.constexpr, COS_RADIANS: tl.constexpr,
+              TMA: tl.constexpr):
     """dQ of one query block against key blocks [lo, hi); tiles are (queries, keys). SPLIT_S
     (the distances as row offsets less the column ramp; 2: the far tiles' series in the column
     term), FAST_SCALARS, COS_RADIANS and TMA: as in the forward's `_fwd_inner`."""
@@ -550,9 +527,8 @@ def _dq_inner(dq_a, dq_p, dq_psum, q_a, q_p, q_sum, do, lse2, delta, pos_m, q_fi
             q_a, k_a, q_p, k_p, q_sum, tl.sum(k_p.to(tl.float32), axis=1), s, row_offset,
             column_ramp, q_first - (key_first + (BLOCK_N - 1)), q_first + (BLOCK_M - 1) - key_first,
             alpha, phase_scale, taylor_rho, b1, b2, b3, b4, b5, b6, rho_in, rho_out, DIST_POWER,
-            PHASE_QUAD,
-            TRIG_POLY, TRIG_TERMS, TAYLOR_ORDER, BANDS, PTX_ASM, LONG_PHASE, DOT_PRECISION, SPLIT_S,
-            FAST_SCALARS, COS_RADIANS)
+            PHASE_QUAD, TRIG_POLY, TRIG_TERMS, TAYLOR_ORDER, BANDS, PTX_ASM, LONG_PHASE,
+            DOT_PRECISION, SPLIT_S, FAST_SCALARS, COS_RADIANS)
         p = tl.exp2(qk_amp * cos * logit_scale - lse2[:, None])
         if MASKED:
             visible = key_ok[None, :]
@@ -577,22 +553,19 @@ def _dq_inner(dq_a, dq_p, dq_psum, q_a, q_p, q_sum, do, lse2, delta, pos_m, q_fi
 
 @triton.jit
 def _bwd_dq_kernel(Q, K, V, DOut, Lse, Delta, DQ, KDescA, KDescP, VDesc,
-                   stride_qb, stride_qn, stride_qh, stride_kb, stride_kn, stride_kh,
-                   stride_vb, stride_vn, stride_vh, stride_db, stride_dn, stride_dh,
-                   stride_dqb, stride_dqn, stride_dqh,
-                   n_q, n_k, q_offset, k_offset, heads, group,
-                   logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6, rho_in,
-                   rho_out,
-                   amp_grad_scale, phase_grad_scale,
-                   AMP_DIM: tl.constexpr, HEAD_DIM: tl.constexpr, V_DIM: tl.constexpr,
-                   BLOCK_DA: tl.constexpr, BLOCK_DP: tl.constexpr, BLOCK_DV: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-                   DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr, TRIG_POLY: tl.constexpr,
-                   TRIG_TERMS: tl.constexpr, TAYLOR_ORDER: tl.constexpr, BANDS: tl.constexpr,
-                   PTX_ASM: tl.constexpr,
-                   LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                   WARP_SPECIALIZE: tl.constexpr, SPLIT_S: tl.constexpr,
-                   FAST_SCALARS: tl.constexpr, COS_RADIANS: tl.constexpr, TMA: tl.constexpr):
+                   stride_qb, stride_qn, stride_qh, stride_kb, stride_kn, stride_kh, stride_vb,
+                   stride_vn, stride_vh, stride_db, stride_dn, stride_dh, stride_dqb, stride_dqn,
+                   stride_dqh, n_q, n_k, q_offset, k_offset, heads, group, logit_scale, phase_scale,
+                   alpha, taylor_rho, b1, b2, b3, b4, b5, b6, rho_in, rho_out, amp_grad_scale,
+                   phase_grad_scale, AMP_DIM: tl.constexpr, HEAD_DIM: tl.constexpr,
+                   V_DIM: tl.constexpr, BLOCK_DA: tl.constexpr, BLOCK_DP: tl.constexpr,
+                   BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   CAUSAL: tl.constexpr, DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr,
+                   TRIG_POLY: tl.constexpr, TRIG_TERMS: tl.constexpr, TAYLOR_ORDER: tl.constexpr,
+                   BANDS: tl.constexpr, PTX_ASM: tl.constexpr, LONG_PHASE: tl.constexpr,
+                   DOT_PRECISION: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
+                   SPLIT_S: tl.constexpr, FAST_SCALARS: tl.constexpr, COS_RADIANS: tl.constexpr,
+                   TMA: tl.constexpr):
     """KDescA, KDescP, VDesc: as the forward's (with TMA; else None)."""
     block = tl.program_id(0)
     if CAUSAL:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 import triton
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from tapa.ops import triton_kernels as kernels
 from tapa.ops.triton_logits import TRIG_COEFFICIENTS
@@ -680,6 +681,13 @@ def num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+@functools.lru_cache(maxsize=None)
+def _has_tma(device_index: int) -> bool:
+    """Whether the CUDA device has Hopper's TMA (sm_90 or later); asked once per device, not at
+    every launch."""
+    return torch.cuda.get_device_capability(device_index)[0] >= 9
+
+
 def persistent_programs(config: KernelConfig, device: torch.device, tiles: int) -> int:
     """A persistent kernel's grid: the programs that fit on the GPU at once, at most `tiles`. By
     registers only: 64k a SM over the cap's threads where the config caps them, else two 4-warp
@@ -698,8 +706,7 @@ def tma_ok(t: torch.Tensor, widths: tuple[int, ...]) -> bool:
     of at least 16 bytes and at most 256 elements."""
     if sum(widths) != t.shape[-1] or t.stride(-1) != 1:
         return False
-    hopper = t.is_cuda and torch.cuda.get_device_capability(t.device)[0] >= 9
-    if not (interpreting() or hopper):
+    if not (interpreting() or (t.is_cuda and _has_tma(t.get_device()))):
         return False
     size = t.element_size()
     return (t.data_ptr() % 16 == 0 and all(stride * size % 16 == 0 for stride in t.stride()[:-1])
@@ -709,8 +716,6 @@ def tma_ok(t: torch.Tensor, widths: tuple[int, ...]) -> bool:
 def tma_descriptors(t: torch.Tensor, block_rows: int, widths: tuple[int, ...]) -> list:
     """One TMA descriptor per column width for `_desc_tile` (blocks (1, block_rows, 1, width)),
     the same object for equal widths."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
     made: dict[int, TensorDescriptor] = {}
     for width in widths:
         if width not in made:

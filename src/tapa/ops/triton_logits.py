@@ -420,19 +420,16 @@ def _scaled_distance_weight(s, s_rows, s_cols, s_lo, s_hi, alpha, phase_scale, t
 @triton.jit
 def _tile_amplitude_and_phase(a_amp, b_amp, a_phase, b_phase, a_phase_sum, b_phase_sum, s, s_rows,
                               s_cols, s_lo, s_hi, alpha, phase_scale, taylor_rho, b1, b2, b3, b4,
-                              b5, b6, rho_in, rho_out,
-                              DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr,
-                              TAYLOR_ORDER: tl.constexpr, BANDS: tl.constexpr,
-                              PTX_ASM: tl.constexpr,
-                              LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                              SPLIT_S: tl.constexpr, FAST_SCALARS: tl.constexpr,
-                              REDUCE: tl.constexpr):
+                              b5, b6, rho_in, rho_out, DIST_POWER: tl.constexpr,
+                              PHASE_QUAD: tl.constexpr, TAYLOR_ORDER: tl.constexpr,
+                              BANDS: tl.constexpr, PTX_ASM: tl.constexpr, LONG_PHASE: tl.constexpr,
+                              DOT_PRECISION: tl.constexpr, SPLIT_S: tl.constexpr,
+                              FAST_SCALARS: tl.constexpr, REDUCE: tl.constexpr):
     """(qk_amp, r, fs): the amplitude dot, the reduced phase r = t - round(t) and fs = f / sqrt(d_P)
     (without REDUCE, r is t itself)."""
     fs = _scaled_distance_weight(s, s_rows, s_cols, s_lo, s_hi, alpha, phase_scale, taylor_rho,
                                  b1, b2, b3, b4, b5, b6, rho_in, rho_out, DIST_POWER, TAYLOR_ORDER,
-                                 BANDS, PTX_ASM, LONG_PHASE,
-                                 SPLIT_S, FAST_SCALARS)
+                                 BANDS, PTX_ASM, LONG_PHASE, SPLIT_S, FAST_SCALARS)
     if PHASE_QUAD:
         phi = tl.dot(a_phase, tl.trans(b_phase), input_precision=DOT_PRECISION)
     else:
@@ -449,8 +446,7 @@ def tile_logits(a_amp, b_amp, a_phase, b_phase, a_phase_sum, b_phase_sum, s, s_r
                 alpha, phase_scale, taylor_rho, b1, b2, b3, b4, b5, b6, rho_in, rho_out,
                 DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr, TRIG_POLY: tl.constexpr,
                 TRIG_TERMS: tl.constexpr, TAYLOR_ORDER: tl.constexpr, BANDS: tl.constexpr,
-                PTX_ASM: tl.constexpr,
-                LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                PTX_ASM: tl.constexpr, LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr,
                 SPLIT_S: tl.constexpr, FAST_SCALARS: tl.constexpr, COS_RADIANS: tl.constexpr):
     """TAPA logits of the tile times sqrt(d_A): rows a_* (M, .) against rows b_* (N, .) -> (M, N).
 
@@ -465,10 +461,10 @@ def tile_logits(a_amp, b_amp, a_phase, b_phase, a_phase_sum, b_phase_sum, s, s_r
     by 1 / 2 pi in front of MUFU.COS), instead of reduced in turns here and scaled back by 2 pi.
     """
     qk_amp, r, fs = _tile_amplitude_and_phase(
-        a_amp, b_amp, a_phase, b_phase, a_phase_sum, b_phase_sum, s, s_rows, s_cols, s_lo, s_hi, alpha,
-        phase_scale, taylor_rho, b1, b2, b3, b4, b5, b6, rho_in, rho_out, DIST_POWER, PHASE_QUAD,
-        TAYLOR_ORDER, BANDS, PTX_ASM,
-        LONG_PHASE, DOT_PRECISION, SPLIT_S, FAST_SCALARS, not COS_RADIANS)
+        a_amp, b_amp, a_phase, b_phase, a_phase_sum, b_phase_sum, s, s_rows, s_cols, s_lo, s_hi,
+        alpha, phase_scale, taylor_rho, b1, b2, b3, b4, b5, b6, rho_in, rho_out, DIST_POWER,
+        PHASE_QUAD, TAYLOR_ORDER, BANDS, PTX_ASM, LONG_PHASE, DOT_PRECISION, SPLIT_S, FAST_SCALARS,
+        not COS_RADIANS)
     if COS_RADIANS:
         cos = _mufu_cos(r)
     else:
@@ -479,11 +475,10 @@ def tile_logits(a_amp, b_amp, a_phase, b_phase, a_phase_sum, b_phase_sum, s, s_r
 @triton.jit
 def tile_logits_and_derivatives(a_amp, b_amp, a_phase, b_phase, a_phase_sum, b_phase_sum, s, s_rows,
                                 s_cols, s_lo, s_hi, alpha, phase_scale, taylor_rho, b1, b2, b3, b4,
-                                b5, b6, rho_in, rho_out,
-                                DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr,
-                                TRIG_POLY: tl.constexpr, TRIG_TERMS: tl.constexpr,
-                                TAYLOR_ORDER: tl.constexpr, BANDS: tl.constexpr,
-                                PTX_ASM: tl.constexpr,
+                                b5, b6, rho_in, rho_out, DIST_POWER: tl.constexpr,
+                                PHASE_QUAD: tl.constexpr, TRIG_POLY: tl.constexpr,
+                                TRIG_TERMS: tl.constexpr, TAYLOR_ORDER: tl.constexpr,
+                                BANDS: tl.constexpr, PTX_ASM: tl.constexpr,
                                 LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr,
                                 SPLIT_S: tl.constexpr, FAST_SCALARS: tl.constexpr,
                                 COS_RADIANS: tl.constexpr):
@@ -494,10 +489,10 @@ def tile_logits_and_derivatives(a_amp, b_amp, a_phase, b_phase, a_phase_sum, b_p
     and phase_factor carries the 2 pi too (the caller's gradient scale drops it). SPLIT_S and
     FAST_SCALARS: `_scaled_distance_weight` (without SPLIT_S, s_rows and s_cols are not read)."""
     qk_amp, r, fs = _tile_amplitude_and_phase(
-        a_amp, b_amp, a_phase, b_phase, a_phase_sum, b_phase_sum, s, s_rows, s_cols, s_lo, s_hi, alpha,
-        phase_scale, taylor_rho, b1, b2, b3, b4, b5, b6, rho_in, rho_out, DIST_POWER, PHASE_QUAD,
-        TAYLOR_ORDER, BANDS, PTX_ASM,
-        LONG_PHASE, DOT_PRECISION, SPLIT_S, FAST_SCALARS, not COS_RADIANS)
+        a_amp, b_amp, a_phase, b_phase, a_phase_sum, b_phase_sum, s, s_rows, s_cols, s_lo, s_hi,
+        alpha, phase_scale, taylor_rho, b1, b2, b3, b4, b5, b6, rho_in, rho_out, DIST_POWER,
+        PHASE_QUAD, TAYLOR_ORDER, BANDS, PTX_ASM, LONG_PHASE, DOT_PRECISION, SPLIT_S, FAST_SCALARS,
+        not COS_RADIANS)
     if COS_RADIANS:
         cos, sin = _mufu_cos(r), _mufu_sin(r)
     else:
