@@ -420,7 +420,7 @@ def test_gpu_forward_tile_by_key_length(monkeypatch):
         dq=K(128, 16, 8, 2), dq_atomic=True, dkdv_cos_radians=True, fwd_tma=True, **run4)
     assert triton_launch.default_configs(64, 64, torch.bfloat16) == triton_launch.LaunchConfigs(
         dq=K(64, 32, 4, 2), dkdv_cos_radians=True, dq_cos_radians=True, bwd_fast_scalars=True,
-        dq_split_s=True,
+        dq_split_s=True, far_bands=True,
         **dict(run4, dkdv=K(32, 64, 4, 2, max_registers=168)))
     monkeypatch.delenv(triton_launch.VARIANT_ENV)
     with triton_launch.override_configs(triton_launch.LaunchConfigs(K(32, 32), K(16, 32), K(32, 16))):
@@ -773,7 +773,8 @@ def _check_variant(spec, call, all_far=True):
     "far_bands=1,fwd_row_series=1,taylor_order=2,taylor_tolerance=1e-5",
     "far_bands=1,fwd_row_series=0,fwd_split_s=1,taylor_order=2,taylor_tolerance=1e-5",
     "far_bands=1,fwd_row_series=0,taylor_order=4,taylor_tolerance=1e-6",
-], ids=["column-series", "u-series", "order-4"])
+    "far_bands=1,fwd_ramp_series=1,taylor_order=2,taylor_tolerance=1e-5",
+], ids=["column-series", "u-series", "order-4", "ramp-series"])
 def test_far_bands_within_the_half_precision_bar(spec, q_offset):
     """far_bands (the forward's) at offsets that put the interpreter's tiles (half-spans about 23)
     in each band (alpha 0.1, order 2 at 1e-5): near the diagonal; between it and the order-2 band

@@ -106,9 +106,11 @@ FWD_LAZY_RESCALE = False
 # The forward as a persistent kernel: a one-dimensional grid of about as many programs as fit on
 # the GPU at once (`persistent_programs`), each looping over (query block, batch-head) tiles,
 # batch-head major, the longest rows first where causal, instead of one program per tile. Run 28
-# timed it query-block major: fwd x1.12-1.20 at D=64 and x1.16-1.41 at D=128, likely because that
-# order put every batch-head's K/V in the first wave instead of one or two
-# (results/kernel-h200/run-28.md); the batch-head-major order since is not yet timed.
+# timed it query-block major: fwd x1.12-1.20 at D=64 and x1.16-1.41 at D=128; Run 29 the
+# batch-head-major order: x1.12-1.29 and x1.07-1.39, so the tile order's L2 use was not the cause.
+# Offline (Triton 3.6) the outer loop spills where the default does not: D=64 stack 56 -> 160 B
+# (LDL/STL 19/14 -> 36/33), D=128's 64x64 tile 0 -> 24 B at 255 registers; D=128's 128x64 tile,
+# which does not spill, still loses 7% at 64k (results/kernel-h200/run-29.md). Not chosen.
 FWD_PERSISTENT = False
 # The forward's distance series in three bands of tiles instead of one: order TAYLOR_ORDER - 1 on
 # the farthest tiles (where it holds at the same tolerance), TAYLOR_ORDER + 1 between the band of
@@ -117,7 +119,9 @@ FWD_PERSISTENT = False
 # 538 instructions in the order-1 band, 576 in the order-2 one, a tile between it and the
 # diagonal 666 -> 616; about x0.98 of the unmasked loop's instructions at 1k-4k, x0.97 at 16k,
 # x0.95 at 64k. The backward kernels' arms differ less (their near tiles cost 4-9% more than far
-# ones), so they keep one band. Not yet timed.
+# ones), so they keep one band. Timed in Run 29: fwd x0.953-0.967 at D=64 (1k-64k), the 16-bit
+# D=64 default since; x0.980-1.003 at D=128, not chosen there (no gain at 1k or 64k). Every bf16
+# error and the 64k far rows as without (results/kernel-h200/run-29.md).
 FAR_BANDS = False
 # The backward kernels' loop tiles by TMA descriptors, as FWD_TMA: the dK/dV kernel's Q and dO
 # tiles, the dQ kernel's K and V tiles. Not chosen: bwd x1.01-1.03 at D=64 (dQ kernel 394 -> 442
@@ -410,12 +414,13 @@ def _default_configs(head_dim: int, v_dim: int, dtype: torch.dtype) -> LaunchCon
                 # Both backward kernels' MUFU sin/cos on the unreduced phase: bwd x0.955-0.972 at
                 # 4k-64k, every bf16 error and the 64k far rows unchanged (run-17.md). On top, both
                 # backward kernels' far-tile scalars from the MUFU and the dQ kernel's split
-                # distances: bwd x0.970-0.980 at 4k-64k, the errors unchanged (run-18.md).
+                # distances: bwd x0.970-0.980 at 4k-64k, the errors unchanged (run-18.md). The
+                # forward's series in three bands (FAR_BANDS): fwd x0.953-0.967 at 1k-64k (run-29.md).
                 capped = dict(fwd=KernelConfig(64, 64, 4, 2, max_registers=168), fwd_long=None,
                               dkdv=KernelConfig(32, 64, 4, 2, max_registers=168))
                 return replace(configs, dq=KernelConfig(64, 32, 4, 2), dkdv_cos_radians=True,
                                dq_cos_radians=True, bwd_fast_scalars=True, dq_split_s=True,
-                               **far_series, **lean_forward, **capped)
+                               far_bands=True, **far_series, **lean_forward, **capped)
             # At D=128 the forward's K/V tiles by TMA: fwd x0.954 / 0.960 / 0.974 at 4k / 16k / 64k,
             # every bf16 error and the 64k far rows unchanged; at D=64 it loses 1-3%, as do the
             # backward kernels' TMA tiles (results/kernel-h200/run-24.md).
