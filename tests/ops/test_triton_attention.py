@@ -520,22 +520,25 @@ def _lse_error_bound(q, k, configs, *, theta=0.5, alpha=0.1, distance="power", p
 
 
 VARIANTS = {  # spec: call arguments (FAR where the variant changes the far-tile series)
+    # (far_bands=0 with taylor_order=3: the 16-bit D=64 default's bands take the column-term series
+    # at orders up to 2 only, test_bands_refuse_a_column_series_past_order_2)
     "trig_terms=4": {},
     "trig_terms=3": {},
-    "taylor_order=3,taylor_tolerance=1e-6": FAR,
+    "far_bands=0,taylor_order=3,taylor_tolerance=1e-6": FAR,
     "taylor_order=2,taylor_tolerance=1e-6,dq_atomic=1,trig_terms=3": FAR,
     "dq_atomic=1,dq_transpose=1": dict(theta=0.75),  # both column halves padded (24 + 8 of 32)
     "dkdv_reverse=1": {},  # the dK/dV kernel's unmasked query blocks from the last one down
     "dkdv_reverse=1,dq_atomic=1,dq_transpose=1": dict(causal=False),  # every block unmasked
     "fwd=16x32/4/1/ws,dkdv=32x16/4/1/ws,dq=16x32/4/3/ws": {},
     "fwd_split_s=1": {},  # the forward's distances as row offsets less a column ramp
-    "fwd_split_s=1,taylor_order=3,taylor_tolerance=1e-6": FAR,  # ... and far tiles' u from them
-    "fwd_split_s=1,fwd_fast_scalars=1,taylor_order=3,taylor_tolerance=1e-6": FAR,
+    # ... and far tiles' u from them
+    "far_bands=0,fwd_split_s=1,taylor_order=3,taylor_tolerance=1e-6": FAR,
+    "far_bands=0,fwd_split_s=1,fwd_fast_scalars=1,taylor_order=3,taylor_tolerance=1e-6": FAR,
     # the far-tile series in the column term, at each order it takes
-    "fwd_row_series=1,taylor_order=3,taylor_tolerance=1e-6": FAR,
+    "far_bands=0,fwd_row_series=1,taylor_order=3,taylor_tolerance=1e-6": FAR,
     "fwd_row_series=1,taylor_order=2,taylor_tolerance=1e-5": FAR,
     "fwd_ramp_series=1,taylor_order=2,taylor_tolerance=1e-5": FAR,  # ... on the column ramp
-    "fwd_ramp_series=1,taylor_order=3,taylor_tolerance=1e-6": FAR,
+    "far_bands=0,fwd_ramp_series=1,taylor_order=3,taylor_tolerance=1e-6": FAR,
     "fwd_dot_rowsum=1": {},  # the softmax row sums on the tensor cores
     "fwd_tma=1": {},  # the forward's K/V tiles by TMA descriptors (rows past N zero-filled)
     "fwd_tma=1,fwd_ramp_series=1,taylor_order=2,taylor_tolerance=1e-5": dict(FAR, causal=False),
@@ -553,19 +556,19 @@ VARIANTS = {  # spec: call arguments (FAR where the variant changes the far-tile
     # the backward's loop tiles by TMA, with the separate dQ kernel and with dQ by atomics
     "dkdv_tma=1,dq_tma=1": {},
     "dkdv_tma=1,dq_atomic=1,dq_transpose=1": dict(causal=False),
-    "dkdv_tma=1,dq_tma=1,dq_split_s=1,taylor_order=3,taylor_tolerance=1e-6": FAR,
+    "far_bands=0,dkdv_tma=1,dq_tma=1,dq_split_s=1,taylor_order=3,taylor_tolerance=1e-6": FAR,
     "fwd_dot_rowsum=1,fwd_ramp_series=1,taylor_order=2,taylor_tolerance=1e-5": FAR,
     # (not at q_offset 20000: there this case's float16 dq is 1.505x its reference's for every
     # series, the exact one included; results/kernel-h200/run-14.md)
     # the backward kernels' distances as row offsets less a ramp, near and far, and the dQ
     # kernel's far-tile series in the column term (dQ by its own kernel, as the D=64 default)
     "dq_split_s=1,dkdv_split_s=1": {},
-    "dq_split_s=1,dkdv_split_s=1,taylor_order=3,taylor_tolerance=1e-6": FAR,
+    "far_bands=0,dq_split_s=1,dkdv_split_s=1,taylor_order=3,taylor_tolerance=1e-6": FAR,
     "dq_row_series=1,taylor_order=2,taylor_tolerance=1e-5": FAR,
     "dkdv_split_s=1,dq_atomic=1,dq_transpose=1": dict(causal=False),  # every block unmasked
     # the backward's far-tile scalars (the interpreter takes the exact log2 and division; the
     # MUFU's forms: test_fast_far_tile_scalars_within_the_half_precision_bar)
-    "bwd_fast_scalars=1,taylor_order=3,taylor_tolerance=1e-6": FAR,
+    "far_bands=0,bwd_fast_scalars=1,taylor_order=3,taylor_tolerance=1e-6": FAR,
 }
 
 
@@ -586,8 +589,9 @@ def test_mufu_trig_within_the_half_precision_bar():
 @pytest.mark.cuda
 @pytest.mark.skipif(not HAS_CUDA, reason="the MUFU's lg2.approx/rcp.approx are PTX (no interpreter)")
 def test_fast_far_tile_scalars_within_the_half_precision_bar():
-    _check_variant("fwd_split_s=1,fwd_fast_scalars=1,taylor_order=3,taylor_tolerance=1e-6", FAR)
-    _check_variant("bwd_fast_scalars=1,dq_split_s=1,dkdv_split_s=1,taylor_order=3,"
+    _check_variant("far_bands=0,fwd_split_s=1,fwd_fast_scalars=1,taylor_order=3,"
+                   "taylor_tolerance=1e-6", FAR)
+    _check_variant("far_bands=0,bwd_fast_scalars=1,dq_split_s=1,dkdv_split_s=1,taylor_order=3,"
                    "taylor_tolerance=1e-6", FAR)
 
 
@@ -667,7 +671,7 @@ def test_row_series_flags_and_orders():
     """fwd_row_series makes the forward's SPLIT_S 2 (it implies the split distances) and refuses
     the orders `_column_series` does not take."""
     base = triton_launch.with_variant(triton_launch.default_configs(64, 64, torch.float16),
-                                      "taylor_order=3")
+                                      "taylor_order=3,far_bands=0")
     flags = triton_launch.fwd_flags(triton_launch.with_variant(base, "fwd_split_s=0,fwd_row_series=1"))
     assert flags["SPLIT_S"] == 2
     assert triton_launch.fwd_flags(triton_launch.with_variant(base, "fwd_split_s=1,fwd_row_series=0"))["SPLIT_S"] == 1
@@ -841,6 +845,21 @@ def test_far_bands_radii_and_orders():
                 base, f"far_bands=1,taylor_order={order}"))
     with pytest.raises(ValueError, match="taylor_order 1..2 with far_bands"):
         triton_launch.fwd_flags(triton_launch.with_variant(base, "far_bands=1,taylor_order=3,fwd_row_series=1"))
+
+
+def test_bands_refuse_a_column_series_past_order_2(monkeypatch):
+    """The 16-bit D=64 default takes the bands and the column-term series at order 2; asked for
+    order 3 it says which flag to drop, and without the bands takes it."""
+    monkeypatch.setattr(triton_launch, "_INTERPRETING", False)
+    monkeypatch.delenv(triton_launch.VARIANT_ENV, raising=False)
+    base = triton_launch.default_configs(64, 64, torch.bfloat16)
+    assert base.far_bands and base.fwd_row_series and base.taylor_order == 2
+    assert triton_launch.fwd_flags(base)["BANDS"]
+    with pytest.raises(ValueError, match="add far_bands=0 for order 3"):
+        triton_launch.fwd_flags(triton_launch.with_variant(base, "taylor_order=3"))
+    one_band = triton_launch.fwd_flags(triton_launch.with_variant(base, "taylor_order=3,far_bands=0"))
+    assert one_band["SPLIT_S"] == 2 and not one_band["BANDS"]
+    assert not triton_launch.default_configs(128, 128, torch.bfloat16).far_bands
 
 
 def test_combined_variant_float32():

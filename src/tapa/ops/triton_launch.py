@@ -489,10 +489,12 @@ def _split_s(configs: LaunchConfigs | None, split: tuple, row: tuple, ramp: tupl
     order = _chosen(configs, "taylor_order", TAYLOR_ORDER)
     top = 2 if bands else 3  # the bands' outer series is one order more
     if not 1 <= order <= top:
-        bands_text = " with far_bands" if bands else ""
-        raise ValueError(f"{row[0]} takes taylor_order 1..{top}{bands_text}, got {order} (the "
-                         "16-bit defaults set fwd_row_series=1: add fwd_row_series=0 for a higher "
-                         "order)")
+        if bands:
+            raise ValueError(f"{row[0]} takes taylor_order 1..2 with far_bands, got {order} (the "
+                             "16-bit D=64 defaults set both: add far_bands=0 for order 3, or "
+                             "fwd_row_series=0 for any order)")
+        raise ValueError(f"{row[0]} takes taylor_order 1..3, got {order} (the 16-bit defaults set "
+                         "fwd_row_series=1: add fwd_row_series=0 for a higher order)")
     return 3 if with_ramp else 2
 
 
