@@ -778,12 +778,19 @@ def _check_variant(spec, call, all_far=True):
     "far_bands=1,fwd_row_series=0,fwd_split_s=1,taylor_order=2,taylor_tolerance=1e-5",
     "far_bands=1,fwd_row_series=0,taylor_order=4,taylor_tolerance=1e-6",
     "far_bands=1,fwd_ramp_series=1,taylor_order=2,taylor_tolerance=1e-5",
-], ids=["column-series", "u-series", "order-4", "ramp-series"])
+    # the backward kernels' bands: the dQ kernel's split distances, its column-term series and
+    # the dK/dV kernel's unsplit ones; dQ by atomics from the dK/dV kernel
+    "bwd_bands=1,dq_split_s=1,taylor_order=2,taylor_tolerance=1e-5",
+    "bwd_bands=1,dq_row_series=1,dkdv_split_s=1,taylor_order=2,taylor_tolerance=1e-5",
+    "bwd_bands=1,far_bands=1,dq_atomic=1,dq_transpose=1,taylor_order=2,taylor_tolerance=1e-5",
+], ids=["column-series", "u-series", "order-4", "ramp-series", "bwd-split", "bwd-column",
+        "bwd-atomic"])
 def test_far_bands_within_the_half_precision_bar(spec, q_offset):
-    """far_bands (the forward's) at offsets that put the interpreter's tiles (half-spans about 23)
-    in each band (alpha 0.1, order 2 at 1e-5): near the diagonal; between it and the order-2 band
-    (rho_out 0.125 at order 3: centres from about 184, some of q_offset 200's tiles); in the
-    order-2 band (rho 0.056: from 411); and in the farthest (rho_in 0.0105 at order 1: from 2182)."""
+    """far_bands (the forward's) and bwd_bands (the backward kernels') at offsets that put the
+    interpreter's tiles (half-spans about 23) in each band (alpha 0.1, order 2 at 1e-5): near
+    the diagonal; between it and the order-2 band (rho_out 0.125 at order 3: centres from about
+    184, some of q_offset 200's tiles); in the order-2 band (rho 0.056: from 411); and in the
+    farthest (rho_in 0.0105 at order 1: from 2182)."""
     _check_variant(spec, dict(q_offset=q_offset), all_far=False)
 
 
@@ -824,8 +831,9 @@ def test_far_bands_hold_their_tolerance_in_every_band(order, tolerance):
 
 def test_far_bands_radii_and_orders():
     """far_bands' radii are the orders -/+ 1's at the same tolerance (the inner one narrower);
-    without it both are 0; BANDS is on in the forward only; orders outside 2..5, or a column-term
-    series whose outer band would pass order 3, are refused."""
+    without it both are 0; its BANDS is on in the forward only, bwd_bands' (the same radii) in
+    the two backward kernels only; orders outside 2..5, or a column-term series whose outer band
+    would pass order 3, are refused."""
     base = triton_launch.default_configs(64, 64, torch.float32)
     args = dict(alpha=0.1, distance="power", phase="quadratic", phase_dim=32, dtype=torch.float16,
                 max_distance=1000)
@@ -834,17 +842,25 @@ def test_far_bands_radii_and_orders():
     rho, rho_in, rho_out = scalars[2], scalars[-2], scalars[-1]
     assert rho_in < rho < rho_out and not flags["BANDS"]
     assert triton_launch.fwd_flags(configs)["BANDS"] and not triton_launch.fwd_flags(base)["BANDS"]
-    assert "BANDS" not in triton_launch.dq_flags(configs) and "BANDS" not in triton_launch.dkdv_flags(configs)
+    assert not triton_launch.dq_flags(configs)["BANDS"] and not triton_launch.dkdv_flags(configs)["BANDS"]
+    backward = triton_launch.with_variant(base, "bwd_bands=1,taylor_order=2,taylor_tolerance=1e-5")
+    assert triton_launch.logits_args(**args, configs=backward)[0][-2:] == scalars[-2:]
+    assert triton_launch.dq_flags(backward)["BANDS"] and triton_launch.dkdv_flags(backward)["BANDS"]
+    assert not triton_launch.fwd_flags(backward)["BANDS"]
     assert rho_in == triton_launch.taylor_constants(0.1, 1, 1e-5)[0]
     assert rho_out == triton_launch.taylor_constants(0.1, 3, 1e-5)[0]
     scalars, _ = triton_launch.logits_args(**args, configs=base)
     assert scalars[-2:] == [0.0, 0.0]
     for order in (1, 6):
-        with pytest.raises(ValueError, match="far_bands takes taylor_order 2..5"):
+        with pytest.raises(ValueError, match="far_bands: the bands take taylor_order 2..5"):
             triton_launch.logits_args(**args, configs=triton_launch.with_variant(
                 base, f"far_bands=1,taylor_order={order}"))
     with pytest.raises(ValueError, match="taylor_order 1..2 with far_bands"):
         triton_launch.fwd_flags(triton_launch.with_variant(base, "far_bands=1,taylor_order=3,fwd_row_series=1"))
+    with pytest.raises(ValueError, match="bwd_bands: the bands take taylor_order 2..5"):
+        triton_launch.logits_args(**args, configs=triton_launch.with_variant(base, "bwd_bands=1,taylor_order=1"))
+    with pytest.raises(ValueError, match="dq_row_series takes taylor_order 1..2 with bwd_bands"):
+        triton_launch.dq_flags(triton_launch.with_variant(base, "bwd_bands=1,taylor_order=3,dq_row_series=1"))
 
 
 def test_bands_refuse_a_column_series_past_order_2(monkeypatch):

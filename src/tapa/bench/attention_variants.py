@@ -36,7 +36,7 @@ GROUPS = ((("fwd", "fwd_long", "fwd_split_s", "fwd_fast_scalars", "fwd_row_serie
             "fwd_lazy_rescale", "fwd_persistent", "far_bands"), "fwd"),
           (("dkdv", "dq", "dq_atomic", "dq_transpose", "dkdv_reverse", "dkdv_cos_radians",
             "dq_cos_radians", "bwd_fast_scalars", "dq_split_s", "dq_row_series",
-            "dkdv_split_s", "dkdv_tma", "dq_tma"), "bwd"),
+            "dkdv_split_s", "dkdv_tma", "dq_tma", "bwd_bands"), "bwd"),
           (("trig_poly", "trig_terms"), "fwd+bwd"), (("taylor_order", "taylor_tolerance"), "fwd+bwd"))
 COMBINED = "best"
 CELLS = (("fwd", "ms"), ("fwd", "x_tapa"), ("bwd", "ms"), ("bwd", "x_tapa"), ("fwd+bwd", "ms"),

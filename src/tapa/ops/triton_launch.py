@@ -123,6 +123,14 @@ FWD_PERSISTENT = False
 # D=64 default since; x0.980-1.003 at D=128, not chosen there (no gain at 1k or 64k). Every bf16
 # error and the 64k far rows as without (results/kernel-h200/run-29.md).
 FAR_BANDS = False
+# The same three bands in both backward kernels (their tiles' d**alpha), with the radii FAR_BANDS
+# would take; the dQ kernel's column-term series then takes orders up to 2. Not chosen, from the
+# offline census alone (Triton 3.6, D=64 default, `scripts/fwd_loop_census.py --kernel dkdv|dq
+# --variant bwd_bands=1 --paths`, results/kernel-h200/offline-census-12.md): the branches cost
+# every path 5-12 instructions, so the dK/dV kernel's unmasked tile goes 606 -> 601 at order 1
+# and 617 at order 2, its near tile 627 -> 639 (635 at order 3); the dQ kernel's 394 -> 383 and
+# 399, near 429 -> 433 (422 at order 3): at most about 1% of the backward at 64k, a loss at 4k.
+BWD_BANDS = False
 # The backward kernels' loop tiles by TMA descriptors, as FWD_TMA: the dK/dV kernel's Q and dO
 # tiles, the dQ kernel's K and V tiles. Not chosen: bwd x1.01-1.03 at D=64 (dQ kernel 394 -> 442
 # instructions a far tile offline), and at D=128 the dK/dV kernel spills (bwd x1.48-1.53, Run 24).
@@ -207,6 +215,7 @@ class LaunchConfigs:
     fwd_lazy_rescale: bool | None = None  # None: the module's FWD_LAZY_RESCALE
     fwd_persistent: bool | None = None  # None: the module's FWD_PERSISTENT
     far_bands: bool | None = None  # None: the module's FAR_BANDS
+    bwd_bands: bool | None = None  # None: the module's BWD_BANDS
     dkdv_cos_radians: bool | None = None  # None: the module's DKDV_COS_RADIANS
     dq_cos_radians: bool | None = None  # None: the module's DQ_COS_RADIANS
     bwd_fast_scalars: bool | None = None  # None: the module's BWD_FAST_SCALARS
@@ -292,7 +301,7 @@ def parse_variant(spec: str) -> dict:
     fwd_split_s, fwd_fast_scalars, fwd_row_series, fwd_ramp_series, fwd_dot_rowsum,
     fwd_cos_radians, fwd_tma, fwd_lazy_rescale, fwd_persistent, dkdv_cos_radians, dq_cos_radians,
     bwd_fast_scalars, dq_split_s, dq_row_series, dkdv_split_s, dkdv_tma, dq_tma, far_bands,
-    trig_poly=0|1;
+    bwd_bands, trig_poly=0|1;
     trig_terms=3..6 (sin terms; float32 inputs keep at least FLOAT32_TRIG_ERROR);
     taylor_order=1..6; taylor_tolerance=<float>. An empty spec changes nothing.
     """
@@ -310,7 +319,7 @@ def parse_variant(spec: str) -> dict:
                      "fwd_row_series", "fwd_ramp_series", "fwd_dot_rowsum", "fwd_cos_radians",
                      "fwd_tma", "fwd_lazy_rescale", "fwd_persistent", "dkdv_cos_radians",
                      "dq_cos_radians", "bwd_fast_scalars", "dq_split_s", "dq_row_series",
-                     "dkdv_split_s", "dkdv_tma", "dq_tma", "far_bands", "trig_poly"):
+                     "dkdv_split_s", "dkdv_tma", "dq_tma", "far_bands", "bwd_bands", "trig_poly"):
             changes[key] = _parse_flag(key, text)
         elif key == "trig_terms":
             if not text.isdigit() or int(text) not in TRIG_COEFFICIENTS:
@@ -454,8 +463,8 @@ def dq_by_atomics(configs: LaunchConfigs | None = None) -> bool:
 def dkdv_flags(configs: LaunchConfigs | None = None, logit_flags: dict | None = None) -> dict:
     """The dK/dV kernel's own constexprs: dQ by atomics (`dq_by_atomics`) and, with them, the
     transposed dQ products; the query blocks' order; `DKDV_COS_RADIANS` (with the call's
-    `logits_args` flags, as `fwd_flags`), `BWD_FAST_SCALARS`, `DKDV_SPLIT_S` and `DKDV_TMA` (asked
-    for: `backward` takes it only where `tma_ok`)."""
+    `logits_args` flags, as `fwd_flags`), `BWD_FAST_SCALARS`, `DKDV_SPLIT_S`, `DKDV_TMA` (asked
+    for: `backward` takes it only where `tma_ok`) and `BWD_BANDS`."""
     dq_atomic = dq_by_atomics(configs)
     return dict(DQ_ATOMIC=dq_atomic,
                 DQ_TRANSPOSE=dq_atomic and bool(_chosen(configs, "dq_transpose", DQ_TRANSPOSE)),
@@ -463,15 +472,18 @@ def dkdv_flags(configs: LaunchConfigs | None = None, logit_flags: dict | None = 
                 COS_RADIANS=_cos_radians(configs, "dkdv_cos_radians", DKDV_COS_RADIANS, logit_flags),
                 FAST_SCALARS=bool(_chosen(configs, "bwd_fast_scalars", BWD_FAST_SCALARS)),
                 SPLIT_S=int(bool(_chosen(configs, "dkdv_split_s", DKDV_SPLIT_S))),
-                TMA=bool(_chosen(configs, "dkdv_tma", DKDV_TMA)))
+                TMA=bool(_chosen(configs, "dkdv_tma", DKDV_TMA)),
+                BANDS=bool(_chosen(configs, "bwd_bands", BWD_BANDS)))
 
 
 def dq_flags(configs: LaunchConfigs | None = None, logit_flags: dict | None = None) -> dict:
     """The dQ kernel's own constexprs: its distances (`DQ_SPLIT_S`, SPLIT_S 2 with
     `DQ_ROW_SERIES`), `BWD_FAST_SCALARS`, `DQ_COS_RADIANS` (with the call's `logits_args` flags,
-    as `fwd_flags`) and `DQ_TMA` (as `dkdv_flags`' TMA)."""
-    split_s = _split_s(configs, ("dq_split_s", DQ_SPLIT_S), ("dq_row_series", DQ_ROW_SERIES))
-    return dict(SPLIT_S=split_s,
+    as `fwd_flags`), `DQ_TMA` (as `dkdv_flags`' TMA) and `BWD_BANDS`."""
+    bands = bool(_chosen(configs, "bwd_bands", BWD_BANDS))
+    split_s = _split_s(configs, ("dq_split_s", DQ_SPLIT_S), ("dq_row_series", DQ_ROW_SERIES),
+                       bands=bands)
+    return dict(SPLIT_S=split_s, BANDS=bands,
                 FAST_SCALARS=bool(_chosen(configs, "bwd_fast_scalars", BWD_FAST_SCALARS)),
                 COS_RADIANS=_cos_radians(configs, "dq_cos_radians", DQ_COS_RADIANS, logit_flags),
                 TMA=bool(_chosen(configs, "dq_tma", DQ_TMA)))
@@ -490,9 +502,10 @@ def _split_s(configs: LaunchConfigs | None, split: tuple, row: tuple, ramp: tupl
     top = 2 if bands else 3  # the bands' outer series is one order more
     if not 1 <= order <= top:
         if bands:
-            raise ValueError(f"{row[0]} takes taylor_order 1..2 with far_bands, got {order} (the "
-                             "16-bit D=64 defaults set both: add far_bands=0 for order 3, or "
-                             "fwd_row_series=0 for any order)")
+            flag = "bwd_bands" if row[0].startswith("dq") else "far_bands"
+            raise ValueError(f"{row[0]} takes taylor_order 1..2 with {flag}, got {order} (the "
+                             f"16-bit D=64 defaults set far_bands and fwd_row_series: add {flag}=0 "
+                             f"for order 3, or {row[0]}=0 for any order)")
         raise ValueError(f"{row[0]} takes taylor_order 1..3, got {order} (the 16-bit defaults set "
                          "fwd_row_series=1: add fwd_row_series=0 for a higher order)")
     return 3 if with_ramp else 2
@@ -623,19 +636,20 @@ def long_phase(alpha: float, distance: str, max_distance: int) -> bool:
 def logits_args(*, alpha: float, distance: str, phase: str, phase_dim: int, dtype: torch.dtype,
                 max_distance: int, configs: LaunchConfigs | None = None) -> tuple[list, dict]:
     """The scalars (phase_scale, alpha, taylor_rho, b1..b6, rho_in, rho_out) and flags of
-    `triton_logits.tile_logits`, the same for every kernel that calls it. With `FAR_BANDS` the
-    radii of the series bands of orders taylor_order -/+ 1 at the same tolerance (rho_in,
-    rho_out; 0 without; taylor_order 2..5); BANDS is off here, and on in the kernels whose own
-    flags set it (`fwd_flags`)."""
+    `triton_logits.tile_logits`, the same for every kernel that calls it. With `FAR_BANDS` or
+    `BWD_BANDS` the radii of the series bands of orders taylor_order -/+ 1 at the same tolerance
+    (rho_in, rho_out; 0 without; taylor_order 2..5); BANDS is off here, and on in the kernels
+    whose own flags set it (`fwd_flags`, `dkdv_flags`, `dq_flags`)."""
     order = _chosen(configs, "taylor_order", TAYLOR_ORDER)
     tolerance = _chosen(configs, "taylor_tolerance", TAYLOR_TOLERANCE)
     rho, coefficients = taylor_constants(float(alpha), order, tolerance)
-    bands = bool(_chosen(configs, "far_bands", FAR_BANDS))
+    bands = [name for name, default in (("far_bands", FAR_BANDS), ("bwd_bands", BWD_BANDS))
+             if _chosen(configs, name, default)]
     rho_in = rho_out = 0.0
     if bands:
         if not 2 <= order <= 5:
-            raise ValueError(f"far_bands takes taylor_order 2..5 (its bands are orders "
-                             f"taylor_order -/+ 1), got {order}")
+            raise ValueError(f"{' and '.join(bands)}: the bands take taylor_order 2..5 (they are "
+                             f"orders taylor_order -/+ 1), got {order}")
         rho_in = taylor_constants(float(alpha), order - 1, tolerance)[0]
         rho_out = taylor_constants(float(alpha), order + 1, tolerance)[0]
     scalars = [1 / math.sqrt(phase_dim), float(alpha), rho, *coefficients, rho_in, rho_out]
@@ -816,7 +830,7 @@ def backward(dout, dlse, q, k, v, out, lse, *, amp_dim, alpha, distance, phase, 
         *_row_strides(v), *_row_strides(dout), *_row_strides(dk), *_row_strides(dv),
         *_row_strides(dq), n_q, n_k, q_offset, k_offset, kv_heads, heads // kv_heads, *dkdv_scalars,
         *dkdv_grad_scales, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        WARP_SPECIALIZE=cfg.warp_specialize, **cfg.launch_options(), **dkdv, **constexprs)
+        WARP_SPECIALIZE=cfg.warp_specialize, **cfg.launch_options(), **{**constexprs, **dkdv})
     _remember(dkdv_kernel_name(dkdv), cfg, {**constexprs, **dkdv}, compiled)
     if dq_atomic:
         return dq.to(q.dtype), dk, dv
@@ -829,6 +843,6 @@ def backward(dout, dlse, q, k, v, out, lse, *, amp_dim, alpha, distance, phase, 
         q, k, v, dout, lse, delta, dq, *descriptors, *_row_strides(q), *_row_strides(k),
         *_row_strides(v), *_row_strides(dout), *_row_strides(dq), n_q, n_k, q_offset, k_offset,
         heads, heads // kv_heads, *scalars, *grad_scales, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        WARP_SPECIALIZE=cfg.warp_specialize, **cfg.launch_options(), **dq_own, **constexprs)
+        WARP_SPECIALIZE=cfg.warp_specialize, **cfg.launch_options(), **{**constexprs, **dq_own})
     _remember("dq", cfg, {**constexprs, **dq_own}, compiled)
     return dq, dk, dv
