@@ -742,7 +742,8 @@ def test_backward_distance_flags():
     the column-term orders only, as fwd_row_series."""
     base = triton_launch.with_variant(triton_launch.default_configs(64, 64, torch.bfloat16),
                                       "taylor_order=2,bwd_fast_scalars=0,dq_split_s=0,dkdv_split_s=0")
-    assert triton_launch.dq_flags(base) == dict(SPLIT_S=0, FAST_SCALARS=False, COS_RADIANS=False, TMA=False)
+    assert triton_launch.dq_flags(base) == dict(SPLIT_S=0, FAST_SCALARS=False, COS_RADIANS=False, TMA=False,
+                                                BANDS=False)
     flags = triton_launch.dkdv_flags(base)
     assert (flags["SPLIT_S"], flags["FAST_SCALARS"]) == (0, False)
     both = triton_launch.with_variant(base, "dq_split_s=1,dkdv_split_s=1,bwd_fast_scalars=1")
