@@ -9,6 +9,8 @@
 #              532 / 568 / 612 / 652 (orders 1 / 2 / 3 / near), and the stack 56 -> 80 B; each loop
 #              has its own pipeline prologue. `bands` is far_bands alone: a replicate of the default
 #              at D=64, the Run-29 variant at D=128.
+# As run, at 8cd825e (results/kernel-h200/run-33.md). `fwd_band_loops` lost and was removed after
+# it, so rerun this from a checkout of 8cd825e.
 #   device tool: run(command="bash scripts/gpu_h200_kernel_run33.sh", kind="nvidia-h200")
 set -uo pipefail
 cd "$(dirname "$0")/.."

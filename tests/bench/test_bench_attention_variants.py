@@ -55,7 +55,7 @@ def test_combine_best_takes_each_groups_accurate_winner():
         rows, variants, attention_variants.meets_bar(errors), 128, 16384)
     assert combined == {"fwd": KernelConfig(128, 128, 8, 2), "dq_atomic": True,
                         "dkdv": KernelConfig(64, 128, 8, 2), "trig_terms": 4}
-    assert chosen == {"fwd+fwd_long+fwd_split_s+fwd_fast_scalars+fwd_row_series+fwd_ramp_series+fwd_dot_rowsum+fwd_cos_radians+fwd_tma+fwd_lazy_rescale+fwd_persistent+far_bands+fwd_band_loops": "fast-fwd", "dkdv+dq+dq_atomic+dq_transpose+dkdv_reverse+dkdv_cos_radians+dq_cos_radians+bwd_fast_scalars+dq_split_s+dq_row_series+dkdv_split_s+dkdv_tma+dq_tma+bwd_bands": "atomic",
+    assert chosen == {"fwd+fwd_long+fwd_split_s+fwd_fast_scalars+fwd_row_series+fwd_ramp_series+fwd_dot_rowsum+fwd_cos_radians+fwd_tma+fwd_lazy_rescale+fwd_persistent+far_bands": "fast-fwd", "dkdv+dq+dq_atomic+dq_transpose+dkdv_reverse+dkdv_cos_radians+dq_cos_radians+bwd_fast_scalars+dq_split_s+dq_row_series+dkdv_split_s+dkdv_tma+dq_tma+bwd_bands": "atomic",
                       "trig_poly+trig_terms": "terms"}
     assert attention_variants.combine_best(rows, {}, {}, 128, 16384) == ({}, {})
 
@@ -214,7 +214,7 @@ def test_run_wires_variants_combination_and_reports(tmp_path, monkeypatch):
                  "--variants", "wide:fwd=128x128/8/2", "atomic:dq_atomic=1", "low:trig_terms=3")
     assert attention.run(args) == 0
     report = (tmp_path / "attention.md").read_text()
-    assert "combination `best` from {'fwd+fwd_long+fwd_split_s+fwd_fast_scalars+fwd_row_series+fwd_ramp_series+fwd_dot_rowsum+fwd_cos_radians+fwd_tma+fwd_lazy_rescale+fwd_persistent+far_bands+fwd_band_loops': 'wide', 'dkdv+dq+dq_atomic+dq_transpose+dkdv_reverse+dkdv_cos_radians+dq_cos_radians+bwd_fast_scalars+dq_split_s+dq_row_series+dkdv_split_s+dkdv_tma+dq_tma+bwd_bands': 'atomic'}" in report
+    assert "combination `best` from {'fwd+fwd_long+fwd_split_s+fwd_fast_scalars+fwd_row_series+fwd_ramp_series+fwd_dot_rowsum+fwd_cos_radians+fwd_tma+fwd_lazy_rescale+fwd_persistent+far_bands': 'wide', 'dkdv+dq+dq_atomic+dq_transpose+dkdv_reverse+dkdv_cos_radians+dq_cos_radians+bwd_fast_scalars+dq_split_s+dq_row_series+dkdv_split_s+dkdv_tma+dq_tma+bwd_bands': 'atomic'}" in report
     # each variant is checked in each timed mode, non-causal too (it masks nothing)
     for causal in (True, False):
         check = f"N=2048 D=128 causal={causal} bfloat16"

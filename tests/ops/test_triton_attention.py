@@ -13,7 +13,6 @@ import itertools
 import math
 from dataclasses import replace
 
-import numpy
 import pytest
 import torch
 from helpers import rel_rmse
@@ -26,7 +25,7 @@ from tapa.ops import MAX_ALPHA, MAX_POSITION, tapa_attention, triton_attention, 
 from tapa.ops.reference import chunked_tapa_attention, naive_tapa_attention  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
-from tapa.ops import triton_kernels, triton_logits  # noqa: E402
+from tapa.ops import triton_logits  # noqa: E402
 
 GRADS = ("out", "lse", "dq", "dk", "dv")
 # float32: the kernel's error is rounding-level (about 1e-6 measured); float16: see _check.
@@ -785,13 +784,8 @@ def _check_variant(spec, call, all_far=True):
     "bwd_bands=1,dq_split_s=1,taylor_order=2,taylor_tolerance=1e-5",
     "bwd_bands=1,dq_row_series=1,dkdv_split_s=1,taylor_order=2,taylor_tolerance=1e-5",
     "bwd_bands=1,far_bands=1,dq_atomic=1,dq_transpose=1,taylor_order=2,taylor_tolerance=1e-5",
-    # the forward's band loops, one a band, with each series form
-    "fwd_band_loops=1,far_bands=1,fwd_row_series=1,taylor_order=2,taylor_tolerance=1e-5",
-    "fwd_band_loops=1,far_bands=1,fwd_row_series=0,fwd_split_s=1,taylor_order=3,"
-    "taylor_tolerance=1e-6",
-    "fwd_band_loops=1,far_bands=1,fwd_ramp_series=1,taylor_order=2,taylor_tolerance=1e-5",
 ], ids=["column-series", "u-series", "order-4", "ramp-series", "bwd-split", "bwd-column",
-        "bwd-atomic", "loops-column", "loops-u", "loops-ramp"])
+        "bwd-atomic"])
 def test_far_bands_within_the_half_precision_bar(spec, q_offset):
     """far_bands (the forward's) and bwd_bands (the backward kernels') at offsets that put the
     interpreter's tiles (half-spans about 23) in each band (alpha 0.1, order 2 at 1e-5): near
@@ -811,49 +805,6 @@ def _distance_weight_kernel(S, Out, s_lo, s_hi, alpha, taylor_rho, b1, b2, b3, b
         s, s, s, s_lo, s_hi, alpha, 1.0, taylor_rho, b1, b2, b3, b4, b5, b6, rho_in, rho_out, True,
         ORDER, BANDS, False, False, 0, False)
     tl.store(Out + offs, fs)
-
-
-@triton.jit
-def _band_ends_kernel(QFirst, Full, Out, k_offset, rho_in, rho, rho_out, M: tl.constexpr,
-                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    i = tl.arange(0, M)
-    ends = triton_kernels._band_ends(tl.load(QFirst + i), k_offset, tl.load(Full + i), rho_in, rho,
-                                     rho_out, BLOCK_M, BLOCK_N)
-    for band in tl.static_range(3):
-        tl.store(Out + band * M + i, ends[band + 1])
-
-
-@pytest.mark.parametrize("block_m,block_n", [(64, 64), (32, 16), (128, 64)])
-def test_band_loops_put_each_tile_in_its_band(block_m, block_n):
-    """The forward's band loops (fwd_band_loops): every unmasked key block of a causal row block
-    lands in the loop of the band that `_scaled_distance_weight`'s own tile test (float32, as the
-    kernel's) picks for it: order -1 within rho_in, order 0 within taylor_rho, order +1 within
-    rho_out, else the exact form. Row blocks at random positions and key offsets."""
-    rho, _ = triton_launch.taylor_constants(0.1, 2, 1e-5)
-    rho_in, rho_out = (triton_launch.taylor_constants(0.1, order, 1e-5)[0] for order in (1, 3))
-    generator = torch.Generator().manual_seed(7)
-    m, k_offset = 256, 37
-    q_first = torch.randint(0, 70000, (m,), generator=generator).to(torch.float32)
-    # the causal unmasked blocks' end, as `_key_range`'s: key blocks wholly before the row block
-    full = (torch.clamp((q_first - k_offset + 1) // block_n, min=0) * block_n).to(torch.int32)
-    out = torch.empty(3 * m, dtype=torch.int32, device=DEVICE)
-    _band_ends_kernel[(1,)](q_first.to(DEVICE), full.to(DEVICE), out, k_offset, rho_in, rho,
-                            rho_out, M=m, BLOCK_M=block_m, BLOCK_N=block_n)
-    ends = out.view(3, m).cpu()
-    f32 = numpy.float32
-    for row in range(m):
-        bounds = [0, *ends[:, row].tolist(), int(full[row])]
-        assert bounds == sorted(bounds), bounds
-        for start in range(0, int(full[row]), block_n):
-            key_first = f32(k_offset + start)
-            s_lo = f32(q_first[row]) - (key_first + f32(block_n - 1))
-            s_hi = f32(q_first[row]) + f32(block_m - 1) - key_first
-            d0, half_span = abs((s_lo + s_hi) * f32(0.5)), (s_hi - s_lo) * f32(0.5)
-            side = s_lo > 0 or s_hi < 0
-            band = next((i for i, r in enumerate((rho_in, rho, rho_out))
-                         if side and half_span <= f32(r) * d0), 3)
-            loop = next(i for i in range(4) if bounds[i] <= start < bounds[i + 1])
-            assert loop == band, (row, start, bounds, band)
 
 
 @pytest.mark.parametrize("order,tolerance", [(2, 1e-5), (4, 1e-6)])

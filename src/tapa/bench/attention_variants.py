@@ -33,7 +33,7 @@ GATED = ("out", "dq", "dk", "dv")
 MIN_GAIN = 0.01
 GROUPS = ((("fwd", "fwd_long", "fwd_split_s", "fwd_fast_scalars", "fwd_row_series", "fwd_ramp_series",
             "fwd_dot_rowsum", "fwd_cos_radians", "fwd_tma",
-            "fwd_lazy_rescale", "fwd_persistent", "far_bands", "fwd_band_loops"), "fwd"),
+            "fwd_lazy_rescale", "fwd_persistent", "far_bands"), "fwd"),
           (("dkdv", "dq", "dq_atomic", "dq_transpose", "dkdv_reverse", "dkdv_cos_radians",
             "dq_cos_radians", "bwd_fast_scalars", "dq_split_s", "dq_row_series",
             "dkdv_split_s", "dkdv_tma", "dq_tma", "bwd_bands"), "bwd"),

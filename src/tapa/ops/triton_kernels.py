@@ -128,29 +128,6 @@ def _key_range(start_m, n_q, n_k, q_offset, k_offset, BLOCK_M: tl.constexpr, BLO
 
 
 @triton.jit
-def _band_end(reach, half_span, rho, full, BLOCK_N: tl.constexpr):
-    """The end of the causal unmasked key blocks [0, end) whose tiles lie in the series band of
-    radius rho or farther: a tile at key block start n has centre distance reach - n and half-span
-    half_span (`_scaled_distance_weight`'s s_lo, s_hi), and is in the band where
-    half_span <= rho * (reach - n), i.e. n <= reach - half_span / rho (the band's tiles are then
-    wholly on one side of the diagonal, as rho < 1). A multiple of BLOCK_N in [0, full]."""
-    last = tl.floor((reach - half_span / rho) / BLOCK_N)  # the band's last block, if any
-    return tl.minimum(tl.maximum(last.to(tl.int32) + 1, 0) * BLOCK_N, full)
-
-
-@triton.jit
-def _band_ends(q_first, k_offset, full, rho_in, taylor_rho, rho_out, BLOCK_M: tl.constexpr,
-               BLOCK_N: tl.constexpr):
-    """The band loops' bounds over a causal row block's unmasked key blocks [0, full), farthest
-    band first: (0, end of order -1's, of order 0's, of order +1's, full); the near tiles last."""
-    reach = q_first - k_offset + (BLOCK_M - BLOCK_N) * 0.5  # a tile's centre + its start
-    half_span = (BLOCK_M + BLOCK_N - 2) * 0.5
-    return (0, _band_end(reach, half_span, rho_in, full, BLOCK_N),
-            _band_end(reach, half_span, taylor_rho, full, BLOCK_N),
-            _band_end(reach, half_span, rho_out, full, BLOCK_N), full)
-
-
-@triton.jit
 def _fwd_inner(acc, m_i, l_i, q_a, q_p, q_sum, pos_m, q_first,
                k_base, v_base, stride_kn, stride_vn, n_k, k_offset, lo, hi, k_desc_a, k_desc_p,
                v_desc, batch, kv_head, logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4,
@@ -235,12 +212,8 @@ def _fwd_kernel(Q, K, V, Out, Lse, KDescA, KDescP, VDesc,
                 BANDS: tl.constexpr, PTX_ASM: tl.constexpr, LONG_PHASE: tl.constexpr,
                 DOT_PRECISION: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, SPLIT_S: tl.constexpr,
                 FAST_SCALARS: tl.constexpr, COS_RADIANS: tl.constexpr, DOT_ROWSUM: tl.constexpr,
-                TMA: tl.constexpr, LAZY_RESCALE: tl.constexpr, PERSISTENT: tl.constexpr,
-                BAND_LOOPS: tl.constexpr):
+                TMA: tl.constexpr, LAZY_RESCALE: tl.constexpr, PERSISTENT: tl.constexpr):
     """KDescA, KDescP, VDesc: TMA descriptors of K's two parts and of V (with TMA; else None).
-    BAND_LOOPS (with BANDS, causal, power distance): the unmasked key blocks in four loops, one a
-    series band farthest first and the near tiles last (`_band_end`), each compiled for its one
-    path of `_scaled_distance_weight` (BANDS 2..5) instead of choosing it at every tile.
     n_bh: batch x heads. PERSISTENT: a one-dimensional grid of programs, each taking the (query
     block, batch-head) tiles program_id, program_id + programs, ... of the list ordered by
     batch-head, then query block (causal: the longest rows first), so that the programs running
@@ -276,28 +249,13 @@ def _fwd_kernel(Q, K, V, Out, Lse, KDescA, KDescP, VDesc,
             l_i = tl.zeros([BLOCK_M, 16], dtype=tl.float32)
         else:
             l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-        if BAND_LOOPS and BANDS and CAUSAL and DIST_POWER:
-            ends = _band_ends(q_first, k_offset, full, rho_in, taylor_rho, rho_out, BLOCK_M,
-                              BLOCK_N)
-            for band in tl.static_range(4):  # BANDS 2..5: orders -1, 0, +1, then the exact form
-                acc, m_i, l_i = _fwd_inner(
-                    acc, m_i, l_i, q_a, q_p, q_sum, pos_m, q_first, k_base, v_base, stride_kn,
-                    stride_vn, n_k, k_offset, ends[band], ends[band + 1], KDescA, KDescP, VDesc,
-                    batch, kv_head, logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4,
-                    b5, b6, rho_in, rho_out, AMP_DIM, HEAD_DIM, V_DIM, BLOCK_DA, BLOCK_DP,
-                    BLOCK_DV, BLOCK_M, BLOCK_N, False, CAUSAL, DIST_POWER, PHASE_QUAD, TRIG_POLY,
-                    TRIG_TERMS, TAYLOR_ORDER, band + 2, PTX_ASM, LONG_PHASE, DOT_PRECISION,
-                    WARP_SPECIALIZE, SPLIT_S, FAST_SCALARS, COS_RADIANS, DOT_ROWSUM, TMA,
-                    LAZY_RESCALE)
-        else:
-            acc, m_i, l_i = _fwd_inner(
-                acc, m_i, l_i, q_a, q_p, q_sum, pos_m, q_first, k_base, v_base, stride_kn,
-                stride_vn, n_k, k_offset, 0, full, KDescA, KDescP, VDesc, batch, kv_head,
-                logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6, rho_in,
-                rho_out, AMP_DIM, HEAD_DIM, V_DIM, BLOCK_DA, BLOCK_DP, BLOCK_DV, BLOCK_M, BLOCK_N,
-                False, CAUSAL, DIST_POWER, PHASE_QUAD, TRIG_POLY, TRIG_TERMS, TAYLOR_ORDER, BANDS,
-                PTX_ASM, LONG_PHASE, DOT_PRECISION, WARP_SPECIALIZE, SPLIT_S, FAST_SCALARS,
-                COS_RADIANS, DOT_ROWSUM, TMA, LAZY_RESCALE)
+        acc, m_i, l_i = _fwd_inner(
+            acc, m_i, l_i, q_a, q_p, q_sum, pos_m, q_first, k_base, v_base, stride_kn, stride_vn,
+            n_k, k_offset, 0, full, KDescA, KDescP, VDesc, batch, kv_head, logit_scale, phase_scale,
+            alpha, taylor_rho, b1, b2, b3, b4, b5, b6, rho_in, rho_out, AMP_DIM, HEAD_DIM, V_DIM,
+            BLOCK_DA, BLOCK_DP, BLOCK_DV, BLOCK_M, BLOCK_N, False, CAUSAL, DIST_POWER, PHASE_QUAD,
+            TRIG_POLY, TRIG_TERMS, TAYLOR_ORDER, BANDS, PTX_ASM, LONG_PHASE, DOT_PRECISION,
+            WARP_SPECIALIZE, SPLIT_S, FAST_SCALARS, COS_RADIANS, DOT_ROWSUM, TMA, LAZY_RESCALE)
         acc, m_i, l_i = _fwd_inner(
             acc, m_i, l_i, q_a, q_p, q_sum, pos_m, q_first, k_base, v_base, stride_kn, stride_vn,
             n_k, k_offset, full, hi, KDescA, KDescP, VDesc, batch, kv_head, logit_scale,

@@ -131,11 +131,6 @@ FAR_BANDS = False
 # and 617 at order 2, its near tile 627 -> 639 (635 at order 3); the dQ kernel's 394 -> 383 and
 # 399, near 429 -> 433 (422 at order 3): at most about 1% of the backward at 64k, a loss at 4k.
 BWD_BANDS = False
-# With FAR_BANDS: the forward's causal unmasked key blocks in four loops, one a band (farthest
-# first, the near tiles last), each compiled for its one path, so that no tile tests its band
-# and each loop holds only its path's registers (offline-census-9.md's candidate 4). Not yet
-# timed.
-FWD_BAND_LOOPS = False
 # The backward kernels' loop tiles by TMA descriptors, as FWD_TMA: the dK/dV kernel's Q and dO
 # tiles, the dQ kernel's K and V tiles. Not chosen: bwd x1.01-1.03 at D=64 (dQ kernel 394 -> 442
 # instructions a far tile offline), and at D=128 the dK/dV kernel spills (bwd x1.48-1.53, Run 24).
@@ -221,7 +216,6 @@ class LaunchConfigs:
     fwd_persistent: bool | None = None  # None: the module's FWD_PERSISTENT
     far_bands: bool | None = None  # None: the module's FAR_BANDS
     bwd_bands: bool | None = None  # None: the module's BWD_BANDS
-    fwd_band_loops: bool | None = None  # None: the module's FWD_BAND_LOOPS
     dkdv_cos_radians: bool | None = None  # None: the module's DKDV_COS_RADIANS
     dq_cos_radians: bool | None = None  # None: the module's DQ_COS_RADIANS
     bwd_fast_scalars: bool | None = None  # None: the module's BWD_FAST_SCALARS
@@ -307,7 +301,7 @@ def parse_variant(spec: str) -> dict:
     fwd_split_s, fwd_fast_scalars, fwd_row_series, fwd_ramp_series, fwd_dot_rowsum,
     fwd_cos_radians, fwd_tma, fwd_lazy_rescale, fwd_persistent, dkdv_cos_radians, dq_cos_radians,
     bwd_fast_scalars, dq_split_s, dq_row_series, dkdv_split_s, dkdv_tma, dq_tma, far_bands,
-    bwd_bands, fwd_band_loops, trig_poly=0|1;
+    bwd_bands, trig_poly=0|1;
     trig_terms=3..6 (sin terms; float32 inputs keep at least FLOAT32_TRIG_ERROR);
     taylor_order=1..6; taylor_tolerance=<float>. An empty spec changes nothing.
     """
@@ -325,8 +319,7 @@ def parse_variant(spec: str) -> dict:
                      "fwd_row_series", "fwd_ramp_series", "fwd_dot_rowsum", "fwd_cos_radians",
                      "fwd_tma", "fwd_lazy_rescale", "fwd_persistent", "dkdv_cos_radians",
                      "dq_cos_radians", "bwd_fast_scalars", "dq_split_s", "dq_row_series",
-                     "dkdv_split_s", "dkdv_tma", "dq_tma", "far_bands", "bwd_bands", "fwd_band_loops",
-                     "trig_poly"):
+                     "dkdv_split_s", "dkdv_tma", "dq_tma", "far_bands", "bwd_bands", "trig_poly"):
             changes[key] = _parse_flag(key, text)
         elif key == "trig_terms":
             if not text.isdigit() or int(text) not in TRIG_COEFFICIENTS:
@@ -525,12 +518,9 @@ def fwd_flags(configs: LaunchConfigs | None = None, logit_flags: dict | None = N
     the cos's argument (`FWD_COS_RADIANS`, only where the call's `logits_args` flags take the MUFU
     trig without LONG_PHASE; none given: never), the K/V loads by TMA (`FWD_TMA`, asked for:
     `forward` takes them only where `tma_ok`), the lazy rescale (`FWD_LAZY_RESCALE`), the
-    persistent grid (`FWD_PERSISTENT`), the series bands (`FAR_BANDS`, whose radii
-    `logits_args` sets) and their loops (`FWD_BAND_LOOPS`, which takes the bands)."""
+    persistent grid (`FWD_PERSISTENT`) and the series bands (`FAR_BANDS`, whose radii
+    `logits_args` sets)."""
     bands = bool(_chosen(configs, "far_bands", FAR_BANDS))
-    band_loops = bool(_chosen(configs, "fwd_band_loops", FWD_BAND_LOOPS))
-    if band_loops and not bands:
-        raise ValueError("fwd_band_loops takes far_bands=1 (its loops are the bands')")
     split_s = _split_s(configs, ("fwd_split_s", FWD_SPLIT_S), ("fwd_row_series", FWD_ROW_SERIES),
                        ("fwd_ramp_series", FWD_RAMP_SERIES), bands)
     return dict(SPLIT_S=split_s,
@@ -539,7 +529,7 @@ def fwd_flags(configs: LaunchConfigs | None = None, logit_flags: dict | None = N
                 TMA=bool(_chosen(configs, "fwd_tma", FWD_TMA)),
                 LAZY_RESCALE=bool(_chosen(configs, "fwd_lazy_rescale", FWD_LAZY_RESCALE)),
                 PERSISTENT=bool(_chosen(configs, "fwd_persistent", FWD_PERSISTENT)),
-                BANDS=bands, BAND_LOOPS=band_loops,
+                BANDS=bands,
                 COS_RADIANS=_cos_radians(configs, "fwd_cos_radians", FWD_COS_RADIANS, logit_flags))
 
 

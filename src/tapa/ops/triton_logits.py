@@ -26,8 +26,7 @@ per score each exp2 / log2 / cos costs about a quarter of the matmul work at D=1
 
 Flags (constexpr, the same names in every kernel): DIST_POWER (f = d ** alpha, else alpha * d),
 PHASE_QUAD (phi = a_P . b_P, else the sums), TRIG_POLY, TRIG_TERMS, TAYLOR_ORDER, BANDS (two more
-series bands, orders TAYLOR_ORDER -/+ 1, `_scaled_distance_weight`; 2..5: a band loop's one path),
-PTX_ASM (MUFU's lg2.approx
+series bands, orders TAYLOR_ORDER -/+ 1, `_scaled_distance_weight`), PTX_ASM (MUFU's lg2.approx
 near the diagonal; GPU only), LONG_PHASE, DOT_PRECISION ("ieee" for float32 operands, else
 "tf32"). Kernel variants (off by default, `tapa.ops.triton_launch`): SPLIT_S (the distances
 as row and column parts), FAST_SCALARS (a far tile's scalars by the MUFU), COS_RADIANS (the MUFU
@@ -378,22 +377,13 @@ def _scaled_distance_weight(s, s_rows, s_cols, s_lo, s_hi, alpha, phase_scale, t
     rho_in * centre (the farthest tiles), order TAYLOR_ORDER - 1; where it is within rho_out *
     centre but not taylor_rho * centre (between the series' band and the diagonal), order
     TAYLOR_ORDER + 1. The host sets rho_in and rho_out for the same tolerance (`logits_args`).
-    BANDS 2, 3, 4: every tile takes the series of order TAYLOR_ORDER - 1, TAYLOR_ORDER,
-    TAYLOR_ORDER + 1, and 5 the exact form, untested: the caller has put the tile in that band
-    (the forward's band loops, `_band_end`).
     """
     if DIST_POWER:
         centre = (s_lo + s_hi) * 0.5
         d0 = tl.abs(centre)
         side = (s_lo > 0) | (s_hi < 0)
         half_span = (s_hi - s_lo) * 0.5
-        if BANDS >= 5:
-            fs = _near_weight(s, s_rows, s_cols, alpha, phase_scale, PTX_ASM, LONG_PHASE, SPLIT_S)
-        elif BANDS >= 2:
-            fs = _far_series(s, s_rows, s_cols, centre, d0, alpha, phase_scale, b1, b2, b3, b4, b5,
-                             b6, TAYLOR_ORDER + BANDS - 3, PTX_ASM, LONG_PHASE, SPLIT_S,
-                             FAST_SCALARS)
-        elif side & (half_span <= taylor_rho * d0):
+        if side & (half_span <= taylor_rho * d0):
             if BANDS:  # the farthest tiles: one order less holds within rho_in
                 if half_span <= rho_in * d0:
                     fs = _far_series(s, s_rows, s_cols, centre, d0, alpha, phase_scale, b1, b2, b3,
