@@ -19,17 +19,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/device_steps.sh kernel_run21
-SECTIONS="SpeedOfLight ComputeWorkloadAnalysis WarpStateStats SchedulerStats InstructionStats LaunchStats Occupancy"
-cat > "$WORK/ncu.sh" <<NCU
-for case in "tapa 64 _fwd_kernel fwd" "flash 64 flash_fwd fwd" "tapa 128 _fwd_kernel fwd" \
-            "flash 128 flash_fwd fwd" "tapa 64 _bwd_dkdv_kernel dkdv" "tapa 64 _bwd_dq_kernel dq" \
-            "flash 64 flash_bwd_dq_dk_dv bwd"; do
-    set -- \$case
-    ncu_details "$WORK/ncu/\$4_\$1_\$2" "\$3" "$SECTIONS" python3 scripts/ncu_bwd_driver.py "\$1" "\$2"
-    ncu --import "$WORK/ncu/\$4_\$1_\$2.ncu-rep" --page raw > "$WORK/ncu/\$4_\$1_\$2_raw.txt"
-done
-NCU
-step ncu 130 bash "$WORK/ncu.sh"
+step ncu 130 bash scripts/ncu_defaults.sh "$WORK"
 cat > "$WORK/raw_old.sh" <<RAW
 mkdir -p "$WORK/raw_old"
 for rep in results/kernel-h200/run-16-2026-12-03/kernel_run16/ncu/*.ncu-rep \

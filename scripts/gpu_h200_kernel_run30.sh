@@ -21,17 +21,7 @@ step attention 120 python3 -m tapa.bench.attention --head-dims 64 128 --causal c
 step ramp64 90 python3 -m tapa.bench.attention --head-dims 64 --causal causal \
     --seq-lens 1024 4096 16384 65536 --reference-len 0 --compile-jobs 8 \
     --variants ramp:fwd_ramp_series=1 --out "$WORK/ramp64"
-SECTIONS="SpeedOfLight ComputeWorkloadAnalysis WarpStateStats SchedulerStats InstructionStats LaunchStats Occupancy"
-cat > "$WORK/ncu.sh" <<NCU
-for case in "tapa 64 _fwd_kernel fwd" "flash 64 flash_fwd fwd" "tapa 128 _fwd_kernel fwd" \
-            "flash 128 flash_fwd fwd" "tapa 64 _bwd_dkdv_kernel dkdv" "tapa 64 _bwd_dq_kernel dq" \
-            "flash 64 flash_bwd_dq_dk_dv bwd"; do
-    set -- \$case
-    ncu_details "$WORK/ncu/\$4_\$1_\$2" "\$3" "$SECTIONS" python3 scripts/ncu_bwd_driver.py "\$1" "\$2"
-    ncu --import "$WORK/ncu/\$4_\$1_\$2.ncu-rep" --page raw > "$WORK/ncu/\$4_\$1_\$2_raw.txt"
-done
-NCU
-step ncu 130 bash "$WORK/ncu.sh"
+step ncu 130 bash scripts/ncu_defaults.sh "$WORK"
 tar czf "$OUT/kernel_run30.tar.gz" -C /tmp kernel_run30
 echo "done at +$(($(date +%s) - START))s"
 cat "$WORK/steps.txt"
