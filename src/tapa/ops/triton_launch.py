@@ -127,7 +127,7 @@ FAR_BANDS = False
 # would take; the dQ kernel's column-term series then takes orders up to 2. Not chosen, from the
 # offline census alone (Triton 3.6, D=64 default, `scripts/fwd_loop_census.py --kernel dkdv|dq
 # --variant bwd_bands=1 --paths`, results/kernel-h200/offline-census-12.md): the branches cost
-# every path 5-12 instructions, so the dK/dV kernel's unmasked tile goes 606 -> 601 at order 1
+# every path 4-16 instructions, so the dK/dV kernel's unmasked tile goes 606 -> 601 at order 1
 # and 617 at order 2, its near tile 627 -> 639 (635 at order 3); the dQ kernel's 394 -> 383 and
 # 399, near 429 -> 433 (422 at order 3): at most about 1% of the backward at 64k, a loss at 4k.
 BWD_BANDS = False
@@ -503,9 +503,9 @@ def _split_s(configs: LaunchConfigs | None, split: tuple, row: tuple, ramp: tupl
     if not 1 <= order <= top:
         if bands:
             flag = "bwd_bands" if row[0].startswith("dq") else "far_bands"
-            raise ValueError(f"{row[0]} takes taylor_order 1..2 with {flag}, got {order} (the "
-                             f"16-bit D=64 defaults set far_bands and fwd_row_series: add {flag}=0 "
-                             f"for order 3, or {row[0]}=0 for any order)")
+            defaults = "" if row[0].startswith("dq") else "the 16-bit D=64 defaults set both: "
+            raise ValueError(f"{row[0]} takes taylor_order 1..2 with {flag}, got {order} "
+                             f"({defaults}add {flag}=0 for order 3, or {row[0]}=0 for any order)")
         raise ValueError(f"{row[0]} takes taylor_order 1..3, got {order} (the 16-bit defaults set "
                          "fwd_row_series=1: add fwd_row_series=0 for a higher order)")
     return 3 if with_ramp else 2
