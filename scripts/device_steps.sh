@@ -32,15 +32,34 @@ ncu_details() {  # ncu_details STEM KERNEL_REGEX "SECTION ..." COMMAND...: Nsigh
 }
 export -f ncu_details  # the steps run their ncu loops as child scripts
 
-finish_variants() {  # finish_variants NAME TESTS_STEP: tar $WORK to $OUT/NAME.tar.gz, then print the
-    # steps, the tests' tail and the variant bench's summary ($WORK/attention/attention.md)
-    local md="$WORK/attention/attention.md"
+finish_head() {  # finish_head NAME TESTS_STEP: tar $WORK to $OUT/NAME.tar.gz, then print the
+    # time, the steps and the tests' tail
     tar czf "$OUT/$1.tar.gz" -C /tmp "$1"
     echo "done at +$(($(date +%s) - START))s"
     cat "$WORK/steps.txt"
     tail -4 "$WORK/$2.log"
+}
+
+finish_variants() {  # finish_variants NAME TESTS_STEP: `finish_head`, then the variant bench's
+    # summary ($WORK/attention/attention.md)
+    local md="$WORK/attention/attention.md"
+    finish_head "$1" "$2"
     grep -h "| yes\|| NO" "$md" | head -12
     grep -h -A 30 "^| variant | D" "$md" 2>/dev/null | head -50
     grep -h -A 14 "^## Long range" "$md" | head -30
+    tail -3 "$WORK/attention.log"
+}
+
+default_steps() {  # default_steps ATTENTION_CAP: all of tests/ops on CUDA (step tests_ops), then
+    # the defaults against SDPA-flash and cuDNN at D=64 and D=128, 1k-64k causal, with the float64
+    # checks at N=2048 and the 64k far rows (step attention: the README's table)
+    step tests_ops 170 python3 -m pytest "${PYTEST_ARGS[@]}" tests/ops
+    step attention "$1" python3 -m tapa.bench.attention --head-dims 64 128 --causal causal \
+        --seq-lens 1024 4096 16384 65536 --reference-len 0 --compile-jobs 8 --out "$WORK/attention"
+}
+
+print_defaults() {  # print_defaults: `default_steps`' tables and far rows
+    grep -h -B2 -A 12 "^| N | pass" "$WORK/attention/attention.md" | head -60
+    grep -h -A 8 "^## Long range" "$WORK/attention/attention.md" | head -10
     tail -3 "$WORK/attention.log"
 }

@@ -179,9 +179,10 @@ def main() -> int:
             path = args.sass_dir / (name + (f"_{args.variant.replace('=', '').replace(',', '_')}" if args.variant else "") + ".sass")
             path.write_text(text)
             print(f"SASS: {path}")
-        print(census(kernel_report.sass_instructions(text), scores))
+        ins = kernel_report.sass_instructions(text)
+        print(census(ins, scores))
         if args.paths:
-            print(path_table(kernel_report.sass_instructions(text), scores))
+            print(path_table(ins, scores))
     return 0
 
 

@@ -11,16 +11,9 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/device_steps.sh kernel_run25
-step tests_ops 170 python3 -m pytest "${PYTEST_ARGS[@]}" tests/ops
-step attention 150 python3 -m tapa.bench.attention --head-dims 64 128 --causal causal \
-    --seq-lens 1024 4096 16384 65536 --reference-len 0 --compile-jobs 8 --out "$WORK/attention"
+default_steps 150
 step model 120 python3 -m tapa.cli bench model --out "$WORK/model"
-tar czf "$OUT/kernel_run25.tar.gz" -C /tmp kernel_run25
-echo "done at +$(($(date +%s) - START))s"
-cat "$WORK/steps.txt"
-tail -4 "$WORK/tests_ops.log"
-grep -h -B2 -A 12 "^| N | pass" "$WORK/attention/attention.md" | head -60
-grep -h -A 8 "^## Long range" "$WORK/attention/attention.md" | head -10
-tail -3 "$WORK/attention.log"
+finish_head kernel_run25 tests_ops
+print_defaults
 grep -E "^\| " "$WORK/model/README.md" 2>/dev/null | head -20 | cut -c1-260
 tail -n 3 "$WORK/model.log"

@@ -15,19 +15,13 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/device_steps.sh kernel_run30
-step tests_ops 170 python3 -m pytest "${PYTEST_ARGS[@]}" tests/ops
-step attention 120 python3 -m tapa.bench.attention --head-dims 64 128 --causal causal \
-    --seq-lens 1024 4096 16384 65536 --reference-len 0 --compile-jobs 8 --out "$WORK/attention"
+default_steps 120
 step ramp64 90 python3 -m tapa.bench.attention --head-dims 64 --causal causal \
     --seq-lens 1024 4096 16384 65536 --reference-len 0 --compile-jobs 8 \
     --variants ramp:fwd_ramp_series=1 --out "$WORK/ramp64"
 step ncu 130 bash scripts/ncu_defaults.sh "$WORK"
-tar czf "$OUT/kernel_run30.tar.gz" -C /tmp kernel_run30
-echo "done at +$(($(date +%s) - START))s"
-cat "$WORK/steps.txt"
-tail -4 "$WORK/tests_ops.log"
-grep -h -B2 -A 12 "^| N | pass" "$WORK/attention/attention.md" | head -60
-grep -h -A 8 "^## Long range" "$WORK/attention/attention.md" | head -10
+finish_head kernel_run30 tests_ops
+print_defaults
 grep -h "| yes\|| NO" "$WORK/ramp64/attention.md" | head -4
 grep -h -A 10 "^| variant | D" "$WORK/ramp64/attention.md" | head -12
 grep -h -A 6 "^## Long range, variants" "$WORK/ramp64/attention.md"

@@ -12,11 +12,9 @@ import argparse
 import importlib
 import re
 import shlex
-from pathlib import Path
-
 import pytest
+from helpers import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = sorted([*ROOT.glob("scripts/*.sh"), *ROOT.glob("scripts/study/*.sh")])
 COMMAND = re.compile(r"(?:python3? -m (tapa\.cli|tapa\.bench\.\w+)\b|(?<![\w/.$-])tapa(?= [a-z]))(.*)")
 SHELL_END = re.compile(r"\s(?:\d?>|\||&&|;|\))")

@@ -438,7 +438,7 @@ def tapa_decode_attention(
     if DIRECT_LAUNCH and split is not None and q.is_cuda:
         plan.split_launch = _direct_launch(split, _split_kernel, plan.split_grid,
                                            {**plan.split_flags, **plan.split_config})
-        plan.merge_launch = merge and _direct_launch(merge, _merge_kernel, plan.merge_grid,
-                                                     plan.merge_flags)
+        plan.merge_launch = None if merge is None else _direct_launch(
+            merge, _merge_kernel, plan.merge_grid, plan.merge_flags)
         plan.alignment = _alignment(*args[:5])
     return (out, lse) if return_lse else out

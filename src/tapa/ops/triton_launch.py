@@ -482,7 +482,7 @@ def dq_flags(configs: LaunchConfigs | None = None, logit_flags: dict | None = No
     as `fwd_flags`), `DQ_TMA` (as `dkdv_flags`' TMA) and `BWD_BANDS`."""
     bands = bool(_chosen(configs, "bwd_bands", BWD_BANDS))
     split_s = _split_s(configs, ("dq_split_s", DQ_SPLIT_S), ("dq_row_series", DQ_ROW_SERIES),
-                       bands=bands)
+                       bands="bwd_bands" if bands else None)
     return dict(SPLIT_S=split_s, BANDS=bands,
                 FAST_SCALARS=bool(_chosen(configs, "bwd_fast_scalars", BWD_FAST_SCALARS)),
                 COS_RADIANS=_cos_radians(configs, "dq_cos_radians", DQ_COS_RADIANS, logit_flags),
@@ -490,11 +490,11 @@ def dq_flags(configs: LaunchConfigs | None = None, logit_flags: dict | None = No
 
 
 def _split_s(configs: LaunchConfigs | None, split: tuple, row: tuple, ramp: tuple | None = None,
-             bands: bool = False) -> int:
+             bands: str | None = None) -> int:
     """A kernel's SPLIT_S from its (name, module default) flags: 1 for the split distances, 2 for
     the column-term series (which implies them), 3 for that series on the ramp (implies both);
-    the column-term forms take taylor_order 1..3 only (1..2 with bands, whose outer one is one
-    order more)."""
+    the column-term forms take taylor_order 1..3 only (1..2 where the kernel's bands flag, named
+    by `bands`, is on: their outer series is one order more)."""
     with_ramp = ramp is not None and bool(_chosen(configs, *ramp))
     if not (with_ramp or _chosen(configs, *row)):
         return int(bool(_chosen(configs, *split)))
@@ -502,10 +502,9 @@ def _split_s(configs: LaunchConfigs | None, split: tuple, row: tuple, ramp: tupl
     top = 2 if bands else 3  # the bands' outer series is one order more
     if not 1 <= order <= top:
         if bands:
-            flag = "bwd_bands" if row[0].startswith("dq") else "far_bands"
-            defaults = "" if row[0].startswith("dq") else "the 16-bit D=64 defaults set both: "
-            raise ValueError(f"{row[0]} takes taylor_order 1..2 with {flag}, got {order} "
-                             f"({defaults}add {flag}=0 for order 3, or {row[0]}=0 for any order)")
+            raise ValueError(f"{row[0]} takes taylor_order 1..2 with {bands}, got {order} (add "
+                             f"{bands}=0 for order 3, or {row[0]}=0 for any order; the 16-bit D=64 "
+                             "defaults set far_bands and fwd_row_series)")
         raise ValueError(f"{row[0]} takes taylor_order 1..3, got {order} (the 16-bit defaults set "
                          "fwd_row_series=1: add fwd_row_series=0 for a higher order)")
     return 3 if with_ramp else 2
@@ -522,7 +521,7 @@ def fwd_flags(configs: LaunchConfigs | None = None, logit_flags: dict | None = N
     `logits_args` sets)."""
     bands = bool(_chosen(configs, "far_bands", FAR_BANDS))
     split_s = _split_s(configs, ("fwd_split_s", FWD_SPLIT_S), ("fwd_row_series", FWD_ROW_SERIES),
-                       ("fwd_ramp_series", FWD_RAMP_SERIES), bands)
+                       ("fwd_ramp_series", FWD_RAMP_SERIES), "far_bands" if bands else None)
     return dict(SPLIT_S=split_s,
                 FAST_SCALARS=bool(_chosen(configs, "fwd_fast_scalars", FWD_FAST_SCALARS)),
                 DOT_ROWSUM=bool(_chosen(configs, "fwd_dot_rowsum", FWD_DOT_ROWSUM)),
