@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The kernel suite in one device call: the CUDA tests of tests/ops, the attention bench of the
+# shipped defaults (ROUNDS rounds, so that run-to-run noise shows) and the decode bench.
+#   usage:  bash scripts/gpu_kernel.sh NAME [ROUNDS]
+#   device: run(command="bash scripts/gpu_kernel.sh guard-before 2", kind="nvidia-h200")
+# Logs and tables go to /tmp/NAME and come back as $OUT/NAME.tar.gz; the summary is printed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+NAME=${1:?usage: gpu_kernel.sh NAME [ROUNDS]}
+ROUNDS=${2:-1}
+export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 TQDM_DISABLE=1
+OUT=${OUT:-/tmp/${NAME}_out}
+WORK=/tmp/$NAME
+rm -rf "$WORK" && mkdir -p "$WORK" "$OUT"
+START=$(date +%s)
+PYTEST_ARGS=(-p no:cacheprovider -rfE --tb=short)
+python3 -c "import xdist" 2>/dev/null && PYTEST_ARGS+=(-n 8)
+
+step() {  # step NAME SECONDS COMMAND...: log to $WORK/NAME.log, rc and seconds to $WORK/steps.txt
+    local name=$1 limit=$2 t0
+    shift 2
+    t0=$(date +%s)
+    echo "== $name (limit ${limit}s, at +$((t0 - START))s)"
+    timeout --kill-after=5 "$limit" "$@" > "$WORK/$name.log" 2>&1
+    echo "$name rc=$? seconds=$(($(date +%s) - t0))" | tee -a "$WORK/steps.txt"
+}
+
+git log -1 --format='commit %H %cd' > "$WORK/commit.txt" 2>/dev/null || true
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$WORK/gpu.txt" 2>&1
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" \
+    >> "$WORK/gpu.txt" 2>&1
+step tests_ops 200 python3 -m pytest "${PYTEST_ARGS[@]}" tests/ops
+for round in $(seq 1 "$ROUNDS"); do
+    step "attention$round" 150 python3 -m tapa.bench.attention --head-dims 64 128 --causal causal \
+        --seq-lens 1024 4096 16384 65536 --reference-len 0 --out "$WORK/attention$round"
+done
+step decode 90 python3 -m tapa.cli bench decode --out "$WORK/decode"
+tar czf "$OUT/$NAME.tar.gz" -C /tmp "$NAME"
+echo "done at +$(($(date +%s) - START))s"
+cat "$WORK/gpu.txt" "$WORK/steps.txt"
+tail -4 "$WORK/tests_ops.log"
+for round in $(seq 1 "$ROUNDS"); do
+    echo "== attention round $round"
+    grep -h -B2 -A 12 "^| N | pass" "$WORK/attention$round/attention.md" | head -40
+done
+grep -E "^\| (1|8|32) \| " "$WORK/decode/decode.md" | head -18 | cut -c1-160
