@@ -17,8 +17,8 @@ SHAPES = [(8, 4096), (32, 16384), (1, 4096)]  # (batch, cache)
 def check_one(block_n: int, warps: int, stages: int) -> dict:
     import torch
 
-    from tapa.ops import decode_kernel as dk
-    from tapa.ops.reference import naive_tapa_attention
+    from tapa.ops.tapa import decode_kernel as dk
+    from tapa.ops.tapa.reference import naive_tapa_attention
 
     class Fixed:  # stands in for the autotuned kernel with one configuration
         def __getitem__(self, grid):

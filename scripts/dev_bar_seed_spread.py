@@ -20,7 +20,7 @@ import test_triton_attention as t  # noqa: E402
 from helpers import rel_rmse  # noqa: E402
 
 from tapa.ops import tapa_attention  # noqa: E402
-from tapa.ops.reference import chunked_tapa_attention, naive_tapa_attention  # noqa: E402
+from tapa.ops.tapa.reference import chunked_tapa_attention, naive_tapa_attention  # noqa: E402
 
 
 def ratios(q_offset: int, seed: int) -> tuple[float, ...]:

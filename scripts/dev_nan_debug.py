@@ -8,7 +8,7 @@ import os
 import torch
 
 from tapa.ops import MAX_ALPHA, tapa_attention
-from tapa.ops.reference import naive_tapa_attention
+from tapa.ops.tapa.reference import naive_tapa_attention
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 gen = torch.Generator().manual_seed(12)

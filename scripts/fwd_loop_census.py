@@ -161,7 +161,7 @@ def main() -> int:
     parser.add_argument("--paths", action="store_true", help="also each loop's paths through one "
                         "iteration (instructions, FFMA, MUFU.LG2 per path; for nested arms)")
     args = parser.parse_args()
-    from tapa.ops.triton_launch import parse_variant
+    from tapa.ops.tapa.launch import parse_variant
 
     changes = parse_variant(args.variant)
     rows = kernel_report.offline_rows({args.variant or "default": changes}, args.head_dim, keep_sass=True)

@@ -10,7 +10,8 @@ import sys
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from tapa.ops import tapa_attention, triton_launch
+from tapa.ops import tapa_attention
+from tapa.ops.tapa import launch as triton_launch
 
 impl, head_dim = sys.argv[1], int(sys.argv[2])
 variant = sys.argv[3] if len(sys.argv) > 3 else ""

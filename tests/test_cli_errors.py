@@ -58,7 +58,7 @@ def test_theory_refuses_a_folder_of_other_files_and_writes_under_runs_by_default
 
 def test_errors_of_every_user_kind_are_one_line(tmp_path, monkeypatch):
     import tapa.theory.command as theory
-    from tapa.train.checkpoint import CheckpointError
+    from tapa.train.saving import CheckpointError
 
     for error in (PermissionError(13, "Permission denied", str(tmp_path / "x")),
                   IsADirectoryError(21, "Is a directory", str(tmp_path)),

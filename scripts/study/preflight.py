@@ -25,7 +25,7 @@ def kernel_defaults() -> dict | None:
     import torch
 
     try:
-        from tapa.ops import triton_launch
+        from tapa.ops.tapa import launch as triton_launch
     except ImportError:
         return None
     return {str(d): triton_launch.describe(triton_launch.default_configs(d, d, torch.bfloat16))

@@ -188,7 +188,7 @@ def run_worker(spec_path: Path) -> int:
 
     # Every stage of the group runs in this process: training, evaluations at 6 lengths (twice),
     # theory, passkey. A hybrid's local layers compile FlexAttention once per input shape, and past
-    # dynamo's default recompile limit (8) tapa.positional.local sends new shapes to its slower
+    # dynamo's default recompile limit (8) tapa.ops.local sends new shapes to its slower
     # chunked path: give this process room for the job's ~20 fixed shapes.
     for name in ("recompile_limit", "cache_size_limit"):
         if hasattr(torch._dynamo.config, name):
@@ -196,7 +196,7 @@ def run_worker(spec_path: Path) -> int:
 
     from tapa.cli import main as tapa_main
     from tapa.eval.evaluate import hardware_description
-    from tapa.train.checkpoint import has_checkpoint
+    from tapa.train.saving import has_checkpoint
 
     device = "cuda" if spec["device"] == "cuda" and torch.cuda.is_available() else "cpu"
     hardware = hardware_description(device)

@@ -17,7 +17,7 @@ from pathlib import Path
 from arms import ARMS, Protocol
 from plan import Group, Job, continual_scale, job_stages
 
-from tapa.train.checkpoint import write_text_atomic
+from tapa.train.saving import write_text_atomic
 from tapa.train.rundir import read_metrics
 
 JOB_KIND = "tapa-study-job"

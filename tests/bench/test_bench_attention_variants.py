@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("triton")
 
 from tapa.bench import attention, attention_variants, kernel_report  # noqa: E402
-from tapa.ops.triton_launch import KernelConfig, variant_text  # noqa: E402
+from tapa.ops.tapa.launch import KernelConfig, variant_text  # noqa: E402
 
 
 def _rows(times: dict, head_dim=128, n=16384, round_=None):
@@ -116,7 +116,7 @@ def _stub_gpu(monkeypatch):
     (2.0 for trig_terms=3)."""
     import torch
 
-    from tapa.ops import triton_launch
+    from tapa.ops.tapa import launch as triton_launch
 
     def fake_time_one(fn, q, k, v, dout, causal):
         configs = triton_launch._override
@@ -177,7 +177,7 @@ def test_long_range_check_runs_for_each_variant(tmp_path, monkeypatch):
     series is what a taylor variant changes), at each timed head dim, and tabled per variant."""
     import torch
 
-    from tapa.ops import triton_launch
+    from tapa.ops.tapa import launch as triton_launch
 
     _stub_gpu(monkeypatch)
     calls = []
@@ -233,7 +233,7 @@ def test_every_launch_config_field_is_in_one_group():
     be combined, one in two would be taken twice."""
     from dataclasses import fields
 
-    from tapa.ops.triton_launch import LaunchConfigs
+    from tapa.ops.tapa.launch import LaunchConfigs
 
     grouped = [name for group, _ in attention_variants.GROUPS for name in group]
     assert sorted(grouped) == sorted(f.name for f in fields(LaunchConfigs))

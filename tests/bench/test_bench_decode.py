@@ -53,7 +53,7 @@ def test_decode_bench_needs_cuda_without_smoke(tmp_path):
 def test_profile_step_writes_the_floor_report(tmp_path):
     """The decode-step profile on tiny shapes through the interpreter: every section is written."""
     from tapa.bench import decode as bench
-    from tapa.ops import decode_kernel
+    from tapa.ops.tapa import decode_kernel
 
     result = bench.profile_step(decode_kernel, bench._timer(True), batch=1, cache=40, heads=2, kv_heads=1,
                                 head_dim=16, theta=0.5, dtype=torch.float16, device=torch.device("cpu"),
@@ -99,7 +99,7 @@ def test_split_sweep_times_each_effective_count_once(tmp_path):
     once, next to the default (CPU: 4 "SMs", 16 programs over 2 sequences -> 8 -> 16 keys -> 7
     splits, the same as 50's)."""
     from tapa.bench import decode as bench
-    from tapa.ops import decode_kernel
+    from tapa.ops.tapa import decode_kernel
 
     sweep = bench.split_sweep(decode_kernel, bench._timer(True), batch=2, cache=100, heads=2, kv_heads=1,
                               head_dim=16, theta=0.5, dtype=torch.float16, device=torch.device("cpu"),
@@ -126,7 +126,7 @@ def test_split_sweep_with_a_failed_capture_times_every_count_eagerly(monkeypatch
     """One split count whose graph capture fails: the sweep does not put its eager time among the
     others' graph replays (nor call them all graph); every count is timed eagerly."""
     from tapa.bench import decode as bench
-    from tapa.ops import decode_kernel
+    from tapa.ops.tapa import decode_kernel
 
     real, calls = bench._graph_ms, []
 

@@ -12,7 +12,7 @@ def profiler():
 
 
 @pytest.mark.parametrize("name, kind", [
-    ("_split_kernel", "attention"),  # tapa.ops.decode_kernel's two launches
+    ("_split_kernel", "attention"),  # tapa.ops.tapa.decode_kernel's two launches
     ("_merge_kernel", "attention"),
     ("void pytorch_flash::flash_fwd_splitkv_kernel<Flash_fwd_kernel_traits<128, 64>>", "attention"),
     ("fmha_cutlassF_bf16_aligned_64x128_rf_sm80", "attention"),

@@ -118,7 +118,7 @@ def test_export_training_run_is_lossless(tmp_path):
     """Train a few steps, export, reload with transformers: identical logits, a working tokenizer."""
     from tapa.data import DataConfig
     from tapa.model import ModelConfig
-    from tapa.model.checkpoint import load_model
+    from tapa.model.loading import load_model
     from tapa.train.config import TrainConfig
     from tapa.train.trainer import train
 

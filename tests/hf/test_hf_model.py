@@ -247,7 +247,7 @@ def test_tapa_lm_weights_wrap_exactly():
 DECODE_KERNEL_SCRIPT = """
 import torch
 from tapa.hf import TapaConfig, TapaForCausalLM
-from tapa.ops import decode_kernel
+from tapa.ops.tapa import decode_kernel
 
 calls = []
 real = decode_kernel.tapa_decode_attention
@@ -284,7 +284,7 @@ def test_generation_through_decode_kernel_in_interpreter():
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_generation_uses_decode_kernel(monkeypatch):
-    from tapa.ops import decode_kernel
+    from tapa.ops.tapa import decode_kernel
 
     calls = []
     real = decode_kernel.tapa_decode_attention

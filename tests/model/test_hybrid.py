@@ -58,7 +58,7 @@ def test_local_layer_sees_exactly_its_window_on_cpu():
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_local_layer_sees_exactly_its_window_on_flex_attention(monkeypatch):
-    import tapa.positional.local as local
+    import tapa.ops.local.window as local
 
     calls = []
     flex = local._flex

@@ -306,8 +306,8 @@ def test_unpadded_decoding_takes_the_kernel_without_a_length_sync(monkeypatch):
     skips the value check of the lengths: that check is a device sync per layer and per step."""
     pytest.importorskip("triton")
     from tapa.eval.passkey_eval import greedy_generate
-    from tapa.ops import decode as decode_op
-    from tapa.ops import decode_kernel
+    from tapa.ops.tapa import decode as decode_op
+    from tapa.ops.tapa import decode_kernel
 
     synced, kernel_calls = [], []
     monkeypatch.setattr(decode_op, "check_cache_lengths", lambda *a: synced.append(a))

@@ -1,4 +1,4 @@
-"""The argument checks of `tapa.ops.checks`: the range limits hold exactly up to their bound
+"""The argument checks of `tapa.ops.tapa.checks`: the range limits hold exactly up to their bound
 (finite and as accurate as float32 allows there), and triton on a CPU tensor is a clear error."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch
 from helpers import rel_rmse
 
 from tapa.ops import MAX_ALPHA, MAX_POSITION, tapa_attention
-from tapa.ops.reference import chunked_tapa_attention, naive_tapa_attention
+from tapa.ops.tapa.reference import chunked_tapa_attention, naive_tapa_attention
 
 
 def _qkv(q_len, k_len, seed, dtype=torch.float32):

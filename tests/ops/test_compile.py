@@ -23,7 +23,7 @@ COMPILE_SCRIPT = """
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from tapa.ops import decode_kernel, triton_kernels
+from tapa.ops.tapa import decode_kernel, kernels as triton_kernels
 
 FP32_POINTERS = {"Lse", "Delta", "DLse", "LSE", "PART", "PART_LSE"}
 INT_POINTERS = {"SEQLENS", "STARTS"}
@@ -122,7 +122,7 @@ import sys
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from tapa.ops import triton_kernels, triton_launch
+from tapa.ops.tapa import kernels as triton_kernels, launch as triton_launch
 
 kernel = triton_kernels._fwd_kernel
 constexprs = dict(AMP_DIM=16, HEAD_DIM=32, V_DIM=32, BLOCK_DA=16, BLOCK_DP=16, BLOCK_DV=32, BLOCK_M=64,

@@ -11,7 +11,7 @@ from helpers import rel_rmse
 
 import tapa
 from tapa.ops import tapa_attention_with_kvcache
-from tapa.ops.reference import naive_tapa_attention
+from tapa.ops.tapa.reference import naive_tapa_attention
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -126,7 +126,7 @@ def test_reference_impls_never_take_the_kernel(monkeypatch, impl):
     """impl "reference"/"naive" run per sequence even where the kernel would apply (on CUDA: here
     simulated by a decode_kernel_applies that says yes to "auto"); found on the H200, where these
     impls called a kernel they had not loaded."""
-    from tapa.ops import decode
+    from tapa.ops.tapa import decode
 
     real = decode.decode_kernel_applies
     monkeypatch.setattr(decode, "decode_kernel_applies",
@@ -142,7 +142,7 @@ def test_reference_impls_never_take_the_kernel(monkeypatch, impl):
 def test_auto_on_cuda_takes_the_kernel_where_it_applies(monkeypatch):
     """bf16 (which the interpreter cannot check): the kernel for Nq * H / Hk <= 64, per-sequence
     fused attention above; both within 2x of the same-dtype per-sequence reference's error."""
-    from tapa.ops import decode_kernel
+    from tapa.ops.tapa import decode_kernel
 
     calls = []
     real = decode_kernel.tapa_decode_attention

@@ -8,8 +8,8 @@ import torch
 pytest.importorskip("triton")  # without CUDA, tests/conftest.py has selected Triton's interpreter
 from helpers import rel_rmse  # noqa: E402
 
-from tapa.ops import decode_kernel  # noqa: E402
-from tapa.ops.reference import naive_tapa_attention  # noqa: E402
+from tapa.ops.tapa import decode_kernel  # noqa: E402
+from tapa.ops.tapa.reference import naive_tapa_attention  # noqa: E402
 
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -149,7 +149,7 @@ def test_a_decoding_loop_checks_each_call_signature_once(monkeypatch):
     for bad in (0, -1, 2.0, True):  # a float 2.0 equals 2 (cached above): still refused
         with pytest.raises(ValueError, match="num_splits"):
             decode_kernel.tapa_decode_attention(q, k, v, lengths, cache_starts=starts, num_splits=bad)
-    from tapa.ops import triton_launch  # a plan made under other kernel settings is not reused
+    from tapa.ops.tapa import launch  # a plan made under other kernel settings is not reused
     calls = len(checks)
     monkeypatch.setattr(triton_launch, "TRIG_TERMS", 4)
     decode_kernel.tapa_decode_attention(q, k, v, lengths, cache_starts=starts, num_splits=5)

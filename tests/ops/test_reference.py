@@ -1,4 +1,4 @@
-"""Tests of the reference TAPA operator (tapa.ops.reference) and the public tapa_attention.
+"""Tests of the reference TAPA operator (tapa.ops.tapa.reference) and the public tapa_attention.
 
 The direct (naive) implementation is the spec; it is itself checked against the formula written
 out in scalar Python on a three-token case. The chunked implementation, GQA, offsets, log-sum-exp
@@ -18,9 +18,9 @@ import torch
 from helpers import rel_rmse
 
 import tapa
-import tapa.ops
+import tapa.ops.tapa
 from tapa.ops import tapa_attention
-from tapa.ops.reference import chunked_tapa_attention, naive_tapa_attention
+from tapa.ops.tapa.reference import chunked_tapa_attention, naive_tapa_attention
 
 VARIANTS = list(itertools.product(("power", "linear"), ("quadratic", "linear")))
 VARIANT_IDS = [f"{d}-{p}" for d, p in VARIANTS]
@@ -345,14 +345,14 @@ def test_public_op_on_cpu_dispatches_to_the_references(monkeypatch):
             calls.append((_name, kwargs["alpha"]))
             return _real(*args, **kwargs)
 
-        monkeypatch.setattr(tapa.ops, name, spy)
+        monkeypatch.setattr(tapa.ops.tapa, name, spy)
     assert tapa.tapa_attention is tapa.ops.tapa_attention
     q, k, v = _qkv(1, 300, 300, 2, 1, 16, 8, torch.float32, seed=4)  # 180k logits
     ref = naive_tapa_attention(q.double(), k.double(), v.double(), alpha=0.2)
     expected_path = {"auto": "naive_tapa_attention", "reference": "chunked_tapa_attention",
                      "naive": "naive_tapa_attention"}
     for limit in (1 << 24, 1000):
-        monkeypatch.setattr(tapa.ops, "NAIVE_MAX_LOGITS", limit)
+        monkeypatch.setattr(tapa.ops.tapa, "NAIVE_MAX_LOGITS", limit)
         if limit == 1000:
             expected_path["auto"] = "chunked_tapa_attention"
         for impl, path in expected_path.items():
@@ -366,7 +366,7 @@ _MEMORY_SCRIPT = textwrap.dedent("""
     import torch
     torch.set_num_threads(1)  # predictable time: on a shared CPU, 2 OpenMP threads ran 20x slower
     from tapa import tapa_attention
-    from tapa.ops.reference import naive_tapa_attention
+    from tapa.ops.tapa.reference import naive_tapa_attention
 
     def peak_rss():
         for line in open("/proc/self/status"):

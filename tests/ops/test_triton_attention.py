@@ -21,11 +21,12 @@ HAS_CUDA = torch.cuda.is_available()
 pytest.importorskip("triton")  # without CUDA, tests/conftest.py has selected Triton's interpreter
 DEVICE = "cuda" if HAS_CUDA else "cpu"
 
-from tapa.ops import MAX_ALPHA, MAX_POSITION, tapa_attention, triton_attention, triton_launch  # noqa: E402
-from tapa.ops.reference import chunked_tapa_attention, naive_tapa_attention  # noqa: E402
+from tapa.ops import MAX_ALPHA, MAX_POSITION, tapa_attention
+from tapa.ops.tapa import fused as triton_attention, launch as triton_launch  # noqa: E402
+from tapa.ops.tapa.reference import chunked_tapa_attention, naive_tapa_attention  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
-from tapa.ops import triton_logits  # noqa: E402
+from tapa.ops.tapa import logits as triton_logits  # noqa: E402
 
 GRADS = ("out", "lse", "dq", "dk", "dv")
 # float32: the kernel's error is rounding-level (about 1e-6 measured); float16: see _check.
@@ -268,7 +269,7 @@ FAR = dict(q_offset=6000)  # every tile of these tests sits far from the diagona
 
 def test_trig_polynomial_error_bounds():
     """Each polynomial pair, evaluated in float32 as the kernels do, is within its table bound."""
-    from tapa.ops.triton_logits import TRIG_COEFFICIENTS
+    from tapa.ops.tapa.logits import TRIG_COEFFICIENTS
 
     u64 = torch.linspace(-0.25, 0.25, 100001, dtype=torch.float64)
     u = u64.float()
@@ -493,8 +494,8 @@ def _lse_error_bound(q, k, configs, *, theta=0.5, alpha=0.1, distance="power", p
     lse moves by at most its largest logit's error, logit = amplitude * cos(2 pi t), t the phase
     in turns (bounded here by its largest factors, over every pair of positions); with
     fwd_dot_rowsum, plus the input dtype's unit roundoff (the row sums add rounded probabilities)."""
-    from tapa.ops.reference import distance_weight, split_dims
-    from tapa.ops.triton_logits import TRIG_COEFFICIENTS
+    from tapa.ops.tapa.reference import distance_weight, split_dims
+    from tapa.ops.tapa.logits import TRIG_COEFFICIENTS
 
     dtype, group = q.dtype, q.shape[2] // k.shape[2]
     k = k.double().repeat_interleave(group, dim=2)

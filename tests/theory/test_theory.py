@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tapa.cli import main as tapa_main
-from tapa.ops.reference import tapa_logits
+from tapa.ops.tapa.reference import tapa_logits
 from tapa.theory import (
     METHODS,
     TheoryConfig,

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from tapa.model import ModelConfig, TapaLM
-from tapa.ops.reference import tapa_logits
-from tapa.positional import apply_rope, rope_cos_sin, rope_frequencies
+from tapa.ops.tapa.reference import tapa_logits
+from tapa.positional.rope import apply_rope, rope_cos_sin, rope_frequencies
 from tapa.theory import trained
 
 LAYER = 1

@@ -11,7 +11,7 @@ from helpers import earlier_phase_layout
 from safetensors.torch import load_file, save_file
 from trainkit import records, small_configs, one_thread  # noqa: F401 (autouse fixture)
 
-from tapa.model.checkpoint import CheckpointError, file_sha256, load_model, resolve_checkpoint
+from tapa.model.loading import CheckpointError, file_sha256, load_model, resolve_checkpoint
 from tapa.train.trainer import train
 
 

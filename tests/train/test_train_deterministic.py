@@ -9,7 +9,7 @@ import pytest
 import torch
 from trainkit import small_configs, one_thread  # noqa: F401 (autouse fixture)
 
-from tapa.ops import triton_launch
+from tapa.ops.tapa import launch as triton_launch
 from tapa.train import trainer
 
 

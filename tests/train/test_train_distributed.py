@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file
 from trainkit import losses, one_thread, records, small_configs  # noqa: F401 (autouse fixture)
 
-from tapa.train.checkpoint import resolve_checkpoint
+from tapa.train.saving import resolve_checkpoint
 from tapa.train.scaling_report import report
 from tapa.train.trainer import train
 

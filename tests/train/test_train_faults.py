@@ -12,7 +12,7 @@ import torch
 from trainkit import losses, records, small_configs, one_thread  # noqa: F401 (autouse fixture)
 
 from tapa.cli import main
-from tapa.train import checkpoint as ckpt
+from tapa.train import saving as ckpt
 from tapa.train.config import TrainConfig, build_configs, load_recipe
 from tapa.train.trainer import NonFiniteError, train
 

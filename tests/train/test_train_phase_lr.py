@@ -12,7 +12,7 @@ from trainkit import SMALL_MODEL, records, small_configs, one_thread  # noqa: F4
 
 from tapa.cli import main
 from tapa.model import ModelConfig, TapaLM, is_phase_parameter
-from tapa.train.checkpoint import resolve_checkpoint
+from tapa.train.saving import resolve_checkpoint
 from tapa.train.config import TrainConfig
 from tapa.train.trainer import make_optimizer, set_lr
 

@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 from trainkit import losses, records, small_configs, one_thread  # noqa: F401 (autouse fixture)
 
 from tapa.data import build_corpus
-from tapa.train.checkpoint import CheckpointError, load_model, resolve_checkpoint
+from tapa.train.saving import CheckpointError, load_model, resolve_checkpoint
 from tapa.train.loader import validation_windows
 from tapa.train.trainer import lr_at, train
 

@@ -28,7 +28,7 @@ import torch
 from tapa._paths import write_csv
 from tapa.bench.kernel_report import first_line
 from tapa.ops import tapa_attention
-from tapa.ops.reference import chunked_tapa_attention, naive_tapa_attention
+from tapa.ops.tapa.reference import chunked_tapa_attention, naive_tapa_attention
 
 PASSES = ("fwd", "bwd", "fwd+bwd")
 FLOP_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwd+bwd": 3.5}
@@ -95,7 +95,7 @@ def _rel(a, b):
 def _variant_configs(head_dim, dtype, variant):
     """The kernels inside `variant` (LaunchConfigs fields to change) over the defaults of
     head_dim and dtype."""
-    from tapa.ops import triton_launch
+    from tapa.ops.tapa import launch as triton_launch
 
     base = triton_launch.default_configs(head_dim, head_dim, dtype)
     with triton_launch.override_configs(triton_launch.with_variant(base, variant)):
@@ -236,7 +236,7 @@ def timing_rows(seq_lens, head_dims, causal_modes, tokens, heads, theta, referen
     from tqdm import tqdm
 
     from tapa.bench.attention_variants import variant_configs
-    from tapa.ops import triton_launch
+    from tapa.ops.tapa import launch as triton_launch
 
     impls = _impls(theta)
     cases = list(itertools.product(head_dims, causal_modes, seq_lens))
@@ -290,8 +290,8 @@ def sweep(n=16384, head_dim=128, tokens=65536, heads=16):
     """Print fwd and bwd times of kernel variants (D=128, causal, bf16) next to SDPA flash."""
     from triton.testing import do_bench
 
-    from tapa.ops import triton_launch as tl_
-    from tapa.ops.triton_launch import KernelConfig as K, LaunchConfigs
+    from tapa.ops.tapa import launch as tl_
+    from tapa.ops.tapa.launch import KernelConfig as K, LaunchConfigs
 
     batch = tokens // n
     q, k, v, dout = (_random((batch, n, heads, head_dim), torch.bfloat16, s) for s in range(4))
@@ -431,7 +431,7 @@ def run(args) -> int:
     from tapa.bench import attention_variants
 
     if args.trig is not None:
-        from tapa.ops import triton_launch
+        from tapa.ops.tapa import launch as triton_launch
 
         triton_launch.TRIG_POLY = args.trig == "poly"
     variants = attention_variants.parse(args.variants)  # a bad spec stops here, before any work

@@ -2,7 +2,7 @@
 next to the default kernel and the SDPA anchors in the same cases.
 
 A variant is `LABEL:SPEC` (or a bare SPEC, its own label) with SPEC as
-`tapa.ops.triton_launch.parse_variant` reads it, e.g. `dq-kernel:dq_atomic=0` or
+`tapa.ops.tapa.launch.parse_variant` reads it, e.g. `dq-kernel:dq_atomic=0` or
 `big-dkdv:dkdv=64x128/8/2,dq_atomic=1`. Nothing here changes a default.
 
 - `precompile`: Triton compiles each variant's kernels once per process, serially, which dominates a
@@ -45,7 +45,7 @@ CELLS = (("fwd", "ms"), ("fwd", "x_tapa"), ("bwd", "ms"), ("bwd", "x_tapa"), ("f
 
 def parse(items: list[str]) -> dict[str, dict]:
     """{label: LaunchConfigs changes} from ['LABEL:SPEC' or 'SPEC', ...]; ValueError on a bad one."""
-    from tapa.ops import triton_launch
+    from tapa.ops.tapa import launch as triton_launch
 
     variants: dict[str, dict] = {}
     for item in items:
@@ -61,7 +61,7 @@ def parse(items: list[str]) -> dict[str, dict]:
 
 def variant_configs(changes: dict, head_dim: int):
     """The bf16 launch configs of a variant: the default's at head_dim with `changes` applied."""
-    from tapa.ops import triton_launch
+    from tapa.ops.tapa import launch as triton_launch
 
     return triton_launch.with_variant(
         triton_launch.default_configs(head_dim, head_dim, torch.bfloat16), changes)
@@ -75,7 +75,8 @@ def _compile_task(task) -> str | None:
     """Run fwd+bwd of one variant on small inputs (compiling its kernels); the error, or None."""
     changes, head_dim, modes, heads, theta = task
     try:
-        from tapa.ops import tapa_attention, triton_launch
+        from tapa.ops import tapa_attention
+        from tapa.ops.tapa import launch as triton_launch
 
         configs = variant_configs(changes, head_dim)
         # the warm-up's 256 keys take configs.fwd: compile the forward's long-key tile as well
@@ -201,7 +202,7 @@ def time_combination(rows, variants, variant_errors, state, args, modes, on_case
     --combine-head-dims; returns rows with the new ones (marked round 2) appended."""
     from tapa.bench.attention import timing_rows
 
-    from tapa.ops.triton_launch import variant_text
+    from tapa.ops.tapa.launch import variant_text
 
     combined, chosen = combine_best(rows, variants, meets_bar(variant_errors),
                                     max(args.head_dims), max(args.seq_lens))
@@ -238,7 +239,7 @@ def markdown(rows: list[dict], variants: dict, error_rows: list[dict], combined=
     """The variants' accuracy and timing tables (empty without variants)."""
     if not variants:
         return ""
-    from tapa.ops.triton_launch import variant_text
+    from tapa.ops.tapa.launch import variant_text
 
     lines = ["## Kernel variants (bf16; `x default` = variant time / default kernel time in the "
              "same case and round)", ""]
@@ -291,7 +292,7 @@ def write_kernel_report(out: Path, quiet: bool = False) -> list[dict]:
     """attention_kernels.csv/.md for every kernel compiled in this process, and sass/ with the
     SASS (or PTX) of the first kernel of each kind (the default's)."""
     from tapa.bench import kernel_report
-    from tapa.ops import triton_launch
+    from tapa.ops.tapa import launch as triton_launch
 
     rows = kernel_report.kernel_rows(out / "sass", triton_launch.TRAINING_KERNELS)
     write_csv(out / "attention_kernels.csv", rows)

@@ -77,7 +77,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _kernel_module():
     if not torch.cuda.is_available():
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernel is defined
-    from tapa.ops import decode_kernel
+    from tapa.ops.tapa import decode_kernel
 
     return decode_kernel
 
@@ -114,7 +114,7 @@ def _timer(smoke: bool):
 
 def check_accuracy(kernel, *, device, dtype, heads, kv_heads, head_dim, theta, cache=4093, batch=3):
     """Relative RMSE vs float64 of the kernel and of the same-dtype reference, ragged lengths."""
-    from tapa.ops.reference import naive_tapa_attention
+    from tapa.ops.tapa.reference import naive_tapa_attention
 
     gen = torch.Generator().manual_seed(0)
     q = torch.randn(batch, 1, heads, head_dim, generator=gen).to(device, dtype)

@@ -113,7 +113,7 @@ def kernel_rows(dump_dir: Path | None = None, dump_kernels: frozenset = frozense
 
     The SASS (or PTX) of the first kernel seen of each name in dump_kernels goes to dump_dir.
     """
-    from tapa.ops import triton_launch
+    from tapa.ops.tapa import launch as triton_launch
 
     cuobjdump = find_cuobjdump()
     rows, dumped = [], set()
@@ -182,7 +182,7 @@ def offline_rows(variants: dict, head_dim: int = 128, max_distance: int = 16383,
     from triton.compiler import ASTSource
 
     from tapa.bench.attention_variants import variant_configs
-    from tapa.ops import triton_kernels, triton_launch
+    from tapa.ops.tapa import kernels as triton_kernels, launch as triton_launch
 
     cuobjdump = find_cuobjdump()
     rows = []

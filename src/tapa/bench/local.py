@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from tapa._paths import write_csv
-from tapa.positional.local import dense_local_attention, local_attention
+from tapa.ops.local import dense_local_attention, local_attention
 
 TARGET = dict(n=32768, window=256, ratio=0.15)
 MAX_CHECK_ERROR = 0.05  # relative RMSE in bf16 past which the op computes another function

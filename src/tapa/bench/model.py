@@ -97,7 +97,7 @@ def attention_path(cfg: ModelConfig, device: torch.device) -> str:
         return "local+" + attention_path(ModelConfig(**{**cfg.to_dict(), "layer_pattern": "G"}), device)
     if cfg.family != "tapa":
         return "sdpa-flash" if device.type == "cuda" else "sdpa"
-    from tapa.ops import _triton_backend
+    from tapa.ops.tapa import _triton_backend
 
     backend = _triton_backend()
     if backend is None or device.type != "cuda":
@@ -311,7 +311,7 @@ def run(args: argparse.Namespace) -> int:
     def notes_for(rows: list[dict]) -> list[str]:
         notes = [] if len(rows) == total else [f"PARTIAL: {len(rows)} of {total} configs so far"]
         if any(r.get("attention") == "tapa-reference" for r in rows) and not args.cpu_smoke:
-            notes.append("WARNING: the fused TAPA kernel was not used (tapa.ops.triton_attention "
+            notes.append("WARNING: the fused TAPA kernel was not used (tapa.ops.tapa.fused "
                          "missing or unsupported); TAPA rows time the PyTorch reference.")
         return notes
 

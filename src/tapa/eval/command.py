@@ -116,7 +116,7 @@ def expand_runs(paths: list[str]) -> list[Path]:
 def checkpoint_of(run_dir: Path, checkpoint: str | None) -> Path:
     """The checkpoint to evaluate: RUN's latest, or --checkpoint, which must belong to RUN (else its
     results would be filed under another model's name)."""
-    from tapa.model.checkpoint import resolve_checkpoint
+    from tapa.model.loading import resolve_checkpoint
 
     resolved = resolve_checkpoint(checkpoint or run_dir)
     if checkpoint and run_dir.resolve() not in resolved.resolve().parents:
@@ -129,7 +129,7 @@ def checkpoint_of(run_dir: Path, checkpoint: str | None) -> Path:
 
 def training_tokens(checkpoint: Path) -> int | None:
     """Tokens the checkpoint was trained on in its run (its state.json), for plot titles."""
-    from tapa.model.checkpoint import read_state
+    from tapa.model.loading import read_state
 
     return read_state(checkpoint, verify=False).get("tokens")
 
@@ -163,7 +163,7 @@ def check_eval_pe(eval_pe, checkpoints: list[Path]) -> None:
     """--eval-pe re-evaluates RoPE-family models only; ValueError if no run it names is one (the
     flag would do nothing). Runs of other encodings among RoPE ones (a demo's) are evaluated as
     they are."""
-    from tapa.model.checkpoint import checkpoint_model_config
+    from tapa.model.loading import checkpoint_model_config
 
     if not eval_pe:
         return

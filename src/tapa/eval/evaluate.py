@@ -130,7 +130,7 @@ def evaluate_run(run_dir: str | Path, options: EvalOptions, *, device: str | tor
                  checkpoint: str | Path | None = None) -> dict:
     """Evaluate the latest checkpoint of `run_dir` (or `checkpoint`) on the run's held-out split."""
     from tapa.data import DataConfig, build_corpus
-    from tapa.model.checkpoint import load_model
+    from tapa.model.loading import load_model
 
     run_dir = Path(run_dir)
     if not (run_dir / "config.json").is_file():

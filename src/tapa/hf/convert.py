@@ -31,8 +31,8 @@ import torch
 
 from tapa._optional import require
 from tapa._paths import check_output_dir, replacing_outputs
-from tapa.hf.checkpoint import MODEL_FILES, TOKENIZER_FILES, write_pretrained
-from tapa.model.checkpoint import read_json
+from tapa.hf.writer import MODEL_FILES, TOKENIZER_FILES, write_pretrained
+from tapa.model.loading import read_json
 from tapa.model import ModelConfig
 from tapa.ops import PHASES, split_dims
 from tapa.positional.kinds import KINDS

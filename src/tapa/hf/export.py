@@ -8,7 +8,7 @@ tokenizer that cannot be found is an error, unless --no-tokenizer says to export
 OUT_DIR follows the rule of `tapa._paths`: never a run directory, never over files of other
 programs without --overwrite, and a re-export replaces every file of the earlier one.
 
-It reads checkpoints through `tapa.model.checkpoint` (`load_model`) and tokenizers through
+It reads checkpoints through `tapa.model.loading` (`load_model`) and tokenizers through
 `tapa.data`.
 """
 
@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from tapa._paths import check_output_dir, file_sha256, replacing_outputs
-from tapa.hf.checkpoint import MODEL_FILES, TOKENIZER_FILES, write_pretrained
+from tapa.hf.writer import MODEL_FILES, TOKENIZER_FILES, write_pretrained
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 EXPORT_MARKER = "tapa_export.json"
@@ -80,7 +80,7 @@ def export_checkpoint(path: str | Path, out_dir: str | Path, *, tokenizer: str |
     directory; files of other programs only with overwrite=True); an earlier export there is
     replaced as a whole, so no file of it (a stale tokenizer) survives. Returns out_dir.
     """
-    from tapa.model.checkpoint import load_model, resolve_checkpoint
+    from tapa.model.loading import load_model, resolve_checkpoint
 
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {list(DTYPES)}, got {dtype!r}")

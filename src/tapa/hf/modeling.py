@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from tapa._optional import require
 from tapa.hf.configuration import TapaConfig, write_remote_code
-from tapa.hf.checkpoint import PREFIX
+from tapa.hf.writer import PREFIX
 from tapa.model import AttentionContext, TapaLM, upgrade_state_dict
 
 transformers = require("transformers")

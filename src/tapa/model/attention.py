@@ -8,7 +8,7 @@ Layer kinds (`ModelConfig.layer_pattern`):
   cache without cuDNN's SDPA backend (a plan per key length), and one new token per sequence with
   no padding takes no mask (it sees every cached key);
 - local: plain RoPE (`rope_base`, never scaled) and softmax inside a causal sliding window of
-  `local_window` tokens (`tapa.positional.local.local_attention`).
+  `local_window` tokens (`tapa.ops.local.local_attention`).
 
 Positions. Without a padding mask a token's position is its slot (0, 1, ... after the cached
 ones). With one (transformers' padded batches), positions restart at 0 at each sequence's first
@@ -31,10 +31,10 @@ from torch import nn
 
 from tapa.model.config import ModelConfig
 from tapa.ops import split_dims, tapa_attention, tapa_attention_with_kvcache
-from tapa.ops.decode import decode_kernel_applies
-from tapa.ops.reference import tapa_logits
-from tapa.positional import apply_rope, rope_cos_sin, rope_frequencies
-from tapa.positional.local import local_attention
+from tapa.ops.tapa.decode import decode_kernel_applies
+from tapa.ops.tapa.reference import tapa_logits
+from tapa.positional.rope import apply_rope, rope_cos_sin, rope_frequencies
+from tapa.ops.local import local_attention
 
 PHASE_PARAMETERS = ("wq_phase", "wk_phase", "phase_matrix")
 # query rows per block of the explicitly masked TAPA path (bounds its logits memory)

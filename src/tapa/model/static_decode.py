@@ -33,8 +33,8 @@ import torch
 from tapa.model.attention import Attention, _cos_sin, _softmax
 from tapa.model.cache import KVCache, ring_positions
 from tapa.ops import tapa_attention_with_kvcache
-from tapa.ops.decode import decode_kernel_applies
-from tapa.positional import apply_rope
+from tapa.ops.tapa.decode import decode_kernel_applies
+from tapa.positional.rope import apply_rope
 
 
 def _first_global(cache: KVCache) -> int | None:

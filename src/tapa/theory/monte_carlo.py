@@ -6,7 +6,7 @@ part) have mean a_q (for q), a_k (for k) and std s_A; the last d_P dims (the pha
 m_q, m_k and std s_P. For a query at position lambda and a key at 0 the logits are
 
     RoPE:  (R_lambda q) . (R_0 k) / sqrt(D)          (tapa.positional; pairs (i, i + D/2))
-    TAPA:  A * cos(2 pi f(lambda) phi)                (tapa.ops.reference.tapa_logits)
+    TAPA:  A * cos(2 pi f(lambda) phi)                (tapa.ops.tapa.reference.tapa_logits)
            A = q_A . k_A / sqrt(d_A),  f(lambda) = lambda ** alpha,
            phi = q_P . k_P / sqrt(d_P) (quadratic) or (sum q_P + sum k_P) / sqrt(d_P) (linear).
 
@@ -58,8 +58,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from tapa.ops.reference import split_dims, tapa_logits
-from tapa.positional import apply_rope, rope_cos_sin, rope_inv_freq
+from tapa.ops.tapa.reference import split_dims, tapa_logits
+from tapa.positional.rope import apply_rope, rope_cos_sin, rope_inv_freq
 from tapa.positional.kinds import get_kind
 
 METHODS = ("rope", "tapa", "tapa-linear-phase")

@@ -6,7 +6,7 @@ trained layer's actual q and k on held-out text, next to the iid theory of `tapa
 
 For each run, `sequences` windows of `seq_len` held-out tokens go through the model; the layer's
 q and k are captured (`capture_qk`) and turned into the logits its attention uses (`layer_logits`):
-    TAPA        tapa.ops.reference.tapa_logits (the learnable phase matrix, if any, applied to q)
+    TAPA        tapa.ops.tapa.reference.tapa_logits (the learnable phase matrix, if any, applied to q)
     RoPE family (R_m q_m) . (R_n k_n) / sqrt(D), the model's own rotary tables (YaRN's factor too)
     NoPE        q_m . k_n / sqrt(D)
 Causal pairs (m >= n) are binned by distance m - n: 0 alone, then log-spaced bins up to seq_len.
@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tapa.ops.reference import tapa_logits
+from tapa.ops.tapa.reference import tapa_logits
 from tapa.theory.monte_carlo import TheoryConfig, exact_moments
 
 CSV_FIELDS = ("run", "label", "layer", "kind", "estimate", "head", "bin_start", "bin_end", "distance",
@@ -331,7 +331,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    from tapa.model.checkpoint import load_model
+    from tapa.model.loading import load_model
 
     device = "cpu" if args.device == "cuda" and not torch.cuda.is_available() else args.device
     rows = []

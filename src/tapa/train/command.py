@@ -180,7 +180,7 @@ def _resume_configs(args: argparse.Namespace, overrides: dict):
 
 
 def _continual_configs(args: argparse.Namespace, overrides: dict):
-    from tapa.model.checkpoint import (checkpoint_model_config, read_state, resolve_checkpoint,
+    from tapa.model.loading import (checkpoint_model_config, read_state, resolve_checkpoint,
                                        run_config)
 
     checkpoint = resolve_checkpoint(overrides["train"]["init_from"])

@@ -3,7 +3,7 @@ the metrics log, and the loss-curve plot.
 
     RUN/config.json                        model, data and train configs, corpus manifest, data plan
     RUN/metrics.jsonl, RUN/metrics.csv     one record per logged step (rank 0 writes)
-    RUN/checkpoints/                       see tapa.train.checkpoint
+    RUN/checkpoints/                       see tapa.train.saving
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tapa.data import Corpus, DataConfig
 from tapa.model import ModelConfig
-from tapa.train import checkpoint as ckpt
+from tapa.train import saving as ckpt
 from tapa.train.config import RESUME_MUTABLE, TrainConfig, config_differences
 
 METRIC_FIELDS = ("step", "tokens", "loss", "lr", "grad_norm", "tokens_per_s", "val_loss", "elapsed_s",

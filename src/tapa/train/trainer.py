@@ -34,7 +34,7 @@ import torch.nn.functional as F
 
 from tapa.data import Corpus, DataConfig, build_corpus
 from tapa.model import ModelConfig, TapaLM, is_phase_parameter
-from tapa.train import checkpoint as ckpt
+from tapa.train import saving as ckpt
 from tapa.train.config import TrainConfig, check_continual, default_run_dir
 from tapa.train.distributed import (DistInfo, barrier, broadcast_object, mean_across_ranks,
                                     setup_distributed, teardown)

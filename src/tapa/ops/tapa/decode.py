@@ -8,9 +8,9 @@
 Sequence b's real tokens occupy slots [cache_starts[b], cache_seqlens[b]) at positions 0, 1, ...:
 query t is the token at slot cache_seqlens[b] - Nq + t and attends causally to the keys up to its
 own slot. Slots outside [cache_starts[b], cache_seqlens[b]) are never read, so they may hold
-anything. The function computed is the one `tapa.ops.reference` defines.
+anything. The function computed is the one `tapa.ops.tapa.reference` defines.
 
-Dispatch: the split-KV Triton kernel (`tapa.ops.decode_kernel`) on CUDA when it takes the shapes
+Dispatch: the split-KV Triton kernel (`tapa.ops.tapa.decode_kernel`) on CUDA when it takes the shapes
 (at most 64 query rows per kv head: Nq * H / Hk) and no gradient is needed (it has no backward);
 otherwise `tapa_attention` on each sequence's valid slice, which is exact and differentiable.
 """
@@ -21,7 +21,7 @@ import functools
 
 import torch
 
-from tapa.ops.checks import (
+from tapa.ops.tapa.checks import (
     check_cache_lengths,
     check_impl,
     check_kvcache_args,
@@ -34,7 +34,7 @@ def _decode_kernel():
     """The split-KV decode kernel's module, or None without triton (looked up once: this runs at
     every decoding step)."""
     try:
-        from tapa.ops import decode_kernel
+        from tapa.ops.tapa import decode_kernel
     except ImportError:
         return None
     return decode_kernel

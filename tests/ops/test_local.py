@@ -1,4 +1,4 @@
-"""Sliding-window attention (tapa.positional.local): every path against the dense float64 spec,
+"""Sliding-window attention (tapa.ops.local): every path against the dense float64 spec,
 forward and the gradients of q, k and v; locality; bounded memory of the chunked path; argument
 checks; the FlexAttention block table against torch's own create_block_mask. GPU tests (marked
 cuda) hold FlexAttention to the same spec."""
@@ -9,8 +9,8 @@ import pytest
 import torch
 from helpers import rel_rmse
 
-from tapa.positional import local
-from tapa.positional.local import (chunked_local_attention, dense_local_attention,
+from tapa.ops.local import window as local
+from tapa.ops.local import (chunked_local_attention, dense_local_attention,
                                    local_attention, window_block_mask)
 
 HAS_CUDA = torch.cuda.is_available()

@@ -20,7 +20,7 @@ import numbers
 
 import torch
 
-from tapa.ops.reference import DISTANCES, PHASES, split_dims
+from tapa.ops.tapa.reference import DISTANCES, PHASES, split_dims
 
 IMPLS = ("auto", "triton", "reference", "naive")
 MAX_POSITION = 2**24

@@ -1,6 +1,6 @@
 """Reading training checkpoints: a run directory or a checkpoint directory -> a TapaLM and its config.
 
-Layout (written by tapa.train.checkpoint, which also keeps the optimizer and RNG state):
+Layout (written by tapa.train.saving, which also keeps the optimizer and RNG state):
 
     RUN/config.json                        model, data and train configs (+ corpus manifest)
     RUN/checkpoints/step_XXXXXX/
@@ -12,7 +12,7 @@ Layout (written by tapa.train.checkpoint, which also keeps the optimizer and RNG
 Every reader verifies the files against the sha256 in state.json (unless told not to), so a
 missing, truncated or mismatched checkpoint raises CheckpointError naming the file.
 
-    from tapa.model.checkpoint import load_model
+    from tapa.model.loading import load_model
     model, model_cfg, run_config = load_model("runs/tiny-tapa-256")
 """
 

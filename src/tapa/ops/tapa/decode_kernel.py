@@ -1,6 +1,6 @@
 """Split-KV TAPA decoding: one or a few new query tokens against a long KV cache (Triton).
 
-Computes the function of `tapa.ops.reference` (see its docstring) for the decode setting:
+Computes the function of `tapa.ops.tapa.reference` (see its docstring) for the decode setting:
 
     row b: valid keys are the slots start_b <= n < seqlen_b of the cache (start_b = 0 unless
            cache_starts is given, e.g. left padding); query t (0 <= t < Nq) sits at slot
@@ -13,7 +13,7 @@ keeps an online softmax and writes its normalized partial output and log-sum-exp
 kernel merges the splits, out = sum_s exp(lse_s - lse) * out_s with lse = logsumexp_s(lse_s).
 With a single split the first kernel writes the final output directly.
 
-Each tile's logits come from `tapa.ops.triton_logits.tile_logits`, the helper (and flags) the
+Each tile's logits come from `tapa.ops.tapa.logits.tile_logits`, the helper (and flags) the
 fused kernels use. Half-precision inputs: the logits and the softmax are float32, q.k and p.v
 run on the input dtype's tensor cores with float32 accumulation (p is cast to the value dtype,
 as in FlashAttention); float32 inputs use IEEE float32 dots.
@@ -29,11 +29,11 @@ import torch
 import triton
 import triton.language as tl
 
-from tapa.ops.checks import check_cache_lengths, check_kvcache_args, check_triton_device
-from tapa.ops.reference import split_dims
-from tapa.ops import triton_launch
-from tapa.ops.triton_launch import interpreting, logits_args
-from tapa.ops.triton_logits import tile_logits
+from tapa.ops.tapa.checks import check_cache_lengths, check_kvcache_args, check_triton_device
+from tapa.ops.tapa.reference import split_dims
+from tapa.ops.tapa import launch as triton_launch
+from tapa.ops.tapa.launch import interpreting, logits_args
+from tapa.ops.tapa.logits import tile_logits
 
 MAX_QUERY_ROWS = 64  # G * Nq rows per program; more queries are prefill work for the fused kernel
 # Later steps of a call signature launch the compiled kernels directly (`_direct_launch`);

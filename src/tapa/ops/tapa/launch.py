@@ -1,7 +1,7 @@
 """Host side of the fused TAPA kernels: block-size choice, constants, grids and launches.
 
 `forward` returns (out, lse); `backward` returns (dq, dk, dv). Autograd and the torch custom op
-around them live in `tapa.ops.triton_attention`; the kernels in `tapa.ops.triton_kernels`.
+around them live in `tapa.ops.tapa.fused`; the kernels in `tapa.ops.tapa.kernels`.
 
 Kernel variants (for timing them against the defaults, never defaults before they are timed):
 `LaunchConfigs` holds every choice, `parse_variant` reads one from a string such as
@@ -23,8 +23,8 @@ import torch
 import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from tapa.ops import triton_kernels as kernels
-from tapa.ops.triton_logits import TRIG_COEFFICIENTS
+from tapa.ops.tapa import kernels as kernels
+from tapa.ops.tapa.logits import TRIG_COEFFICIENTS
 
 MAX_HEAD_DIM = 256
 # Error target of the Taylor series of d ** alpha around a tile's centre distance (relative),

@@ -1,8 +1,8 @@
 """Writing checkpoints, and the training state (optimizer, RNG) that only a resumed run reads.
-Reading a model back (resolve, verify, load) lives in tapa.model.checkpoint; its names are
+Reading a model back (resolve, verify, load) lives in tapa.model.loading; its names are
 re-exported here.
 
-A checkpoint directory holds, besides what tapa.model.checkpoint describes:
+A checkpoint directory holds, besides what tapa.model.loading describes:
     optimizer.pt    AdamW state keyed by parameter name (full, unsharded)
     rng.pt          torch / numpy / python / CUDA RNG states, one per rank
 
@@ -28,7 +28,7 @@ from torch import nn
 
 from tapa._optional import require
 from tapa.model import ModelConfig
-from tapa.model.checkpoint import (FORMAT_VERSION, LATEST, STATE, WEIGHTS, CheckpointError,
+from tapa.model.loading import (FORMAT_VERSION, LATEST, STATE, WEIGHTS, CheckpointError,
                                    file_sha256, has_checkpoint, load_model, load_weights,
                                    read_json, read_state, resolve_checkpoint, run_config)
 from tapa.train.distributed import DistInfo, broadcast_object, gather_objects

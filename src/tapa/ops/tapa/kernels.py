@@ -1,7 +1,7 @@
 """Triton kernels of the fused TAPA attention: forward, backward preprocess, dK/dV and dQ.
 
-The function computed is the one `tapa.ops.reference` defines; this file only says how. Every
-tile's logits come from `tapa.ops.triton_logits` (`tile_logits` in the forward,
+The function computed is the one `tapa.ops.tapa.reference` defines; this file only says how. Every
+tile's logits come from `tapa.ops.tapa.logits` (`tile_logits` in the forward,
 `tile_logits_and_derivatives` in the backward), shared with the decode kernel; here the kernels
 run an online softmax in base 2 (FlashAttention style) over them, never holding an N x N buffer.
 Causal tiles that are entirely visible skip the mask; tiles entirely in the future are never
@@ -11,7 +11,7 @@ visited. GQA: a dK/dV program loops over the query heads of its group, so there 
 import triton
 import triton.language as tl
 
-from tapa.ops.triton_logits import tile_logits, tile_logits_and_derivatives
+from tapa.ops.tapa.logits import tile_logits, tile_logits_and_derivatives
 
 LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)

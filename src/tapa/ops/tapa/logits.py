@@ -1,7 +1,7 @@
 """The TAPA logits of one tile, in Triton: the one place every kernel (forward, dQ, dK/dV, decode)
 computes them, and the element-wise pieces they are made of.
 
-The function is the one `tapa.ops.reference` defines. For a tile of rows a against rows b (queries
+The function is the one `tapa.ops.tapa.reference` defines. For a tile of rows a against rows b (queries
 x keys, or keys x queries in dK/dV) at signed distances s = m - n:
 
     qk_amp = a_A . b_A                          one dot over the amplitude columns
@@ -28,7 +28,7 @@ Flags (constexpr, the same names in every kernel): DIST_POWER (f = d ** alpha, e
 PHASE_QUAD (phi = a_P . b_P, else the sums), TRIG_POLY, TRIG_TERMS, TAYLOR_ORDER, BANDS (two more
 series bands, orders TAYLOR_ORDER -/+ 1, `_scaled_distance_weight`), PTX_ASM (MUFU's lg2.approx
 near the diagonal; GPU only), LONG_PHASE, DOT_PRECISION ("ieee" for float32 operands, else
-"tf32"). Kernel variants (off by default, `tapa.ops.triton_launch`): SPLIT_S (the distances
+"tf32"). Kernel variants (off by default, `tapa.ops.tapa.launch`): SPLIT_S (the distances
 as row and column parts), FAST_SCALARS (a far tile's scalars by the MUFU), COS_RADIANS (the MUFU
 trig on the unreduced phase in radians).
 """

@@ -9,9 +9,9 @@ from typing import Optional
 
 import torch
 
-from tapa.ops import triton_launch
-from tapa.ops.reference import split_dims
-from tapa.ops.triton_launch import interpreting  # noqa: F401  (the dispatcher asks it)
+from tapa.ops.tapa import launch as triton_launch
+from tapa.ops.tapa.reference import split_dims
+from tapa.ops.tapa.launch import interpreting  # noqa: F401  (the dispatcher asks it)
 
 
 def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, theta: float) -> bool:

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from tapa.positional import apply_rope, rope_cos_sin, rope_frequencies, rope_inv_freq
+from tapa.positional.rope import apply_rope, rope_cos_sin, rope_frequencies, rope_inv_freq
 
 HEAD_DIM, BASE, ORIGINAL = 64, 10000.0, 512
 
