@@ -49,5 +49,5 @@ for recipe in "${RECIPES[@]}"; do
     done
     rm -rf "$ROOT/$saved/checkpoints"
 done
-python -m tapa.train.scaling_report "$ROOT" --out "$OUT" \
+python -m lab.study.scaling_report "$ROOT" --out "$OUT" \
     --command "STEPS=$STEPS scripts/multi_gpu_check.sh ${RECIPES[*]}"

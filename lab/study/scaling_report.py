@@ -5,7 +5,7 @@ Run directories are named <recipe>-<mode>-<gpus> (e.g. toy-gpu-fsdp-2); resumed 
 <recipe>-<mode>-<gpus>-resume<gpus>. Throughput is the median of the logged tokens/s after the
 first `skip` records (compilation, autotuning, allocator warmup).
 
-    python -m tapa.train.scaling_report runs/multigpu --out results/multi-gpu-h200
+    python -m lab.study.scaling_report runs/multigpu --out results/multi-gpu-h200
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ the one archive a device call sends back.
 A job JSON ("kind": "tapa-study-job") holds the arm, lr, seed, protocol, the exact commands, the
 corpus' token counts, each finished stage's results (training summaries with a loss curve,
 perplexity per length, the passkey grid) and wall times, the hardware and the dates.
-`python3 -m tapa.eval.study aggregate` turns a folder (or archives) of them into tables and plots.
+`python3 -m lab.study.aggregate aggregate` turns a folder (or archives) of them into tables and plots.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import shlex
 import tarfile
 from pathlib import Path
 
-from arms import ARMS, Protocol
-from plan import Group, Job, continual_scale, job_stages
+from lab.study.arms import ARMS, Protocol
+from lab.study.plan import Group, Job, continual_scale, job_stages
 
 from tapa.train.saving import write_text_atomic
 from tapa.train.rundir import read_metrics

@@ -13,7 +13,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from arms import ARMS, FAMILIES, STAGES, SWEEP_ARM, Arm, Estimates, Protocol
+from lab.study.arms import ARMS, FAMILIES, STAGES, SWEEP_ARM, Arm, Estimates, Protocol
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ gradient. run.py runs it after the data build on a CUDA protocol and starts no g
 (its time counts in the call's budget). About 20 s, most of it compiling kernels the training
 then finds in the Triton cache. Alone:
 
-    PYTHONPATH=src python3 scripts/study/preflight.py
+    PYTHONPATH=src python3 -m lab.study.preflight
 """
 
 from __future__ import annotations

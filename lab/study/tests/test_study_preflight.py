@@ -1,13 +1,8 @@
-"""scripts/study/preflight.py: a study call trains nothing when the fused kernels miss the bar."""
-
-import sys
-from pathlib import Path
+"""lab/study/preflight.py: a study call trains nothing when the fused kernels miss the bar."""
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts" / "study"))
-
-import preflight  # noqa: E402
+from lab.study import preflight
 
 
 def _rows(ratio_dq):

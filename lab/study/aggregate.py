@@ -1,6 +1,6 @@
-"""Aggregate the toy study's job JSONs (scripts/study/run.py) into tables, plots and a README.
+"""Aggregate the toy study's job JSONs (lab/study/run.py) into tables, plots and a README.
 
-    python3 -m tapa.eval.study aggregate --in /tmp/archives --out results/toy-study
+    python3 -m lab.study.aggregate aggregate --in /tmp/archives --out results/toy-study
 
 --in takes folders (searched for *.job.json and *.tar.gz), job JSON files and the runner's archives.
 Every number written comes from the job JSONs. Written to --out:
@@ -26,7 +26,7 @@ Every number written comes from the job JSONs. Written to --out:
                                       the lead's and are kept; so are sections the skeleton lacks
 Each arm is reported at its main lr: the lr with the most seeds (ties: the lowest validation loss).
 
-    python3 -m tapa.eval.study compare --base results/toy-study/jobs --other results/toy-study/scale-768/jobs --out results/toy-study/scale-768
+    python3 -m lab.study.aggregate compare --base results/toy-study/jobs --other results/toy-study/scale-768/jobs --out results/toy-study/scale-768
 
 writes vs_<base protocol>.md, .csv and .png to --out: each arm of the other protocol next to the
 same arm of the base one (the base's continual stage from its jobs with the same continual
@@ -213,7 +213,7 @@ def main_lrs(jobs: list[dict]) -> dict[str, float]:
 
 
 def arm_order(jobs: list[dict]) -> list[str]:
-    """Arms in the order of the study's arm table (scripts/study/arms.py)."""
+    """Arms in the order of the study's arm table (lab/study/arms.py)."""
     return list(dict.fromkeys(j["arm"] for j in sorted(jobs, key=lambda j: (j.get("arm_index", 0),
                                                                            j["arm"]))))
 
@@ -935,7 +935,7 @@ def readme_skeleton(jobs: list[dict], tables: dict[str, str], command: str) -> s
         "## Hardware and dates", "",
         f"- Hardware: {'; '.join(hardware)}.",
         f"- Runs between {dates[0] if dates else '?'} and {dates[-1] if dates else '?'} (UTC).",
-        f"- {len(calls)} runner calls (`scripts/study/gpu_batch.sh` -> `scripts/study/run.py`):", "",
+        f"- {len(calls)} runner calls (`scripts/gpu_study.sh` -> `lab/study/run.py`):", "",
         *[f"      {call}: {cmd}" for call, cmd in calls], "",
         "Every job's exact `tapa` commands: `commands.md`.", "",
         "## Zero-shot perplexity (after pretraining)", "", tables["zero-shot"], "",
@@ -1016,7 +1016,7 @@ def commands_markdown(jobs: list[dict]) -> str:
 # the command
 
 def aggregate(paths, out_dir: str | Path, *, protocol_id: str | None = None,
-              command: str = "python3 -m tapa.eval.study aggregate") -> list[Path]:
+              command: str = "python3 -m lab.study.aggregate aggregate") -> list[Path]:
     """Write the tables, plots and README skeleton of the jobs in `paths` to out_dir."""
     repeats = []
     jobs = select_protocol(load_jobs(paths, repeats), protocol_id)
@@ -1232,7 +1232,7 @@ def plot_compare(rows: list[dict], path: Path, base_name: str, other_name: str) 
 
 
 def compare(base_paths, other_paths, out_dir: str | Path, *, anchor: str = "rope-yarn",
-            command: str = "python3 -m tapa.eval.study compare") -> list[Path]:
+            command: str = "python3 -m lab.study.aggregate compare") -> list[Path]:
     """vs_<base protocol>.md/.csv/.png in out_dir: every arm of the other jobs' protocol next to
     the same arm of the base protocol, with both protocols' gaps to the anchor arm."""
     base = select_protocol(load_jobs(base_paths))
@@ -1258,7 +1258,7 @@ def compare(base_paths, other_paths, out_dir: str | Path, *, anchor: str = "rope
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python3 -m tapa.eval.study",
+    parser = argparse.ArgumentParser(prog="python3 -m lab.study.aggregate",
                                      description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="action", required=True)
     agg = sub.add_parser("aggregate", help="tables, plots and the README from job JSONs")
@@ -1275,14 +1275,14 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.action == "compare":
-            command = (f"python3 -m tapa.eval.study compare --base {' '.join(args.base)} --other "
+            command = (f"python3 -m lab.study.aggregate compare --base {' '.join(args.base)} --other "
                        f"{' '.join(args.other)} --anchor {args.anchor} --out {args.out}")
             written = compare(args.base, args.other, args.out, anchor=args.anchor, command=command)
         else:
-            command = "python3 -m tapa.eval.study aggregate --in " + " ".join(args.inputs) + f" --out {args.out}"
+            command = "python3 -m lab.study.aggregate aggregate --in " + " ".join(args.inputs) + f" --out {args.out}"
             written = aggregate(args.inputs, args.out, protocol_id=args.protocol_id, command=command)
     except ValueError as err:
-        raise SystemExit(f"tapa.eval.study: {err}") from err
+        raise SystemExit(f"lab.study.aggregate: {err}") from err
     print(f"wrote {len(written)} files to {args.out}: " + ", ".join(p.name for p in written))
     return 0
 

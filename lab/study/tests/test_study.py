@@ -1,25 +1,18 @@
-"""The toy study's tooling: the runner (scripts/study/run.py) end to end on the tiny CPU protocol,
-its plans, and the aggregation of job JSONs (tapa.eval.study) on a known case."""
+"""The toy study's tooling: the runner (lab/study/run.py) end to end on the tiny CPU protocol,
+its plans, and the aggregation of job JSONs (lab/study/aggregate.py) on a known case."""
 
 import copy
 import importlib.util
 import csv
 import json
 import math
-import sys
 import tarfile
 from pathlib import Path
 
 import pytest
 
-from tapa.eval import study
-
-STUDY_SCRIPTS = Path(__file__).resolve().parents[2] / "scripts" / "study"
-sys.path.insert(0, str(STUDY_SCRIPTS))
-
-import arms  # noqa: E402
-import plan  # noqa: E402
-import run  # noqa: E402
+from lab.study import aggregate as study
+from lab.study import arms, plan, run
 
 # ---------------------------------------------------------------------------------------------
 # the runner
@@ -269,7 +262,7 @@ def synthetic_job(arm, family, lr, seed, ppl0, ppl1=None, val=3.0, passkey=None,
                                                          f"passkey-{arm}"] if ppl1 else []),
            "stage_dates": {"pretrain": ["2026-12-01T00:00:00", "2026-12-01T00:05:00"]},
            "commands": {"pretrain": f"tapa train --lr {lr}"}, "date": "2026-12-01T00:06:00",
-           "runner": {"call": "c1", "command": "python3 scripts/study/run.py --jobs ..."},
+           "runner": {"call": "c1", "command": "python3 -m lab.study.run --jobs ..."},
            "corpus": {"train_tokens": 120_000_000, "tokenizer_sha256": "abc", "source": {}}}
     job.update(extra)
     return job

@@ -1,10 +1,10 @@
 """Run batches of the toy study (issue 11) on one GPU inside a time budget, and pack the results.
 
-    python3 scripts/study/run.py --jobs rope:1e-3:0,tapa:1e-3:0 --concurrent 1 --time-budget 540 \
+    python3 -m lab.study.run --jobs rope:1e-3:0,tapa:1e-3:0 --concurrent 1 --time-budget 540 \
         --root /tmp/study --out $OUT
-    python3 scripts/study/run.py --plan lr-sweep --families rope,nope,tapa,hybrid --dry-run \
+    python3 -m lab.study.run --plan lr-sweep --families rope,nope,tapa,hybrid --dry-run \
         --split-batches 540                         # the device calls the sweep needs
-    python3 scripts/study/run.py --plan seeds --lr rope=1e-3,nope=1e-3,tapa=1e-3,hybrid=1e-3 ...
+    python3 -m lab.study.run --plan seeds --lr rope=1e-3,nope=1e-3,tapa=1e-3,hybrid=1e-3 ...
 
 What a call does:
 1. Checks every command's flags against this checkout's `tapa` (before any GPU time is spent).
@@ -41,19 +41,17 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+from lab.study import preflight
+from lab.study.aggregate import load_jobs
+from lab.study.arms import ARMS, FAMILIES, PROTOCOLS, STAGES, TINY_ESTIMATES, Estimates
+from lab.study.plan import (Group, build_groups, check_flags, estimate_stage, parse_jobs, job_stages,
+                            parse_lr_map, plan_jobs, pretrain_owner, split_batches, stage_closure)
+from lab.study.summarize import (corpus_summary, done_marker, finished_stages, job_summary, pack,
+                                 read_json, write_json_atomic)
+from tapa.train.rundir import read_metrics
 
-from arms import ARMS, FAMILIES, PROTOCOLS, STAGES, TINY_ESTIMATES, Estimates  # noqa: E402
-from plan import (Group, build_groups, check_flags, estimate_stage, parse_jobs,  # noqa: E402
-                  job_stages, parse_lr_map, plan_jobs, pretrain_owner, split_batches,
-                  stage_closure)
-from summarize import (corpus_summary, done_marker, finished_stages, job_summary, pack,  # noqa: E402
-                       read_json, write_json_atomic)
-
-from tapa.eval.study import load_jobs  # noqa: E402
-import preflight  # noqa: E402
-from tapa.train.rundir import read_metrics  # noqa: E402
+# the repository root: workers run `python3 -m lab.study.run` with it on their PYTHONPATH
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _now() -> str:
@@ -69,7 +67,7 @@ def _csv_list(cast):
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     what = parser.add_argument_group("what to run")
-    what.add_argument("--jobs", help="arm:lr:seed,... (arms: scripts/study/arms.py)")
+    what.add_argument("--jobs", help="arm:lr:seed,... (arms: lab/study/arms.py)")
     what.add_argument("--plan", choices=("lr-sweep", "seeds"), help="generate the jobs instead")
     what.add_argument("--families", type=_csv_list(str), default=list(FAMILIES))
     what.add_argument("--arms", type=_csv_list(str), default=None, help="restrict a plan to these arms")
@@ -350,7 +348,7 @@ def schedule(args, protocol, estimates, groups, call, log, started: float) -> di
     env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false",
                OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // args.concurrent)))
     import tapa
-    env["PYTHONPATH"] = os.pathsep.join([str(Path(tapa.__file__).resolve().parents[1]),
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(tapa.__file__).resolve().parents[1]), str(REPO),
                                         env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     outcome, running, next_progress = {}, {}, args.progress_every
 
@@ -402,7 +400,7 @@ def schedule(args, protocol, estimates, groups, call, log, started: float) -> di
                 handle.flush()
                 # same process session as the runner: if the device call ends the runner, the
                 # machine's clean-up ends the workers too
-                process = subprocess.Popen([sys.executable, str(HERE / "run.py"), "--worker", str(spec)],
+                process = subprocess.Popen([sys.executable, "-m", "lab.study.run", "--worker", str(spec)],
                                            stdout=handle, stderr=subprocess.STDOUT, env=env)
             running[group.id] = Running(group, process, time.perf_counter(), cost)
             log(f"[{elapsed:6.0f}s] {group.id}: started ({len(group.jobs)} jobs, "
@@ -473,7 +471,7 @@ def main(argv=None) -> int:
         outcome = {g.id: {"state": "not started", "note": "preflight failed"} for g in groups}
     else:
         outcome = schedule(args, protocol, estimates, groups, call, log, started=clock)
-    context = {"runner": {"command": "python3 scripts/study/run.py " + shlex.join(sys.argv[1:] if argv is None else argv),
+    context = {"runner": {"command": "python3 -m lab.study.run " + shlex.join(sys.argv[1:] if argv is None else argv),
                           "call": call, "concurrent": args.concurrent, "time_budget": args.time_budget,
                           "python": platform.python_version()},
                "data_command": "tapa " + shlex.join(data_argv), "corpus": corpus, "date": _now()}
@@ -542,7 +540,7 @@ def dry_run(args, protocol, estimates, groups, problems) -> int:
             print(f"# batch {number}: {len(batch)} groups")
             for call in range(1, calls + 1):
                 partial = " --allow-partial" if call < calls else ""
-                print(f"scripts/study/gpu_batch.sh --jobs {jobs} {' '.join(passthrough)}{partial}")
+                print(f"scripts/gpu_study.sh batch --jobs {jobs} {' '.join(passthrough)}{partial}")
     return 0 if not problems else 2
 
 
