@@ -16,7 +16,8 @@ from tapa.ops.tapa import (  # noqa: F401
     tapa_attention,
     tapa_attention_with_kvcache,
 )
+from tapa.ops.tapa.varlen import tapa_attention_varlen  # noqa: F401
 
-__all__ = ["tapa_attention", "tapa_attention_with_kvcache", "naive_tapa_attention",
+__all__ = ["tapa_attention", "tapa_attention_varlen", "tapa_attention_with_kvcache", "naive_tapa_attention",
            "chunked_tapa_attention", "check_args", "check_variant", "split_dims", "DISTANCES", "PHASES",
            "IMPLS", "MAX_ALPHA", "MAX_POSITION"]
