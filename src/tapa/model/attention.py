@@ -11,7 +11,9 @@ Layer kinds (`ModelConfig.layer_pattern`):
   `local_window` tokens (`tapa.ops.local.local_attention`).
 
 Positions. Without a padding mask a token's position is its slot (0, 1, ... after the cached
-ones). With one (transformers' padded batches), positions restart at 0 at each sequence's first
+ones). With packed documents (`Documents`: each row a sequence of whole documents, as training
+packs them), no token sees another document: TAPA layers take the varlen op (their distances are
+already each document's own), and RoPE positions restart at 0 at each document's first token. With one (transformers' padded batches), positions restart at 0 at each sequence's first
 real token and skip masked tokens; padded keys are hidden, and a query always sees its own slot so
 padded rows stay finite (their outputs are never used).
 
@@ -30,7 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tapa.model.config import ModelConfig
-from tapa.ops import split_dims, tapa_attention, tapa_attention_with_kvcache
+from tapa.ops import split_dims, tapa_attention, tapa_attention_varlen, tapa_attention_with_kvcache
 from tapa.ops.tapa.decode import decode_kernel_applies
 from tapa.ops.tapa.reference import tapa_logits
 from tapa.positional.rope import apply_rope, rope_cos_sin, rope_frequencies
@@ -69,6 +71,45 @@ def upgrade_state_dict(state: dict, cfg: ModelConfig, prefix: str = "") -> dict:
     return state
 
 
+@dataclass(frozen=True)
+class Documents:
+    """Packed documents of a batch of rows (B, N): every row a run of whole documents.
+
+    ids: (B, N) int64, each token's document index within its row (non-decreasing);
+    positions: (B, N) int64, each token's position inside its document;
+    cu_seqlens: int32 (D + 1,), the documents of all rows as FlashAttention's varlen offsets over
+    the flattened B * N tokens; max_seqlen: the longest document.
+    """
+
+    ids: torch.Tensor
+    positions: torch.Tensor
+    cu_seqlens: torch.Tensor
+    max_seqlen: int
+
+    @classmethod
+    def from_ids(cls, ids: torch.Tensor) -> "Documents":
+        """From per-token document labels (B, N): a new document starts wherever the label
+        changes along a row (and at every row's start)."""
+        if ids.dim() != 2:
+            raise ValueError(f"document_ids must be (batch, seqlen), got shape {tuple(ids.shape)}")
+        batch, length = ids.shape
+        starts = torch.ones_like(ids, dtype=torch.bool)
+        starts[:, 1:] = ids[:, 1:] != ids[:, :-1]
+        index = starts.long().cumsum(-1) - 1  # document index within the row
+        flat_starts = torch.nonzero(starts.flatten()).flatten()
+        cu = torch.cat([flat_starts, flat_starts.new_tensor([batch * length])]).to(torch.int32)
+        first = torch.where(starts, torch.arange(length, device=ids.device).expand(batch, length), 0)
+        positions = torch.arange(length, device=ids.device) - first.cummax(-1).values
+        return cls(index, positions, cu, int(cu.diff().max()) if batch * length else 0)
+
+    @classmethod
+    def from_tokens(cls, input_ids: torch.Tensor, eot_id: int) -> "Documents":
+        """Documents that end with the end-of-text token eot_id (inclusive), as the corpus packs
+        them: a token's document is the count of eot tokens before it in its row."""
+        eot = (input_ids == eot_id).long()
+        return cls.from_ids(eot.cumsum(-1) - eot)
+
+
 @dataclass
 class AttentionContext:
     """What every layer of one forward pass shares.
@@ -78,6 +119,7 @@ class AttentionContext:
     key_mask: (B, start + seq_len) bool, False at padded slots; None when nothing is padded.
     left_pad: (B,) int32 leading padded slots, when key_mask is pure left padding.
     uniform: every row's positions are its slots.
+    documents: packed documents that must not see each other (`Documents`), or None.
     """
 
     start: int
@@ -87,13 +129,25 @@ class AttentionContext:
     left_pad: torch.Tensor | None = None
     uniform: bool = True
     tables: dict = field(default_factory=dict)  # RoPE cos/sin of this pass, per (local, method)
+    documents: Documents | None = None
 
     @classmethod
     def build(cls, batch: int, start: int, seq_len: int, device, *, attention_mask=None,
-              position_ids=None, cfg: ModelConfig | None = None) -> "AttentionContext":
+              position_ids=None, cfg: ModelConfig | None = None,
+              documents: Documents | None = None) -> "AttentionContext":
         """attention_mask (B, start + seq_len) of 0/1 marks padding. position_ids (B, seq_len), if
         given, rotate RoPE layers; where TAPA layers exist they must agree with the positions the
-        mask implies (TAPA distances come from the mask)."""
+        mask implies (TAPA distances come from the mask). documents: packed documents of these
+        tokens (training and scoring only: no cache, no padding mask, no position_ids)."""
+        if documents is not None:
+            if start or attention_mask is not None or position_ids is not None:
+                raise ValueError("document masking takes whole rows of packed documents: no KV "
+                                 "cache, attention_mask or position_ids with document_ids")
+            if tuple(documents.ids.shape) != (batch, seq_len):
+                raise ValueError(f"document_ids must be (batch, seqlen) = {(batch, seq_len)}, got "
+                                 f"{tuple(documents.ids.shape)}")
+            return cls(0, seq_len, documents.positions.to(device), uniform=False,
+                       documents=documents)
         total = start + seq_len
         if attention_mask is not None:
             if attention_mask.dim() == 4:
@@ -147,6 +201,12 @@ class AttentionContext:
         with `window`, only keys whose position is within window - 1 of the query's."""
         query_slots = torch.arange(self.start, self.start + self.seq_len, device=key_slots.device)
         causal = key_slots[None, :] <= query_slots[:, None]
+        if self.documents is not None:  # keys are the row's own slots: same document, causal
+            ids = self.documents.ids.to(key_slots.device)
+            seen = causal[None] & (ids[:, :, None] == ids[:, None, key_slots])
+            if window is not None:
+                seen = seen & ((query_slots[:, None] - key_slots[None, :]) < window)[None]
+            return seen
         if self.key_mask is None:
             seen = causal[None]
             if window is not None:
@@ -312,6 +372,15 @@ class Attention(nn.Module):
         """Global TAPA layers; their keys are always the slots 0 .. start + N - 1."""
         cfg = self.cfg
         op_args = dict(theta=cfg.theta, alpha=cfg.alpha, distance=cfg.distance, phase=cfg.phase)
+        if ctx.documents is not None:
+            docs, (batch, length, heads, _) = ctx.documents, q.shape
+            cu, longest = docs.cu_seqlens.to(q.device), docs.max_seqlen
+            out = tapa_attention_varlen(q.reshape(batch * length, heads, -1),
+                                        k.reshape(batch * length, k.shape[2], -1),
+                                        v.reshape(batch * length, v.shape[2], -1), cu, cu, longest,
+                                        longest, causal=True, impl=cfg.attn_impl, check_seqlens=False,
+                                        **op_args)
+            return out.view(batch, length, heads, -1)
         padding_ok = ctx.key_mask is None or ctx.left_pad is not None
         if padding_ok and decode_kernel_applies(q, k, v, cfg.attn_impl):  # few new tokens, no grad
             lengths = torch.full((q.shape[0],), k.shape[1], dtype=torch.int32, device=q.device)
@@ -330,7 +399,7 @@ class Attention(nn.Module):
     def _global_softmax(self, q, k, v, key_slots, ctx: AttentionContext):
         """Keys are the slots 0 .. start + N - 1."""
         if ctx.start == 0:  # prefill, training: torch's choice of backend
-            if ctx.key_mask is None:
+            if ctx.key_mask is None and ctx.documents is None:
                 return _softmax(q, k, v, is_causal=True)
             return _softmax(q, k, v, mask=ctx.visible(torch.arange(k.shape[1], device=q.device)))
         with _without_cudnn():
@@ -339,7 +408,7 @@ class Attention(nn.Module):
             return _softmax(q, k, v, mask=ctx.visible(torch.arange(k.shape[1], device=q.device)))
 
     def _local(self, q, k, v, key_slots, ctx: AttentionContext):
-        if ctx.key_mask is None and isinstance(key_slots, int):
+        if ctx.key_mask is None and ctx.documents is None and isinstance(key_slots, int):
             return local_attention(q, k, v, self.window, q_offset=ctx.start, k_offset=key_slots)
         if isinstance(key_slots, int):
             key_slots = torch.arange(key_slots, key_slots + k.shape[1], device=q.device)

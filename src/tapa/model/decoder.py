@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tapa.model.attention import Attention, AttentionContext
+from tapa.model.attention import Attention, AttentionContext, Documents
 from tapa.model.cache import KVCache
 from tapa.model.config import ModelConfig
 from tapa.model.static_decode import StaticDecoder
@@ -84,19 +84,25 @@ class TapaLM(nn.Module):
             nn.init.normal_(block.ffn.w_down.weight, std=residual_std)
 
     def forward(self, input_ids: torch.Tensor, start_pos: int = 0, kv_cache: KVCache | None = None,
-                attention_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None):
+                attention_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
+                document_ids: torch.Tensor | Documents | None = None):
         """Logits (B, N, vocab) of input_ids (B, N) at slots start_pos ..
 
         kv_cache: a `KVCache` (`new_kv_cache`) holding the first start_pos slots; it gains these.
         attention_mask (B, start_pos + N) of 0/1 marks padding; position_ids (B, N) rotate RoPE
-        layers (see `AttentionContext.build`).
+        layers (see `AttentionContext.build`). document_ids (B, N), labels equal within each
+        packed document (or a `Documents`), keep every token inside its own document: attention
+        never crosses a document, and RoPE positions restart at each one.
         """
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be (batch, seqlen), got shape {tuple(input_ids.shape)}")
         if kv_cache is not None and kv_cache.length != start_pos:
             raise ValueError(f"start_pos ({start_pos}) must equal the cache length ({kv_cache.length})")
+        if document_ids is not None and not isinstance(document_ids, Documents):
+            document_ids = Documents.from_ids(document_ids.to(input_ids.device))
         ctx = AttentionContext.build(input_ids.shape[0], start_pos, input_ids.shape[1], input_ids.device,
-                                     attention_mask=attention_mask, position_ids=position_ids, cfg=self.config)
+                                     attention_mask=attention_mask, position_ids=position_ids, cfg=self.config,
+                                     documents=document_ids)
         hidden = self.blocks(self.embed(input_ids), ctx, kv_cache)
         return self.lm_head(self.norm(hidden))
 
@@ -157,9 +163,10 @@ class TapaLM(nn.Module):
         """A cache for `batch` sequences of up to max_len tokens (local layers keep local_window)."""
         return KVCache(self.config, batch, max_len)
 
-    def loss(self, input_ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def loss(self, input_ids: torch.Tensor, targets: torch.Tensor,
+             document_ids: torch.Tensor | Documents | None = None) -> torch.Tensor:
         """Mean next-token cross-entropy in float32; targets equal to -100 are ignored."""
-        logits = self(input_ids)
+        logits = self(input_ids, document_ids=document_ids)
         return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-100)
 
     def num_parameters(self, exclude_embeddings: bool = False) -> int:
