@@ -160,7 +160,7 @@ TOY_GPU = Protocol(
 # tokens) are the most each of its four groups fits in one call (results/toy-study/compile-probe.md);
 # the continual stage stays the toy's (5.0M tokens at 2048, 6% of this pretraining).
 # rate_scale: the scale model's eager training rate over the toy TAPA model's, 384k / 779k tokens/s
-# (scripts/study/gpu_compile_probe.sh at commit 2dda4ca, 2026-12-02).
+# (lab/study/gpu_compile_probe.sh, 2026-12-02).
 SCALE_768 = dataclasses.replace(TOY_GPU, name="scale-768",
                                 model=("--dim", "768", "--n-layers", "12", "--n-heads", "6"),
                                 pretrain_steps=2500, rate_scale=0.49)

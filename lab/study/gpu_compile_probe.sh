@@ -4,14 +4,14 @@
 # study's shape (toy-gpu, L=512, batch 64), 400 steps with and without --compile, then the steady
 # tokens/s (the mean of the last 5 logged intervals) side by side; and TAPA at the scale step's
 # size (dim 768, 12 layers), eager, for its rate. About 5 minutes in one call:
-#   device tool: run(command="bash scripts/study/gpu_compile_probe.sh", kind="nvidia-h200", timeout_s=600)
-# A CPU dry run of the script: RECIPE=tiny STEPS=30 DATA="--max-train-bytes 2000000" bash scripts/study/gpu_compile_probe.sh
+#   device tool: run(command="bash lab/study/gpu_compile_probe.sh", kind="nvidia-h200", timeout_s=600)
+# A CPU dry run of the script: RECIPE=tiny STEPS=30 DATA="--max-train-bytes 2000000" bash lab/study/gpu_compile_probe.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 MPLBACKEND=Agg TAPA_CACHE=/tmp/study/cache
 OUT=${OUT:-/tmp/compile_probe}
 mkdir -p "$OUT"
-data=${DATA:-$(python3 -c 'import sys; sys.path.insert(0, "scripts/study"); from arms import TOY_GPU; print(" ".join(TOY_GPU.data))')}
+data=${DATA:-$(python3 -c 'from lab.study.arms import TOY_GPU; print(" ".join(TOY_GPU.data))')}
 recipe=${RECIPE:-toy-gpu} steps=${STEPS:-400}
 for arm in "rope:--pe rope --lr 1e-3" "tapa:--pe tapa --phase-lr-scale 0.1 --lr 2e-3" \
            "hybrid-tapa:--pe tapa --layer-pattern LLLG --local-window 256 --phase-lr-scale 0.1 --lr 1e-3" \

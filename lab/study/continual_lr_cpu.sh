@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # CPU check (2 cores, ~4 min) of the continual-stage learning rate: pretrain a 0.9M-parameter RoPE
 # model at 128 tokens, continue it at 512 for 40 steps from its weights (fresh AdamW) at x1 and x0.1
-# the pretraining peak lr, and evaluate all three at 128 and 512. Usage: scripts/study/continual_lr_cpu.sh [OUT]
+# the pretraining peak lr, and evaluate all three at 128 and 512. Usage: lab/study/continual_lr_cpu.sh [OUT]
 set -euxo pipefail
 OUT=$(realpath -m "${1:-/tmp/continual_lr_cpu}"); mkdir -p "$OUT" && cd "$OUT"
 export TAPA_CACHE=$OUT/cache

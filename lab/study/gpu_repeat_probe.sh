@@ -6,15 +6,15 @@
 # atomics). For each pair: the first logged step at which the two losses differ, the largest
 # difference, and the steady tokens/s. RoPE runs no TAPA kernel, so its pair shows whether the rest
 # of the model (cuBLAS, SDPA, embedding backward) repeats. About 5 minutes in one call:
-#   device tool: run(command="bash scripts/study/gpu_repeat_probe.sh", kind="nvidia-h200", timeout_s=600)
-# A CPU dry run of the script: RECIPE=tiny STEPS=20 DATA="--max-train-bytes 2000000" bash scripts/study/gpu_repeat_probe.sh
+#   device tool: run(command="bash lab/study/gpu_repeat_probe.sh", kind="nvidia-h200", timeout_s=600)
+# A CPU dry run of the script: RECIPE=tiny STEPS=20 DATA="--max-train-bytes 2000000" bash lab/study/gpu_repeat_probe.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 MPLBACKEND=Agg TAPA_CACHE=/tmp/study/cache
 OUT=${OUT:-/tmp/repeat_probe_out}
 RUNS=/tmp/repeat_probe
 rm -rf "$RUNS" && mkdir -p "$OUT" "$RUNS"
-data=${DATA:-$(python3 -c 'import sys; sys.path.insert(0, "scripts/study"); from arms import TOY_GPU; print(" ".join(TOY_GPU.data))')}
+data=${DATA:-$(python3 -c 'from lab.study.arms import TOY_GPU; print(" ".join(TOY_GPU.data))')}
 recipe=${RECIPE:-toy-gpu} steps=${STEPS:-300}
 for arm in "tapa:--pe tapa --phase-lr-scale 0.1 --lr 2e-3" "rope:--pe rope --lr 1e-3"; do
     name=${arm%%:*} flags=${arm#*:}
