@@ -109,6 +109,9 @@ class TrainConfig:
                                  "exactly as if uninterrupted")
     passkey_fraction: float = documented(0.0, "share of training sequences replaced by passkey "
                                           "retrieval samples")
+    doc_mask: bool = documented(False, "document masking: no token attends across the end-of-text "
+                                  "token that ends its document (TAPA layers by the varlen op; "
+                                  "RoPE positions restart at each document)")
     progress: bool = documented(True, "show a progress bar")
     plot: bool = documented(True, "write a loss-curve PNG into the run directory (needs matplotlib)")
 

@@ -33,7 +33,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from tapa.data import Corpus, DataConfig, build_corpus
-from tapa.model import ModelConfig, TapaLM, is_phase_parameter
+from tapa.model import Documents, ModelConfig, TapaLM, is_phase_parameter
 from tapa.train import saving as ckpt
 from tapa.train.config import TrainConfig, check_continual, default_run_dir
 from tapa.train.distributed import (DistInfo, barrier, broadcast_object, mean_across_ranks,
@@ -281,8 +281,10 @@ def _train(train_cfg: TrainConfig, model_cfg: ModelConfig | None, data_cfg: Data
     autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else nullcontext())
 
     def forward_loss(batch: torch.Tensor) -> torch.Tensor:
+        inputs = batch[:, :-1]
+        documents = Documents.from_tokens(inputs, corpus.eot_id) if train_cfg.doc_mask else None
         with autocast:
-            logits = wrapped(batch[:, :-1])
+            logits = wrapped(inputs, document_ids=documents)
         return F.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten())
 
     def evaluate() -> float:
