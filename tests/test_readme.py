@@ -1,16 +1,23 @@
-"""The README's Python quick starts run as written."""
+"""The README runs and tells the truth: its Python quick starts run as written, and every number of
+its headline (the study table and the numbers in the bullets under it) is the one the study's
+aggregated files in results/toy-study hold."""
 
+import csv
 import re
+from collections import defaultdict
 from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+STUDY = ROOT / "results" / "toy-study"
 BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+LENGTHS = {"512": 512, "1k": 1024, "2k": 2048, "4k": 4096, "8k": 8192, "16k": 16384}
 
 
 def test_readme_has_python_examples():
-    assert len(BLOCKS) >= 2
+    assert len(BLOCKS) >= 3
 
 
 @pytest.mark.parametrize("index", range(len(BLOCKS)))
@@ -37,44 +44,120 @@ def _close_to_shown(value: float, shown: str) -> bool:
     return abs(value - float(shown)) <= 0.5 * 10 ** -decimals + 1e-9
 
 
-def test_readme_study_table_matches_the_study_results():
-    """The README's first table is copied from results/toy-study: every mean, spread and seed
-    count must still be what the aggregated study says (a re-aggregation that moves a number
-    fails here until the README follows)."""
-    import csv
-
+def _headline() -> str:
+    """The README's headline section: from its study heading to the install section."""
     text = README.read_text()
-    section = text[text.index("## What we measured"):text.index("## Install and run")]
-    header = next(line for line in section.splitlines() if line.startswith("| model |"))
-    lengths = [{"1k": 1024, "2k": 2048, "4k": 4096, "8k": 8192, "16k": 16384}.get(c.split()[0], None)
-               or int(c.split()[0]) for c in header.strip("|").split("|")[3:]]
-    labels = {"TAPA (phase rows at 0.1x lr)": "TAPA"}
-    study = Path(__file__).resolve().parents[1] / "results" / "toy-study" / "perplexity.csv"
-    rows = {(r["label"], int(r["length"])): r for r in csv.DictReader(open(study))
+    return text[text.index("## What we found"):text.index("## Install and run")]
+
+
+def _prose(section: str) -> str:
+    """The section's text with every run of whitespace (line breaks too) as one space."""
+    return " ".join(section.split())
+
+
+def _zero_shot(path: Path) -> dict:
+    """(label, length) -> the zero-shot row of an aggregated perplexity.csv."""
+    return {(r["label"], int(r["length"])): r for r in csv.DictReader(open(path))
             if r["stage"] == "zero-shot"}
+
+
+def _passkey(path: Path, label: str) -> list[float]:
+    """The arm's passkey accuracy in percent at 2k / 4k / 8k / 16k, the mean over depths of the
+    per-depth means (seeds already averaged) in an aggregated passkey.csv, as passkey.md prints it."""
+    by_length = defaultdict(list)
+    for row in csv.DictReader(open(path)):
+        if row["label"] == label:
+            by_length[int(row["length"])].append(float(row["mean"]))
+    assert sorted(by_length) == [2048, 4096, 8192, 16384], (label, sorted(by_length))
+    return [100 * sum(v) / len(v) for _, v in sorted(by_length.items())]
+
+
+def _numbers(text: str) -> list[str]:
+    return re.findall(r"\d+(?:\.\d+)?", text)
+
+
+def _match(pattern: str, text: str) -> re.Match:
+    found = re.search(pattern, text)
+    assert found, f"the README's headline no longer says {pattern!r}; update it and this test together"
+    return found
+
+
+def test_readme_study_table_matches_the_study_results():
+    """The headline table is copied from results/toy-study/perplexity.csv: every mean, spread and seed
+    count must still be what the aggregated study says (a re-aggregation that moves a number fails
+    here until the README follows)."""
+    section = _headline()
+    header = next(line for line in section.splitlines() if line.startswith("| model |"))
+    lengths = [LENGTHS[c.split()[0]] for c in header.strip("|").split("|")[2:]]
+    rows = _zero_shot(STUDY / "perplexity.csv")
     checked = 0
     for line in section.splitlines():
-        cells = [c.strip().replace("*", "") for c in line.strip("|").split("|")]
-        if not line.startswith("| ") or line.startswith(("| model", "|---")) or len(cells) < 4:
+        cells = [c.strip().replace("*", "") for c in line.strip().strip("|").split("|")]
+        if not line.startswith("| ") or line.startswith(("| model", "|---")):
             continue
-        label = labels.get(cells[0], cells[0])
-        for length, cell in zip(lengths, cells[3:]):
+        assert len(cells) == len(lengths) + 2, line
+        label = cells[0]
+        for length, cell in zip(lengths, cells[2:]):
+            assert (label, length) in rows, f"no zero-shot row for {label!r} at {length} in perplexity.csv"
             row = rows[(label, length)]
             mean, _, spread = cell.partition(" ± ")
             assert int(row["n"]) == int(cells[1]), (label, length)
             assert _close_to_shown(float(row["mean"]), mean), (label, length, row["mean"], cell)
-            if spread:
+            if int(row["n"]) > 1:
+                assert spread, (label, length, "a mean over seeds is shown with its spread")
                 assert _close_to_shown(float(row["std"]), spread), (label, length, row["std"], cell)
             checked += 1
     assert checked >= 30
+
+
+def test_readme_headline_gaps_match_the_study_results():
+    """The two gaps the bullets quote: the hybrids' in-length gap to RoPE, plain TAPA's."""
+    text = _prose(_headline())
+    rows = _zero_shot(STUDY / "perplexity.csv")
+    rope = float(rows[("RoPE", 512)]["mean"])
+    hybrids = [float(rows[(f"{kind} hybrid (LLLG, w256)", 512)]["mean"]) for kind in ("TAPA", "NoPE")]
+    hybrids.append(float(rows[("RoPE hybrid (LLLG, w256) + eval-time YaRN", 512)]["mean"]))
+    gap = _match(r"within (\d+\.\d)% of RoPE at the training length", text).group(1)
+    worst = 100 * (max(hybrids) / rope - 1)  # 1.51; from the table's rounded means, 1.58
+    assert worst <= float(gap) < worst + 0.15, (hybrids, rope, gap)
+    tapa_gap = _match(r"Plain TAPA is (\d+)% worse than RoPE in length", text).group(1)
+    assert _close_to_shown(100 * (float(rows[("TAPA", 512)]["mean"]) / rope - 1), tapa_gap)
+
+
+def test_readme_headline_passkey_and_scale_step_match_the_study_results():
+    """The bullets' passkey numbers (toy study, after the x0.1 continual stage) and the scale step's
+    (results/toy-study/scale-768) zero-shot perplexities and passkey accuracies."""
+    text = _prose(_headline())
+    toy = _match(r"passkey retrieval at 2k-16k is ([\d / ]+)% through TAPA globals, ([\d / ]+)% through "
+                 r"NoPE globals", text)
+    for shown, label in zip(toy.groups(), ("TAPA", "NoPE")):
+        expected = _passkey(STUDY / "passkey.csv", f"{label} hybrid (LLLG, w256) [continual lr x0.1]")
+        assert len(_numbers(shown)) == 4
+        for value, cell in zip(expected, _numbers(shown)):
+            assert _close_to_shown(value, cell), (label, expected, shown)
+
+    scale = STUDY / "scale-768"
+    rows = _zero_shot(scale / "perplexity.csv")
+    found = _match(r"NoPE hybrid ([\d. /]+?) against TAPA hybrid ([\d. /]+?) at 512 / 2k / 16k", text)
+    for shown, label in zip(found.groups(), ("NoPE", "TAPA")):
+        cells = _numbers(shown)
+        assert len(cells) == 3, shown
+        for length, cell in zip((512, 2048, 16384), cells):
+            row = rows[(f"{label} hybrid (LLLG, w256)", length)]
+            assert _close_to_shown(float(row["mean"]), cell), (label, length, row["mean"], cell)
+    retrieval = _match(r"retrieve better \(([\d / ]+)% against ([\d / ]+)%\)", text)
+    for shown, label in zip(retrieval.groups(), ("NoPE", "TAPA")):
+        expected = _passkey(scale / "passkey.csv", f"{label} hybrid (LLLG, w256)")
+        assert len(_numbers(shown)) == 4
+        for value, cell in zip(expected, _numbers(shown)):
+            assert _close_to_shown(value, cell), (label, expected, shown)
 
 
 def test_study_readme_tables_are_the_aggregated_ones():
     """results/toy-study/README.md is hand-kept around generated tables: its coverage, seed
     comparison and theory tables must be coverage.md's, comparisons.md's and theory_trained.md's
     (re-aggregating after new jobs without updating the README fails here)."""
-    study = Path(__file__).resolve().parents[1] / "results" / "toy-study"
-    readme = (study / "README.md").read_text()
+    readme = (STUDY / "README.md").read_text()
     for name in ("coverage.md", "comparisons.md", "theory_trained.md"):
-        table = (study / name).read_text().strip()
+        table = (STUDY / name).read_text().strip()
         assert table.split("\n\n")[0 if name == "coverage.md" else 1] in readme, name
