@@ -13,6 +13,9 @@ Each piece is encoded on its own and the ids are concatenated. Prompts therefore
 requested length, and the answer is always tokenized the same way in training samples and in the
 evaluation, whatever the tokenizer does across piece boundaries.
 
+`build_needle_prompt` is the general form (any instruction, any number of needles at their own
+depths, any question); the retrieval tasks of `tapa.eval.tasks` build their prompts with it.
+
 This module lives in `tapa.data` (not `tapa.eval`) so the trainer can mix passkey samples into
 training batches without importing the evaluation package.
 """
@@ -45,6 +48,11 @@ class PasskeyPrompt:
     key_position: int  # index in ids of the first token of the key sentence
     depth: float
 
+    @property
+    def expected(self) -> list[str]:
+        """What the answer must hold (the evaluation's scorer reads it): the passkey's digits."""
+        return [self.passkey]
+
 
 def random_passkey(rng: np.random.Generator, digits: int = KEY_DIGITS) -> str:
     """A passkey of `digits` decimal digits, first digit non-zero."""
@@ -65,6 +73,44 @@ def _filler_tokens(encode: Encode, count: int, filler_ids) -> list[int]:
     return (source * repeats)[:count]
 
 
+def _check_depth(depth) -> None:
+    if isinstance(depth, bool) or not isinstance(depth, (int, float)) or not 0.0 <= depth <= 1.0:
+        raise ValueError(f"depth must be in [0, 1], got {depth!r}")
+
+
+def build_needle_prompt(encode: Encode, *, length: int, instruction: str, needles: Sequence[tuple[float, str]],
+                        question: str, filler_ids=None, what: str = "prompt") -> tuple[list[int], list[int], int]:
+    """Token ids of exactly `length` tokens: instruction | filler with the needles in it | question.
+
+    needles: (depth, text) pairs. Needle j goes after the first round(depth_j * n_filler) filler
+    tokens, where n_filler = length - (instruction + needles + question tokens); needles at the same
+    filler offset keep their given order. Every piece is encoded on its own (see the module note).
+    Returns (ids, start of each needle in ids in the given order, n_filler). ValueError when the
+    fixed pieces do not fit in `length`.
+    """
+    for depth, _ in needles:
+        _check_depth(depth)
+    head = list(encode(instruction))
+    pieces = [list(encode(text)) for _, text in needles]
+    tail = list(encode(question))
+    fixed = len(head) + sum(map(len, pieces)) + len(tail)
+    if isinstance(length, bool) or not isinstance(length, int) or length < fixed:
+        raise ValueError(f"length must be an int of at least {fixed} tokens (the {what}'s instruction, "
+                         f"needles and question with this tokenizer), got {length!r}")
+    n_filler = length - fixed
+    filler = _filler_tokens(encode, n_filler, filler_ids)
+    offsets = [int(round(depth * n_filler)) for depth, _ in needles]
+    order = sorted(range(len(needles)), key=lambda j: (offsets[j], j))
+    ids, starts, cursor = list(head), [0] * len(needles), 0
+    for j in order:
+        ids += filler[cursor:offsets[j]]
+        cursor = offsets[j]
+        starts[j] = len(ids)
+        ids += pieces[j]
+    ids += filler[cursor:] + tail
+    return ids, starts, n_filler
+
+
 def build_passkey_prompt(encode: Encode, *, length: int, depth: float, passkey: str,
                          filler_ids=None) -> PasskeyPrompt:
     """Build a passkey prompt of exactly `length` tokens with the key at relative `depth` in [0, 1].
@@ -74,21 +120,12 @@ def build_passkey_prompt(encode: Encode, *, length: int, depth: float, passkey: 
     """
     if not isinstance(passkey, str) or not passkey.isdigit():
         raise ValueError(f"passkey must be a string of digits, got {passkey!r}")
-    if not isinstance(depth, (int, float)) or not 0.0 <= depth <= 1.0:
-        raise ValueError(f"depth must be in [0, 1], got {depth!r}")
-    instruction = list(encode(INSTRUCTION))
-    key_sentence = list(encode(KEY_SENTENCE.format(key=passkey)))
-    question = list(encode(QUESTION))
-    fixed = len(instruction) + len(key_sentence) + len(question)
-    n_filler = length - fixed
-    if not isinstance(length, int) or n_filler < 0:
-        raise ValueError(f"length must be an int of at least {fixed} tokens (instruction, key sentence "
-                         f"and question with this tokenizer), got {length!r}")
-    filler = _filler_tokens(encode, n_filler, filler_ids)
-    before = int(round(depth * n_filler))
-    ids = instruction + filler[:before] + key_sentence + filler[before:] + question
+    _check_depth(depth)
+    ids, [key_position], _ = build_needle_prompt(
+        encode, length=length, instruction=INSTRUCTION, needles=[(float(depth), KEY_SENTENCE.format(key=passkey))],
+        question=QUESTION, filler_ids=filler_ids, what="passkey prompt")
     return PasskeyPrompt(ids=ids, answer_ids=list(encode(ANSWER.format(key=passkey))), passkey=passkey,
-                         key_position=len(instruction) + before, depth=float(depth))
+                         key_position=key_position, depth=float(depth))
 
 
 def passkey_training_sample(encode: Encode, *, length: int, rng: np.random.Generator,
@@ -112,5 +149,5 @@ def passkey_training_sample(encode: Encode, *, length: int, rng: np.random.Gener
     return np.asarray(prompt.ids + answer, dtype=np.int64)
 
 
-__all__ = ["PasskeyPrompt", "build_passkey_prompt", "passkey_training_sample", "random_passkey",
+__all__ = ["PasskeyPrompt", "build_needle_prompt", "build_passkey_prompt", "passkey_training_sample", "random_passkey",
            "INSTRUCTION", "STANDARD_FILLER", "KEY_SENTENCE", "QUESTION", "ANSWER"]

@@ -1,6 +1,10 @@
-"""`tapa eval RUN_DIR [RUN_DIR...]`: perplexity vs length (and passkey retrieval) for trained runs.
-Writes RUN_DIR/eval/{results.json, results.md, perplexity.png, position_loss.png, passkey_*.png}.
-A directory that holds run directories (what `tapa demo` writes) stands for the runs inside it."""
+"""`tapa eval RUN_DIR [RUN_DIR...]`: perplexity vs length (and passkey retrieval, and the retrieval
+tasks of `tapa.eval.tasks`) for trained runs.
+Writes RUN_DIR/eval/{results.json, results.md, perplexity.png, position_loss.png, passkey_*.png,
+retrieval_*.png}; with --data SOURCE, RUN_DIR/eval-<name of SOURCE>/ instead, so the default
+evaluation's files are never replaced by another text's.
+A directory that holds run directories (what `tapa demo` writes) stands for the runs inside it.
+docs/evaluation.md describes every measurement and file."""
 
 from __future__ import annotations
 
@@ -10,9 +14,11 @@ import sys
 from pathlib import Path
 
 from tapa._paths import RUN_CONFIG, is_run_dir, run_dirs_inside
-from tapa.eval.evaluate import DEFAULT_DEPTHS, DEFAULT_MULTIPLES, EvalOptions, evaluate_run
-from tapa.eval.report import check_results_dir, perplexity_table, write_results
+from tapa.eval.evaluate import (DEFAULT_DEPTHS, DEFAULT_MULTIPLES, EvalOptions, check_data_source, data_name,
+                                 evaluate_run)
+from tapa.eval.report import check_results_dir, perplexity_table, task_tables, write_results
 from tapa.eval.scaling import ROPE_FAMILY
+from tapa.eval.tasks import TASKS, TaskSettings, default_trials, parse_tasks, trials_for_half_width
 
 
 def _int_list(text: str) -> list[int]:
@@ -33,6 +39,13 @@ def _float_list(text: str) -> list[float]:
     if not values:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}")
     return values
+
+
+def _task_list(text: str) -> tuple[str, ...]:
+    try:
+        return parse_tasks(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from err
 
 
 def _pe_list(text: str) -> tuple[str, ...]:
@@ -58,7 +71,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stride", type=int, default=256, help="sliding-window stride (default 256)")
     parser.add_argument("--max-tokens", type=int, default=16384,
                         help="scored tokens per length, a fixed prefix of the split (0: all; default 16384)")
-    parser.add_argument("--split", choices=("val", "test"), default="test")
+    parser.add_argument("--data", default=None, metavar="SOURCE",
+                        help="evaluate on this text instead of the run's corpus: any source 'tapa train "
+                             "--data' takes (a text file, a directory of files, a .jsonl, hf:NAME or "
+                             "hf:DIR), tokenized with the run's own tokenizer; it also gives the passkey "
+                             "and task filler. Results go to RUN_DIR/eval-<name of SOURCE>/ (or --out)")
+    parser.add_argument("--text-field", default=None,
+                        help="the text field of a .jsonl or hf --data source (default: the run's, 'text')")
+    parser.add_argument("--split", choices=("val", "test", "all"), default=None,
+                        help="which text: the run corpus' held-out val or test split (default test); with "
+                             "--data, 'all' of it (the default) or its val/test part split as the run's")
     parser.add_argument("--eval-pe", type=_pe_list, default=(),
                         help="also evaluate a RoPE model's weights under these rules, "
                              "e.g. rope-pi,rope-yarn,rope-ntk")
@@ -71,10 +93,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"key depths in [0, 1] (default {','.join(f'{d:g}' for d in DEFAULT_DEPTHS)})")
     parser.add_argument("--passkey-trials", type=int, default=None, help="prompts per cell (default 5)")
     parser.add_argument("--passkey-filler", choices=("standard", "corpus"), default=None,
-                        help="filler text: standard sentences (default) or held-out corpus tokens")
-    parser.add_argument("--seed", type=int, default=None, help="seed of the passkey prompts (default 0)")
+                        help="filler text: standard sentences (default) or the evaluated text's tokens "
+                             "(the default with --data)")
+    parser.add_argument("--tasks", type=_task_list, default=None, metavar="TASKS",
+                        help="also run these retrieval tasks, comma-separated, or 'all': "
+                             f"{', '.join(TASKS)}")
+    parser.add_argument("--task-lengths", type=_int_list, default=None,
+                        help="task context lengths (default: training length x 1,2,4,8)")
+    parser.add_argument("--task-depths", type=_float_list, default=None,
+                        help=f"depths of the asked needle in [0, 1] (default {','.join(f'{d:g}' for d in DEFAULT_DEPTHS)})")
+    parser.add_argument("--task-trials", type=int, default=None,
+                        help="prompts per cell (default ceil({} / depths): {} with 5 depths, +-5 points "
+                             "on each length's accuracy over all depths)".format(trials_for_half_width(),
+                                                                                  default_trials(5)))
+    parser.add_argument("--task-filler", choices=("corpus", "standard"), default=None,
+                        help="task filler text: the evaluated text's tokens (default) or standard sentences")
+    defaults = TaskSettings()
+    parser.add_argument("--distractors", type=int, default=None,
+                        help=f"multi-key: needles of other keys (default {defaults.distractors})")
+    parser.add_argument("--values", type=int, default=None,
+                        help=f"multi-value: values of the key (default {defaults.values})")
+    parser.add_argument("--hops", type=int, default=None,
+                        help=f"variable-tracking: assignments per chain (default {defaults.hops})")
+    parser.add_argument("--chains", type=int, default=None,
+                        help=f"variable-tracking: chains, the asked one included (default {defaults.chains})")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="seed of the passkey and task prompts (default 0)")
     parser.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:1, ...")
-    parser.add_argument("--out", default=None, help="output directory (default: RUN_DIR/eval)")
+    parser.add_argument("--out", default=None,
+                        help="output directory (default: RUN_DIR/eval, with --data RUN_DIR/eval-<name>)")
     parser.add_argument("--overwrite", action="store_true",
                         help="write into the output directory even if it holds files tapa eval did not write")
     parser.add_argument("--no-progress", action="store_true")
@@ -136,26 +183,64 @@ def training_tokens(checkpoint: Path) -> int | None:
 
 # options that only the passkey grid reads: flag -> EvalOptions field
 PASSKEY_FLAGS = {"--passkey-lengths": "passkey_lengths", "--passkey-depths": "passkey_depths",
-                 "--passkey-trials": "passkey_trials", "--passkey-filler": "passkey_filler",
-                 "--seed": "seed"}
+                 "--passkey-trials": "passkey_trials", "--passkey-filler": "passkey_filler"}
+# options that only the retrieval tasks read: flag -> EvalOptions field (or TaskSettings field)
+TASK_FLAGS = {"--task-lengths": "task_lengths", "--task-depths": "task_depths", "--task-trials": "task_trials",
+              "--task-filler": "task_filler"}
+TASK_SETTING_FLAGS = {"--distractors": "distractors", "--values": "values", "--hops": "hops",
+                      "--chains": "chains"}
+
+
+def _given(args: argparse.Namespace, flags: dict) -> dict:
+    """{flag: value} of the flags of `flags` given on the command line (not None)."""
+    values = {flag: getattr(args, flag[2:].replace("-", "_")) for flag in flags}
+    return {flag: value for flag, value in values.items() if value is not None}
 
 
 def options_from_args(args: argparse.Namespace) -> EvalOptions:
     """The EvalOptions of a command line; ValueError for a flag that would be silently ignored
-    (--multiples with --lengths, a passkey setting without --passkey)."""
+    (--multiples with --lengths, a passkey setting without --passkey, a task setting without --tasks,
+    --text-field without --data)."""
     if args.lengths is not None and args.multiples is not None:
         raise ValueError("--lengths and --multiples both choose the evaluation lengths; pass one of them")
-    passkey = {field: getattr(args, flag[2:].replace("-", "_")) for flag, field in PASSKEY_FLAGS.items()}
-    given = [flag for flag, field in PASSKEY_FLAGS.items() if passkey[field] is not None]
-    if given and not args.passkey:
-        raise ValueError(f"the passkey grid reads {', '.join(given)}, but it runs only with --passkey; "
-                         "add --passkey or drop them")
-    chosen = {field: tuple(value) if field == "passkey_depths" else value
-              for field, value in passkey.items() if value is not None}
+    passkey = _given(args, PASSKEY_FLAGS)
+    seed_flag = ["--seed"] if args.seed is not None and not args.tasks else []
+    if passkey and not args.passkey:
+        raise ValueError(f"the passkey grid reads {', '.join([*passkey, *seed_flag])}, but it runs only with "
+                         "--passkey; add --passkey or drop them")
+    tasks = _given(args, TASK_FLAGS)
+    settings = _given(args, TASK_SETTING_FLAGS)
+    if (tasks or settings) and not args.tasks:
+        raise ValueError(f"the retrieval tasks read {', '.join([*tasks, *settings])}, but they run only with "
+                         f"--tasks; add --tasks (e.g. --tasks all) or drop them")
+    if args.seed is not None and not (args.passkey or args.tasks):
+        raise ValueError("--seed sets the passkey and task prompts; add --passkey or --tasks, or drop it")
+    if args.text_field is not None and not args.data:
+        raise ValueError("--text-field names the text field of a --data source; add --data or drop it")
+    if args.split == "all" and not args.data:
+        raise ValueError("--split all reads the whole of a --data source; the run's own corpus holds only "
+                         "its val and test splits out of training (choose one of them)")
+    if args.task_trials is not None and args.task_trials < 1:
+        raise ValueError(f"--task-trials must be at least 1, got {args.task_trials}")
+    for flag, field_name in TASK_SETTING_FLAGS.items():
+        if flag in settings:
+            try:
+                TaskSettings(**{field_name: settings[flag]})
+            except ValueError as err:
+                raise ValueError(f"{flag}: {err}") from err
+    chosen = {field_name: tuple(value) if field_name.endswith("_depths") else value
+              for flag, value in {**passkey, **tasks}.items()
+              for field_name in [{**PASSKEY_FLAGS, **TASK_FLAGS}[flag]]}
+    if args.data and "passkey_filler" not in chosen:
+        chosen["passkey_filler"] = "corpus"  # with --data, the passkey filler comes from that text too
     if args.multiples is not None:
         chosen["multiples"] = tuple(args.multiples)
+    if args.seed is not None:
+        chosen["seed"] = args.seed
     return EvalOptions(lengths=args.lengths, stride=args.stride, max_tokens=args.max_tokens or None,
-                       split=args.split, eval_pe=args.eval_pe, passkey=args.passkey,
+                       split=args.split, data=args.data, text_field=args.text_field, eval_pe=args.eval_pe,
+                       passkey=args.passkey, tasks=args.tasks or (),
+                       task_settings=TaskSettings(**{TASK_SETTING_FLAGS[f]: v for f, v in settings.items()}),
                        progress=not args.no_progress, **chosen)
 
 
@@ -183,7 +268,10 @@ def run(args: argparse.Namespace) -> int:
     # everything a user can get wrong is checked before the first (possibly long) evaluation
     checkpoints = [checkpoint_of(run_dir, args.checkpoint) for run_dir in runs]
     check_eval_pe(options.eval_pe, checkpoints)
-    out_dirs = [Path(args.out) if args.out else run_dir / "eval" for run_dir in runs]
+    if options.data:  # before the model loads: a missing or empty source is a one-line error now
+        check_data_source(options.data, options.text_field or "text")
+    default_dir = "eval" if not options.data else f"eval-{data_name(options.data)}"
+    out_dirs = [Path(args.out) if args.out else run_dir / default_dir for run_dir in runs]
     for out_dir in out_dirs:
         check_results_dir(out_dir, overwrite=args.overwrite, command="tapa eval")
     device = resolve_device(args.device)
@@ -192,8 +280,14 @@ def run(args: argparse.Namespace) -> int:
         tokens = training_tokens(checkpoint)
         for method in results["methods"]:
             method.setdefault("train_tokens", tokens)
-        written = write_results(results, out_dir, title=f"{run_dir.name}: perplexity vs length")
+        on = "" if not options.data else f" on {data_name(options.data)}"
+        written = write_results(results, out_dir, title=f"{run_dir.name}: perplexity vs length{on}")
+        data = results["data"]
+        print(f"data: {data['source']} ({data['split']}, {data['tokens']:,} tokens)")
         print(perplexity_table(results["methods"]))
+        tables = task_tables(results["methods"])
+        if tables:
+            print("\n" + tables)
         print(f"\nwrote {len(written)} files to {out_dir}: " + ", ".join(p.name for p in written))
     if len(runs) > 1:
         print("\ncompare them in one table and plot with: tapa report " + " ".join(map(str, runs)))

@@ -1,11 +1,17 @@
-"""Evaluate trained runs: perplexity vs length (and optionally passkey retrieval) for the run's model
-and, for a RoPE model, the same weights under eval-time scaling rules (PI, NTK, YaRN).
+"""Evaluate trained runs: perplexity vs length (and optionally passkey retrieval and the retrieval
+tasks of `tapa.eval.tasks`) for the run's model and, for a RoPE model, the same weights under
+eval-time scaling rules (PI, NTK, YaRN).
+
+The text is the run's own held-out split by default, or any source `tapa train --data` accepts
+(`EvalOptions.data`), tokenized with the run's own tokenizer (`eval_tokens`).
 
 The result is a plain dict (written to results.json by `tapa.eval.report`):
 
     {"kind": "tapa-eval", "date", "hardware", "command", "split", "stride", "max_tokens",
+     "data": {"source", "split", "tokens", "run_corpus", ...},
      "methods": [{"label", "pe", "trained_pe", "run", "train_len", "zero_shot", "num_parameters",
-                  "perplexity": [PerplexityResult.to_dict(), ...], "passkey": grid dict or None}]}
+                  "perplexity": [PerplexityResult.to_dict(), ...], "passkey": grid dict or None,
+                  "tasks": {task: grid dict} or None}]}
 """
 
 from __future__ import annotations
@@ -17,11 +23,13 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from tapa.eval.passkey_eval import DEFAULT_DEPTHS, passkey_grid
 from tapa.eval.perplexity import perplexity_vs_length
 from tapa.eval.scaling import ROPE_FAMILY, SCALED_AT_EVAL, with_positional
+from tapa.eval.tasks import TASKS, TaskSettings, check_task_lengths, default_trials, task_grid
 from tapa.positional.kinds import model_label
 
 DEFAULT_MULTIPLES = (0.5, 1, 2, 4, 8, 16)
@@ -31,29 +39,46 @@ def lengths_from_multiples(train_len: int, multiples=DEFAULT_MULTIPLES) -> list[
     return sorted({max(1, int(round(train_len * m))) for m in multiples})
 
 
+SPLIT_CHOICES = ("val", "test", "all")
+
+
 @dataclass
 class EvalOptions:
     lengths: list[int] | None = None  # None: train_len * multiples
     multiples: tuple = DEFAULT_MULTIPLES
     stride: int = 256
     max_tokens: int | None = 16384  # tokens scored per length (a deterministic prefix of the split)
-    split: str = "test"
+    split: str | None = None  # val | test | all (all: --data only); None: test, or all with data
+    data: str | None = None  # a source as `tapa train --data` takes it; None: the run's own corpus
+    text_field: str | None = None  # the text field of a .jsonl / hf data source (None: the run's)
     eval_pe: tuple = ()  # extra RoPE rules to evaluate a RoPE model under, e.g. ("rope-pi", "rope-yarn")
     passkey: bool = False
     passkey_lengths: list[int] | None = None  # None: train_len * (1, 2, 4, 8)
     passkey_depths: tuple = DEFAULT_DEPTHS
     passkey_trials: int = 5
     passkey_filler: str = "standard"  # standard | corpus
+    tasks: tuple = ()  # retrieval tasks of tapa.eval.tasks.TASKS
+    task_lengths: list[int] | None = None  # None: train_len * (1, 2, 4, 8)
+    task_depths: tuple = DEFAULT_DEPTHS
+    task_trials: int | None = None  # None: default_trials(len(task_depths)), +-5 points per length
+    task_filler: str = "corpus"  # corpus | standard
+    task_settings: TaskSettings = field(default_factory=TaskSettings)
     seed: int = 0
     tokens_per_batch: int = 16384
     progress: bool = True
     extra: dict = field(default_factory=dict)  # recorded as is (e.g. the demo's settings)
 
     def __post_init__(self):
-        if self.split not in ("val", "test"):
-            raise ValueError(f"split must be 'val' or 'test' (held-out), got {self.split!r}")
-        if self.passkey_filler not in ("standard", "corpus"):
-            raise ValueError(f"passkey_filler must be 'standard' or 'corpus', got {self.passkey_filler!r}")
+        if self.split is None:
+            self.split = "all" if self.data else "test"
+        if self.split not in SPLIT_CHOICES:
+            raise ValueError(f"split must be 'val' or 'test' (held-out) or 'all' (with data), got {self.split!r}")
+        if self.split == "all" and not self.data:
+            raise ValueError("split 'all' reads the whole of a --data source; the run's own corpus has only "
+                             "'val' and 'test' held out (the rest is its training text)")
+        for name in ("passkey_filler", "task_filler"):
+            if getattr(self, name) not in ("standard", "corpus"):
+                raise ValueError(f"{name} must be 'standard' or 'corpus', got {getattr(self, name)!r}")
         for pe in self.eval_pe:
             if pe not in ROPE_FAMILY:
                 raise ValueError(f"eval_pe entries must be RoPE-family methods {ROPE_FAMILY}, got {pe!r}")
@@ -66,6 +91,16 @@ class EvalOptions:
                 raise ValueError(f"passkey_depths must be numbers in [0, 1], got {list(self.passkey_depths)}")
             if not isinstance(self.passkey_trials, int) or self.passkey_trials < 1:
                 raise ValueError(f"passkey_trials must be an int >= 1, got {self.passkey_trials!r}")
+        bad = [task for task in self.tasks if task not in TASKS]
+        if bad:
+            raise ValueError(f"unknown retrieval task(s) {bad}; choose from {', '.join(TASKS)}")
+        if self.tasks:
+            if not self.task_depths or not all(0.0 <= d <= 1.0 for d in self.task_depths):
+                raise ValueError(f"task_depths must be numbers in [0, 1], got {list(self.task_depths)}")
+            if self.task_trials is None:
+                self.task_trials = default_trials(len(self.task_depths))
+            if isinstance(self.task_trials, bool) or not isinstance(self.task_trials, int) or self.task_trials < 1:
+                raise ValueError(f"task_trials must be an int >= 1, got {self.task_trials!r}")
 
 
 def hardware_description(device: torch.device | str = "cpu") -> str:
@@ -84,17 +119,22 @@ def hardware_description(device: torch.device | str = "cpu") -> str:
             f"torch {torch.__version__}")
 
 
-def results_header(options: EvalOptions, device) -> dict:
+def results_header(options: EvalOptions, device, data: dict | None = None) -> dict:
     now = datetime.datetime.now(datetime.timezone.utc)
     return {"kind": "tapa-eval", "date": now.isoformat(timespec="seconds"),
             "hardware": hardware_description(device), "command": " ".join(["tapa"] + sys.argv[1:]),
             "split": options.split, "stride": options.stride, "max_tokens": options.max_tokens,
-            "settings": options.extra, "methods": []}
+            "data": data, "settings": options.extra, "methods": []}
 
 
 def evaluate_model(model, tokens, *, train_len: int, options: EvalOptions, trained_pe: str | None = None,
-                   run: str = "", zero_shot: bool = True, encode=None, decode=None, filler_ids=None) -> dict:
-    """One method entry: perplexity at every length (and the passkey grid if options.passkey).
+                   run: str = "", zero_shot: bool = True, encode=None, decode=None, filler_ids=None,
+                   filler_source: str | None = None) -> dict:
+    """One method entry: perplexity at every length (and the passkey grid if options.passkey, a grid
+    per retrieval task of options.tasks).
+
+    filler_ids: the tokens corpus filler is drawn from (the evaluated text); filler_source: what to
+    call them in the results (e.g. "corpus.txt"; default "corpus").
 
     train_len: the training sequence length of the run (lengths are multiples of it).
     For rope-pi/rope-ntk/rope-yarn the eval factor is length / (train_len / trained rope_scale),
@@ -106,6 +146,13 @@ def evaluate_model(model, tokens, *, train_len: int, options: EvalOptions, train
     label = model_label(trained_pe, cfg.layer_pattern if cfg.is_hybrid else "G", cfg.local_window, eval_pe=pe)
     scaling_len = train_len / cfg.rope_scale if pe in SCALED_AT_EVAL else train_len
     lengths = options.lengths or lengths_from_multiples(train_len, options.multiples)
+    if (options.passkey or options.tasks) and encode is None:
+        raise ValueError("passkey and retrieval-task evaluation need the tokenizer's encode function")
+    if options.tasks and decode is None:
+        raise ValueError("the retrieval tasks need the tokenizer's decode function to score answers")
+    task_lengths = options.task_lengths or [train_len * m for m in (1, 2, 4, 8)]
+    if options.tasks:  # before the perplexity, which can take long
+        check_task_lengths(options.tasks, encode, task_lengths, options.task_settings)
     perplexity = perplexity_vs_length(model, tokens, lengths=lengths, train_len=scaling_len,
                                       stride=options.stride, max_tokens=options.max_tokens,
                                       tokens_per_batch=options.tokens_per_batch,
@@ -113,23 +160,131 @@ def evaluate_model(model, tokens, *, train_len: int, options: EvalOptions, train
     entry = {"label": label, "pe": pe, "trained_pe": trained_pe, "layer_pattern": cfg.layer_pattern,
              "local_window": cfg.local_window, "run": run, "train_len": train_len,
              "zero_shot": zero_shot, "num_parameters": model.num_parameters(),
-             "perplexity": [r.to_dict() for r in perplexity], "passkey": None}
+             "perplexity": [r.to_dict() for r in perplexity], "passkey": None, "tasks": None}
+    filler_name = filler_source or "corpus"
     if options.passkey:
-        if encode is None:
-            raise ValueError("passkey evaluation needs the tokenizer's encode function")
         passkey_lengths = options.passkey_lengths or [train_len * m for m in (1, 2, 4, 8)]
+        corpus_filler = options.passkey_filler == "corpus"
         entry["passkey"] = passkey_grid(
             model, encode, decode, lengths=passkey_lengths, depths=options.passkey_depths,
-            trials=options.passkey_trials, seed=options.seed,
-            filler_ids=filler_ids if options.passkey_filler == "corpus" else None,
-            train_len=scaling_len, progress=options.progress, label=label)
+            trials=options.passkey_trials, seed=options.seed, filler_ids=filler_ids if corpus_filler else None,
+            train_len=scaling_len, batch_tokens=options.tokens_per_batch, progress=options.progress,
+            label=label)
+        if corpus_filler:
+            entry["passkey"]["filler"] = filler_name
+    if options.tasks:
+        corpus_filler = options.task_filler == "corpus"
+        entry["tasks"] = {task: task_grid(
+            model, task, encode, decode, lengths=task_lengths, depths=options.task_depths,
+            trials=options.task_trials, seed=options.seed, filler_ids=filler_ids if corpus_filler else None,
+            settings=options.task_settings, train_len=scaling_len, batch_tokens=options.tokens_per_batch,
+            progress=options.progress, label=label, filler_name=filler_name if corpus_filler else "standard")
+            for task in options.tasks}
     return entry
+
+
+def data_name(source: str) -> str:
+    """A short file-name-safe name of a data source: 'corpus.txt', 'wiki' (a directory),
+    'hf-wikitext' (hf:wikitext), for the default output directory RUN/eval-<name>."""
+    import re
+
+    if source.startswith("hf:"):
+        raw = "hf-" + Path(source[3:].rstrip("/")).name if source[3:].startswith((".", "/", "~")) \
+            else "hf-" + source[3:]
+    else:
+        raw = Path(source.rstrip("/")).expanduser().name or source
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", raw).strip("-.")[:48] or "data"
+
+
+def check_data_source(source: str, text_field: str = "text") -> None:
+    """Open a --data source as `tapa train --data` would (without reading all of it): ValueError
+    for a missing path, an empty file or directory, a .jsonl without text, an unloadable dataset."""
+    from tapa.data import DataConfig
+    from tapa.data.sources import open_source
+
+    try:
+        open_source(DataConfig(source=source, text_field=text_field, val_fraction=0.0, test_fraction=0.0))
+    except ValueError as err:
+        raise ValueError(f"--data {source}: {err}") from err
+
+
+def run_tokenizer_corpus(run_config: dict, progress: bool):
+    """The run's token cache, which holds its tokenizer (rebuilt as the default evaluation would
+    when it is gone: the same source and settings give the same tokenizer, checked by its sha256
+    against the one the run recorded)."""
+    from tapa.data import DataConfig, build_corpus, find_corpus
+
+    cfg = DataConfig.from_dict(run_config["data"])
+    corpus = find_corpus(cfg) or build_corpus(cfg, progress=progress)
+    expected = (run_config.get("corpus") or {}).get("tokenizer", {}).get("sha256")
+    actual = corpus.manifest["tokenizer"].get("sha256")
+    if expected and actual and expected != actual:
+        raise ValueError(f"the run's token cache {corpus.directory} has another tokenizer (sha256 {actual[:12]}) "
+                         f"than the run was trained with ({expected[:12]}); delete it and run again")
+    return corpus
+
+
+def eval_tokens(run_config: dict, options: EvalOptions):
+    """(tokens, corpus, data description) of what `options` evaluates: the run's own corpus split,
+    or options.data tokenized with the run's tokenizer (its `split`, 'all' = every split in order)."""
+    from tapa.data import SPLITS, DataConfig, build_corpus
+    from tapa.data.tokenizer import tokenizer_file
+
+    if not options.data:
+        corpus = build_corpus(DataConfig.from_dict(run_config["data"]), progress=options.progress)
+        tokens = corpus.tokens(options.split)
+        return tokens, corpus, {"source": corpus.manifest["source"].get("source"), "name": "corpus",
+                                "split": options.split, "tokens": int(tokens.size), "run_corpus": True}
+    run_corpus = run_tokenizer_corpus(run_config, options.progress)
+    run_data = DataConfig.from_dict(run_config["data"])
+    all_text = options.split == "all"
+    cfg = DataConfig(source=options.data, cache_dir=run_data.cache_dir, tokenizer=str(run_corpus.tokenizer_dir),
+                     text_field=options.text_field or run_data.text_field,
+                     val_fraction=0.0 if all_text else run_data.val_fraction,
+                     test_fraction=0.0 if all_text else run_data.test_fraction)
+    try:
+        corpus = build_corpus(cfg, progress=options.progress)
+    except ValueError as err:
+        raise ValueError(f"--data {options.data}: {err}") from err
+    parts = [corpus.tokens(split) for split in (SPLITS if all_text else (options.split,))]
+    parts = [part for part in parts if part.size]
+    tokens = parts[0] if len(parts) == 1 else np.concatenate(parts) if parts else np.empty(0, corpus.dtype)
+    if all_text and _same_source(options.data, run_data.source):
+        print(f"tapa eval: note: --data {options.data} is the run's own training source; --split all includes "
+              "the text it was trained on (--split test evaluates its held-out part)", file=sys.stderr)
+    return tokens, corpus, {
+        "source": options.data, "name": data_name(options.data), "split": options.split,
+        "tokens": int(tokens.size), "run_corpus": False, "text_field": cfg.text_field,
+        "tokenizer": {"from_run_cache": str(run_corpus.directory),
+                      "sha256": run_corpus.manifest["tokenizer"].get("sha256"),
+                      "file": str(tokenizer_file(run_corpus.tokenizer_dir))},
+        "cache": str(corpus.directory)}
+
+
+def _same_source(a: str, b: str) -> bool:
+    if a == b:
+        return True
+    if a.startswith("hf:") or b.startswith("hf:") or "builtin" in (a, b):
+        return False
+    return Path(a).expanduser().resolve() == Path(b).expanduser().resolve()
+
+
+def check_enough_tokens(n_tokens: int, lengths, data: dict) -> None:
+    """ValueError when the text is too short for the longest perplexity length (a window of L
+    inputs needs L + 1 tokens), saying how many it has and what is needed."""
+    needed = max(lengths) + 1
+    if n_tokens < needed:
+        what = (f"--data {data['source']} ({'all of it' if data['split'] == 'all' else data['split'] + ' split'})"
+                if not data.get("run_corpus") else f"the run's {data['split']} split")
+        raise ValueError(f"{what} has {n_tokens:,} tokens with the run's tokenizer; perplexity at length "
+                         f"{max(lengths)} needs at least {needed:,}: pass shorter --lengths (or --multiples) "
+                         "or more text")
 
 
 def evaluate_run(run_dir: str | Path, options: EvalOptions, *, device: str | torch.device = "cpu",
                  checkpoint: str | Path | None = None) -> dict:
-    """Evaluate the latest checkpoint of `run_dir` (or `checkpoint`) on the run's held-out split."""
-    from tapa.data import DataConfig, build_corpus
+    """Evaluate the latest checkpoint of `run_dir` (or `checkpoint`) on the run's held-out split,
+    or on options.data tokenized with the run's tokenizer."""
     from tapa.model.loading import load_model
 
     run_dir = Path(run_dir)
@@ -137,9 +292,10 @@ def evaluate_run(run_dir: str | Path, options: EvalOptions, *, device: str | tor
         raise ValueError(f"run_dir {str(run_dir)!r} is not a training run (no config.json)")
     model, model_cfg, run_config = load_model(checkpoint or run_dir, device=device)
     train_len = int(run_config["train"]["seq_len"])
-    corpus = build_corpus(DataConfig.from_dict(run_config["data"]), progress=options.progress)
-    tokens = corpus.tokens(options.split)
-    results = results_header(options, device)
+    tokens, corpus, data = eval_tokens(run_config, options)
+    check_enough_tokens(int(tokens.size), options.lengths or lengths_from_multiples(train_len, options.multiples),
+                        data)
+    results = results_header(options, device, data)
     results["runs"] = [str(run_dir)]
     zero_shot = not run_config.get("init_from")
     variants = [model]
@@ -149,5 +305,5 @@ def evaluate_run(run_dir: str | Path, options: EvalOptions, *, device: str | tor
         results["methods"].append(evaluate_model(
             variant, tokens, train_len=train_len, options=options, trained_pe=model_cfg.pe,
             run=run_dir.name, zero_shot=zero_shot, encode=corpus.encode, decode=corpus.decode,
-            filler_ids=tokens))
+            filler_ids=tokens, filler_source=None if data["run_corpus"] else data["name"]))
     return results

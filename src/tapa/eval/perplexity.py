@@ -132,7 +132,7 @@ def sliding_window_perplexity(model, tokens, *, window: int, stride: int = 256,
     pad = (device.type == "cuda") if pad_batches is None else pad_batches
     tqdm = tqdm_class()
     bar = tqdm(total=len(plan), desc=desc or f"perplexity @ {window}", unit="window",
-               disable=not progress, leave=False)
+               disable=None if progress else True, leave=False)  # None: quiet off a terminal
     start_time = time.perf_counter()
     model.eval()
     for first in range(0, len(plan), per_batch):

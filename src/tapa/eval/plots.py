@@ -1,4 +1,5 @@
-"""PNG plots of evaluation results: perplexity vs length, loss by window position, passkey heat maps.
+"""PNG plots of evaluation results: perplexity vs length, loss by window position, passkey and
+retrieval-task heat maps.
 
 Every function takes the plain dicts that `tapa eval` writes to results.json (see
 `tapa.eval.evaluate`), so `tapa report` can redraw merged runs without the models. Every plot gives a
@@ -169,9 +170,9 @@ def plot_position_loss(methods: list[dict], path: str | Path, *, title: str) -> 
     return _finish(plt, fig, ax, _titled(title, methods), path)
 
 
-def draw_passkey_heatmap(ax, grid: dict, *, title: str):
+def draw_passkey_heatmap(ax, grid: dict, *, title: str, ylabel: str = "key depth"):
     """Accuracy heat map on `ax`: key depth (rows) x context length (columns), each cell annotated;
-    the image (for a colorbar)."""
+    the image (for a colorbar). Any grid of `needle_grid` (passkey or retrieval task) draws the same."""
     lengths, depths = grid["lengths"], grid["depths"]
     accuracy = [[grid["accuracy"][li][di] for li in range(len(lengths))] for di in range(len(depths))]
     image = ax.imshow(accuracy, vmin=0.0, vmax=1.0, cmap="RdYlGn", aspect="auto")
@@ -181,7 +182,7 @@ def draw_passkey_heatmap(ax, grid: dict, *, title: str):
     ax.set_xticks(range(len(lengths)), [length_label(n) for n in lengths])
     ax.set_yticks(range(len(depths)), [f"{d:.0%}" for d in depths])
     ax.set_xlabel("context length (tokens)")
-    ax.set_ylabel("key depth")
+    ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
     return image
 
@@ -192,8 +193,9 @@ def plot_passkey_heatmap(grid: dict, path: str | Path, *, title: str) -> Path:
 
 
 def plot_passkey_heatmaps(panels: list[tuple[dict, str]], path: str | Path, *, title: str = "",
-                          columns: int = 3) -> Path:
-    """Heat maps of several (grid, title) panels side by side, on one colour scale."""
+                          columns: int = 3, ylabel: str = "key depth") -> Path:
+    """Heat maps of several (grid, title) panels side by side, on one colour scale (a retrieval
+    task's: one panel per method)."""
     plt = _pyplot()
     first = panels[0][0]
     cols = min(columns, len(panels))
@@ -202,7 +204,7 @@ def plot_passkey_heatmaps(panels: list[tuple[dict, str]], path: str | Path, *, t
     fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False,
                              layout="constrained")
     for ax, (grid, panel_title) in zip(axes.flat, panels):
-        image = draw_passkey_heatmap(ax, grid, title=panel_title)
+        image = draw_passkey_heatmap(ax, grid, title=panel_title, ylabel=ylabel)
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
     fig.colorbar(image, ax=axes, shrink=min(1.0, 0.9 / rows ** 0.5))

@@ -1,5 +1,6 @@
 """Tables and files for evaluation results, and `tapa report RUN_DIR...`, which merges evaluated
-runs into one comparison (results.json, results.md, perplexity.png in --out)."""
+runs into one comparison (results.json, results.md, perplexity.png, passkey and retrieval-task heat
+maps in --out). A run evaluated with --data is merged from its RUN_DIR/eval-<name> directory."""
 
 from __future__ import annotations
 
@@ -8,12 +9,14 @@ import json
 from pathlib import Path
 
 from tapa._paths import check_output_dir, replacing_outputs
-from tapa.eval.plots import (plot_passkey_heatmap, plot_perplexity_vs_length, plot_position_loss,
-                             size_note)
+from tapa.eval.plots import (plot_passkey_heatmap, plot_passkey_heatmaps, plot_perplexity_vs_length,
+                             plot_position_loss, size_note)
+from tapa.eval.tasks import TASKS, wilson_interval
 
 RESULTS_JSON = "results.json"
 # everything write_results writes (fnmatch patterns); results.json marks a directory as its own
-RESULT_FILES = (RESULTS_JSON, "results.md", "perplexity.png", "position_loss.png", "passkey_*.png")
+RESULT_FILES = (RESULTS_JSON, "results.md", "perplexity.png", "position_loss.png", "passkey_*.png",
+                "retrieval_*.png")
 DEFAULT_REPORT_DIR = "runs/report"
 
 
@@ -90,14 +93,68 @@ def position_table(methods: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def passkey_table(label: str, grid: dict) -> str:
-    lines = [f"**{label}** ({grid['trials']} trials per cell, {grid['filler']} filler)", "",
+def _correct_counts(grid: dict) -> list[list[int]]:
+    """Right answers per [length][depth] (grids of older results hold only the accuracy)."""
+    if grid.get("correct"):
+        return grid["correct"]
+    return [[int(round(a * grid["trials"])) for a in row] for row in grid["accuracy"]]
+
+
+def _with_interval(correct: int, n: int) -> str:
+    low, high = wilson_interval(correct, n)
+    return f"{correct / n:.0%} ({100 * low:.0f}-{100 * high:.0f})"
+
+
+def grid_table(label: str, grid: dict, *, what: str = "") -> str:
+    """Markdown of a passkey or task grid: a row per depth, a column per length, each cell the
+    accuracy and its 95% Wilson interval in points, and a last row over all depths of a length."""
+    counts, trials = _correct_counts(grid), grid["trials"]
+    settings = ", ".join(f"{k} {v}" for k, v in (grid.get("settings") or {}).items())
+    lines = [f"**{label}**{f' {what}' if what else ''} ({trials} trials per cell, {grid['filler']} filler"
+             f"{', ' + settings if settings else ''})", "",
              "| depth | " + " | ".join(str(n) for n in grid["lengths"]) + " |",
              "|---|" + "---|" * len(grid["lengths"])]
     for di, depth in enumerate(grid["depths"]):
-        cells = [f"{grid['accuracy'][li][di]:.0%}" for li in range(len(grid["lengths"]))]
+        cells = [_with_interval(counts[li][di], trials) for li in range(len(grid["lengths"]))]
         lines.append(f"| {depth:.0%} | " + " | ".join(cells) + " |")
+    if len(grid["depths"]) > 1:
+        cells = [_with_interval(sum(counts[li]), trials * len(grid["depths"])) for li in range(len(grid["lengths"]))]
+        lines.append("| all depths | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def passkey_table(label: str, grid: dict) -> str:
+    return grid_table(label, grid)
+
+
+def _task_names(methods: list[dict]) -> list[str]:
+    found = {task for m in methods for task in (m.get("tasks") or {})}
+    return [task for task in TASKS if task in found] + sorted(found - set(TASKS))
+
+
+def task_tables(methods: list[dict]) -> str:
+    """Markdown tables of every retrieval task grid of `methods` ('' when there is none)."""
+    parts = []
+    for task in _task_names(methods):
+        parts += [f"### {task}", ""]
+        for method in methods:
+            grid = (method.get("tasks") or {}).get(task)
+            if grid:
+                parts += [grid_table(method["label"], grid), ""]
+    return "\n".join(parts).rstrip()
+
+
+def data_phrase(results: dict) -> str:
+    """What text the numbers come from, for the report's first paragraph."""
+    data = results.get("data")
+    if data == "mixed":
+        return "several texts (the runs were evaluated on different data; see each run's results)"
+    if not data:
+        return f"the {results['split']} split"
+    if data.get("run_corpus"):
+        return f"the {data['split']} split of the run's corpus ({data['source']}, {data['tokens']:,} tokens)"
+    part = "all of it" if data["split"] == "all" else f"its {data['split']} split"
+    return f"`{data['source']}` ({part}, {data['tokens']:,} tokens with the run's own tokenizer)"
 
 
 def results_markdown(results: dict) -> str:
@@ -110,17 +167,24 @@ def results_markdown(results: dict) -> str:
                     "(no fine-tuning)." if any("+" in m["label"] for m in methods) else "")
     parts = [
         "## Perplexity vs evaluation length", "",
-        f"Sliding-window perplexity (stride {results['stride']}, only new tokens scored) on the "
-        f"{results['split']} split, {cap}. Training length: {', '.join(map(str, train_lens))} tokens"
+        f"Data: {data_phrase(results)}.", "",
+        f"Sliding-window perplexity (stride {results['stride']}, only new tokens scored), {cap}. Training length: {', '.join(map(str, train_lens))} tokens"
         f"{'; zero-shot (no continual stage)' if zero_shot else ''}." + variant_note, "",
         perplexity_table(methods), "", growth_summary(methods), "",
         "## Loss by position inside the window (longest length)", "",
         position_table(methods), ""]
     grids = [(m["label"], m["passkey"]) for m in methods if m.get("passkey")]
+    interval_note = ("Cells: exact-match accuracy (95% Wilson interval, in points); the last row pools "
+                     "every depth of a length.")
     if grids:
-        parts += ["## Passkey retrieval (exact-match accuracy)", ""]
+        parts += ["## Passkey retrieval (exact-match accuracy)", "", interval_note, ""]
         for label, grid in grids:
             parts += [passkey_table(label, grid), ""]
+    tables = task_tables(methods)
+    if tables:
+        parts += ["## Retrieval tasks (exact-match accuracy)", "",
+                  interval_note + " Rows: depth of the asked needle; columns: context length (tokens).", "",
+                  tables, ""]
     parts += [f"Command: `{results['command']}`  ", f"Hardware: {results['hardware']}  ",
               f"Date: {results['date']}", ""]
     return "\n".join(parts)
@@ -148,6 +212,14 @@ def write_results(results: dict, out_dir: str | Path, *, title: str = "") -> lis
                 written.append(plot_passkey_heatmap(
                     method["passkey"], path,
                     title=f"passkey retrieval: {method['label']}" + (f"\n{note}" if note else "")))
+        for task in _task_names(methods):
+            panels = [(m["tasks"][task], m["label"]) for m in methods if (m.get("tasks") or {}).get(task)]
+            trials = sorted({grid["trials"] for grid, _ in panels})
+            note = size_note([m for m in methods if (m.get("tasks") or {}).get(task)])
+            written.append(plot_passkey_heatmaps(
+                panels, out_dir / f"retrieval_{_slug(task)}.png", ylabel="needle depth",
+                title=f"{task}: exact-match accuracy ({'/'.join(map(str, trials))} trials per cell)"
+                      + (f"\n{note}" if note else "")))
     return written
 
 
@@ -178,7 +250,7 @@ def merge_results(all_results: list[dict], *, command: str = "") -> dict:
             method["label"] = f"{method['run']}: {method['label']}"
     first = all_results[0]
     same = {key: first.get(key) if all(r.get(key) == first.get(key) for r in all_results) else "mixed"
-            for key in ("split", "stride", "max_tokens", "hardware")}
+            for key in ("split", "stride", "max_tokens", "hardware", "data")}
     return {"kind": "tapa-eval", "date": max(r["date"] for r in all_results), "command": command,
             "source_commands": [r["command"] for r in all_results], **same,
             "runs": [run for r in all_results for run in r.get("runs", [])], "methods": methods}
