@@ -1,4 +1,4 @@
-"""`tapa bench {attention,model,decode,generate,local}`: each benchmark module defines add_arguments and run."""
+"""`tapa bench {attention,model,decode,generate,varlen,local}`: each benchmark module defines add_arguments and run."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ BENCHMARKS = {
     "model": ("tapa.bench.model", "training tokens/s and MFU, TAPA model vs RoPE model"),
     "decode": ("tapa.bench.decode", "split-KV decode step time vs SDPA"),
     "generate": ("tapa.bench.generate", "greedy decoding of whole models: ms per token, eager vs CUDA graphs"),
+    "varlen": ("tapa.bench.varlen", "packed-document (varlen) TAPA kernel vs the dense kernel and "
+               "FlexAttention's document mask"),
     "local": ("tapa.bench.local", "sliding-window attention layer (w=256, 1024) vs SDPA-flash causal"),
 }
 

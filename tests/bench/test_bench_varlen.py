@@ -1,0 +1,25 @@
+"""`tapa bench varlen`: its packing and offsets (the timing itself needs a GPU)."""
+
+import pytest
+import torch
+
+from tapa.bench.varlen import cu_seqlens, pack_documents
+
+
+def test_pack_documents_fills_rows_in_order_and_cuts_the_last():
+    rows = pack_documents([5, 3, 9, 2], row_len=8, rows=3)
+    assert rows == [[5, 3], [8], [2, 5, 1]]
+    assert all(sum(row) == 8 for row in rows)
+
+
+def test_cu_seqlens_are_int32_offsets():
+    cu = cu_seqlens([5, 3, 0, 2], device="cpu")
+    assert cu.dtype == torch.int32 and cu.tolist() == [0, 5, 8, 8, 10]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU message")
+def test_needs_a_gpu(capsys):
+    from tapa.cli import main
+
+    with pytest.raises(SystemExit, match="needs a CUDA GPU"):
+        main(["bench", "varlen", "--out", "unused"])
