@@ -253,7 +253,8 @@ def eval_tokens(run_config: dict, options: EvalOptions):
         print(f"tapa eval: note: --data {options.data} is the run's own training source; --split all includes "
               "the text it was trained on (--split test evaluates its held-out part)", file=sys.stderr)
     return tokens, corpus, {
-        "source": options.data, "name": data_name(options.data), "split": options.split,
+        "source": options.data, "name": data_name(options.data), "path": corpus.manifest["source"].get("path"),
+        "kind": corpus.manifest["source"].get("kind"), "split": options.split,
         "tokens": int(tokens.size), "run_corpus": False, "text_field": cfg.text_field,
         "tokenizer": {"from_run_cache": str(run_corpus.directory),
                       "sha256": run_corpus.manifest["tokenizer"].get("sha256"),

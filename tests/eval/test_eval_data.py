@@ -1,0 +1,156 @@
+"""`tapa eval --data SOURCE` and `--tasks`, end to end on a tiny run: another text gives other numbers
+and says where they came from, in a folder of its own; the task grids, tables and heat maps are
+written; bad input is a one-line error."""
+
+import json
+
+import pytest
+
+from helpers import python_like_text
+
+from tapa.cli import main
+
+FAST = ["--lengths", "16,32", "--stride", "16", "--max-tokens", "64", "--no-progress", "--device", "cpu"]
+PROSE = "".join(f"The river {i} flows past the old mill number {i * 7 % 101}. Boats drift by slowly.\n"
+                for i in range(400))
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    """A 3-step RoPE run on Python-like text with a 300-token BPE, and a prose file beside it."""
+    from tapa.data import DataConfig
+    from tapa.model import ModelConfig
+    from tapa.train import TrainConfig, train
+
+    root = tmp_path_factory.mktemp("eval_data")
+    (root / "corpus.txt").write_text(python_like_text(2000))
+    (root / "prose.txt").write_text(PROSE)
+    data_cfg = DataConfig(source=str(root / "corpus.txt"), cache_dir=str(root / "cache"), vocab_size=300,
+                          val_fraction=0.1, test_fraction=0.1)
+    return train(TrainConfig(name="rope", run_dir=str(root / "rope"), seq_len=32, batch_size=2, steps=3,
+                             warmup_steps=1, eval_every=0, save_every=0, eval_batches=1, log_every=1,
+                             progress=False, plot=False),
+                 ModelConfig(vocab_size=300, dim=32, n_layers=1, n_heads=2, pe="rope"), data_cfg)
+
+
+def test_data_gives_other_numbers_says_its_source_and_keeps_the_default_eval(run_dir, capsys):
+    assert main(["eval", str(run_dir), *FAST]) == 0
+    default = json.loads((run_dir / "eval" / "results.json").read_text())
+    before = (run_dir / "eval" / "results.json").read_bytes()
+    prose = run_dir.parent / "prose.txt"
+    assert main(["eval", str(run_dir), "--data", str(prose), *FAST]) == 0
+    printed = capsys.readouterr().out
+    out = run_dir / "eval-prose.txt"
+    results = json.loads((out / "results.json").read_text())
+    assert (run_dir / "eval" / "results.json").read_bytes() == before  # the default eval is untouched
+    data = results["data"]
+    assert data["source"] == str(prose) and data["split"] == "all" and data["run_corpus"] is False
+    assert data["tokens"] > 1000 and data["tokens"] != default["data"]["tokens"]
+    assert default["data"]["run_corpus"] is True and default["data"]["split"] == "test"
+    # the run's own tokenizer: the same sha256 as the one the run recorded
+    recorded = json.loads((run_dir / "config.json").read_text())["corpus"]["tokenizer"]["sha256"]
+    assert data["tokenizer"]["sha256"] == recorded
+    losses = [r["loss"] for r in results["methods"][0]["perplexity"]]
+    assert losses != [r["loss"] for r in default["methods"][0]["perplexity"]]
+    markdown = (out / "results.md").read_text()
+    assert f"Data: `{prose}` (all of it, {data['tokens']:,} tokens with the run's own tokenizer)" in markdown
+    assert "Data: the test split of the run's corpus" in (run_dir / "eval" / "results.md").read_text()
+    assert f"data: {prose} (all," in printed and str(out) in printed
+
+
+def test_tasks_write_grids_tables_and_heat_maps(run_dir, capsys):
+    out = run_dir.parent / "tasks-out"
+    settings = ["--distractors", "1", "--values", "2", "--hops", "2", "--chains", "2"]
+    assert main(["eval", str(run_dir), "--data", str(run_dir.parent / "prose.txt"), "--out", str(out),
+                 "--tasks", "all", "--task-lengths", "400", "--task-depths", "0,1", "--task-trials", "1",
+                 *settings, "--passkey", "--passkey-lengths", "300", "--passkey-trials", "1", *FAST]) == 0
+    printed = capsys.readouterr().out
+    results = json.loads((out / "results.json").read_text())
+    [method] = results["methods"]
+    assert list(method["tasks"]) == ["single-key", "multi-key", "multi-value", "variable-tracking"]
+    for task, grid in method["tasks"].items():
+        assert grid["lengths"] == [400] and grid["depths"] == [0.0, 1.0] and grid["trials"] == 1
+        assert len(grid["accuracy"]) == 1 and len(grid["accuracy"][0]) == 2
+        assert grid["filler"] == "prose.txt"  # drawn from the --data text
+        png = out / f"retrieval_{task}.png"
+        assert png.is_file() and png.stat().st_size > 0
+        assert f"### {task}" in printed
+    assert method["tasks"]["multi-key"]["settings"] == {"distractors": 1}
+    assert method["passkey"]["filler"] == "prose.txt"  # --data makes the passkey filler that text too
+    markdown = (out / "results.md").read_text()
+    assert "## Retrieval tasks" in markdown and "Wilson" in markdown
+    assert "| all depths |" in markdown and "(0-" in markdown  # accuracy with its interval
+
+
+def test_default_trials_follow_the_depths(run_dir):
+    from tapa.eval.command import options_from_args
+    from tapa.eval.evaluate import EvalOptions
+
+    assert EvalOptions(tasks=("single-key",)).task_trials == 77  # 5 depths: ceil(385 / 5)
+    assert EvalOptions(tasks=("single-key",), task_depths=(0.0, 1.0)).task_trials == 193
+    import argparse
+
+    from tapa.eval.command import add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    options = options_from_args(parser.parse_args([str(run_dir), "--tasks", "multi-key", "--distractors", "5"]))
+    assert options.tasks == ("multi-key",) and options.task_settings.distractors == 5
+    assert options.split == "test" and options.data is None
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--data", "{root}/missing.txt"], r"--data .*missing.txt: source path .* does not exist"),
+    (["--data", "{root}/empty.txt"], r"--data .*empty.txt: source file .* is empty"),
+    (["--data", "{root}/short.txt", "--lengths", "64"],
+     r"--data .*short.txt \(all of it\) has \d+ tokens with the run's tokenizer; perplexity at length 64 "
+     r"needs at least 65"),
+    (["--split", "all"], "--split all reads the whole of a --data source"),
+    (["--text-field", "body"], "--text-field names the text field of a --data source"),
+    (["--task-trials", "3"], "the retrieval tasks read --task-trials, but they run only with --tasks"),
+    (["--values", "3"], "the retrieval tasks read --values, but they run only with --tasks"),
+    (["--tasks", "multi-value", "--values", "1"], "--values: values must be an int >= 2"),
+    (["--tasks", "single-key", "--task-lengths", "20"], "--task-lengths 20 too short for single-key"),
+    (["--seed", "3"], "--seed sets the passkey and task prompts"),
+])
+def test_bad_input_is_a_one_line_error(run_dir, args, message):
+    root = run_dir.parent
+    (root / "empty.txt").write_text("")
+    (root / "short.txt").write_text("x = 1\ny = 2\n")
+    args = [a.format(root=root) for a in args]
+    flags = [f for f in FAST if f not in ("--lengths", "16,32")] if "--lengths" in args else FAST
+    with pytest.raises(SystemExit, match=f"^tapa eval: error: {message}") as caught:
+        main(["eval", str(run_dir), "--out", str(root / "bad-out"), *args, *flags])
+    assert "\n" not in str(caught.value)
+
+
+def test_unknown_task_is_a_usage_error(run_dir, capsys):
+    with pytest.raises(SystemExit) as caught:
+        main(["eval", str(run_dir), "--tasks", "single-key,haystack", *FAST])
+    assert caught.value.code == 2
+    err = capsys.readouterr().err
+    assert "unknown retrieval task(s) ['haystack']" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("kind", ["directory", "jsonl"])
+def test_data_takes_a_directory_or_jsonl_like_train(run_dir, kind, tmp_path):
+    lines = PROSE.splitlines(keepends=True)
+    if kind == "directory":
+        source = tmp_path / "prose-dir"
+        source.mkdir()
+        for part in range(4):
+            (source / f"part{part}.txt").write_text("".join(lines[part::4]))
+        extra = []
+    else:
+        source = tmp_path / "prose.jsonl"
+        source.write_text("".join(json.dumps({"body": line}) + "\n" for line in lines))
+        extra = ["--text-field", "body"]
+    out = tmp_path / "out"
+    assert main(["eval", str(run_dir), "--data", str(source), *extra, "--out", str(out), *FAST]) == 0
+    data = json.loads((out / "results.json").read_text())["data"]
+    assert data["kind"] == kind and data["tokens"] > 1000 and data["split"] == "all"
+    # --split test evaluates only the source's held-out part (cut as the run's corpus was)
+    assert main(["eval", str(run_dir), "--data", str(source), *extra, "--split", "test", "--out",
+                 str(tmp_path / "held-out"), *FAST]) == 0
+    held_out = json.loads((tmp_path / "held-out" / "results.json").read_text())["data"]
+    assert held_out["split"] == "test" and 0 < held_out["tokens"] < data["tokens"]
