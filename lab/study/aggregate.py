@@ -26,7 +26,10 @@ Every number written comes from the job JSONs. Written to --out:
                                       the lead's and are kept; so are sections the skeleton lacks
 Each arm is reported at its main lr: the lr with the most seeds (ties: the lowest validation loss).
 
-    python3 -m lab.study.aggregate compare --base results/toy-study/jobs --other results/toy-study/scale-768/jobs --out results/toy-study/scale-768
+    python3 -m lab.study.aggregate compare --base JOBS/toy-study/jobs --other JOBS/toy-study/scale-768/jobs --out results/toy-study/scale-768
+
+(JOBS: the study's job JSONs, in git history since issue 33; results/toy-study/README.md, "This
+folder", says how to get them back.)
 
 writes vs_<base protocol>.md, .csv and .png to --out: each arm of the other protocol next to the
 same arm of the base one (the base's continual stage from its jobs with the same continual

@@ -192,8 +192,8 @@ class Estimates:
 
     tokens_per_s: one training process alone on an H200 at L=512, over a whole stage (its
     validation passes and checkpoints included). The runner logs' progress lines read ~690k
-    tokens/s for the NoPE hybrid and ~715k for TAPA (results/toy-study/calls, 2026-12-01); whole
-    pretraining stages ran at 560-620k for the hybrids.
+    tokens/s for the NoPE hybrid and ~715k for TAPA (2026-12-01; results/toy-study/calls at commit
+    2dda4ca); whole pretraining stages ran at 560-620k for the hybrids.
     speedup: total throughput of N processes sharing the GPU over one alone, measured the same day:
     2 processes ~640-670k tokens/s together, 4 processes ~610-680k. Processes time-slice the GPU
     (no MPS), so sharing buys nothing: run one at a time (--concurrent 1), which also finishes jobs

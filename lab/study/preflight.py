@@ -21,15 +21,21 @@ LENGTHS = (509, 2048)
 
 def kernel_defaults() -> dict | None:
     """The fused kernels' launch defaults this process trains with, bf16 at head dims 128 and 64
-    (`triton_launch.describe`), so a job records which kernel version trained it; None without triton."""
+    (one line of every choice), so a job records which kernel version trained it; None without
+    triton. Reads the config table (`tapa.ops.tapa.configs`) where the library has one, else the
+    launcher's defaults (`launch.default_configs`, before the table)."""
     import torch
 
     try:
         from tapa.ops.tapa import launch as triton_launch
     except ImportError:
         return None
-    return {str(d): triton_launch.describe(triton_launch.default_configs(d, d, torch.bfloat16))
-            for d in (128, 64)}
+    try:
+        from tapa.ops.tapa.configs import lookup
+    except ImportError:
+        return {str(d): triton_launch.describe(triton_launch.default_configs(d, d, torch.bfloat16))
+                for d in (128, 64)}
+    return {str(d): lookup(triton_launch.arch_class(), torch.bfloat16, d).describe() for d in (128, 64)}
 
 
 def main(log=print) -> int:

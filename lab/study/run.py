@@ -81,7 +81,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     what.add_argument("--train-flags", default="", help="extra flags for every tapa train, e.g. '--compile'")
     what.add_argument("--skip-done", type=Path, default=None, metavar="DIR",
                       help="leave out the jobs whose complete JSON of this protocol is in DIR "
-                           "(e.g. results/toy-study/jobs), so a plan runs only what is missing")
+                           "(e.g. the toy study's jobs/: results/toy-study/README.md says where they are), so a "
+                           "plan runs only what is missing")
     how = parser.add_argument_group("how")
     how.add_argument("--root", type=Path, default=Path("/tmp/study"), help="runs, caches, logs")
     how.add_argument("--out", type=Path, default=None, help="where the archive goes (default ROOT/out)")

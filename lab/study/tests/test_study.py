@@ -77,6 +77,7 @@ def test_runner_end_to_end_two_jobs_at_once(study_root, capsys):
                                          "theory_trained.png"}
 
 
+@pytest.mark.slow  # reads the runs the end-to-end test above leaves in study_root
 def test_runner_skips_finished_stages_and_respects_the_budget(study_root, capsys):
     out = study_root / "out2"
     # the group finished above: nothing to run again; a new one cannot fit in 1 s
@@ -90,6 +91,7 @@ def test_runner_skips_finished_stages_and_respects_the_budget(study_root, capsys
     assert "not started" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # reads the runs the end-to-end test above leaves in study_root
 def test_runner_reruns_stages_whose_flags_changed(study_root, capsys, monkeypatch):
     """On a still-warm machine, a protocol change between calls (here the continual lr) re-runs
     the stages whose flags changed and those that read them; the others stay done."""
