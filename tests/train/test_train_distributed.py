@@ -19,6 +19,9 @@ from tapa.train.saving import resolve_checkpoint
 from tapa.train.scaling_report import report
 from tapa.train.trainer import train
 
+# torchrun with 2 processes: 6-21 s a test on 2 CPU cores (measured 2026-12-04); the full run has them
+pytestmark = pytest.mark.slow
+
 # float32 sums in another order (gradient all-reduce, sharded norms) differ in the last bits
 # (measured: ~5e-7 over 6 steps); a wrong data shard or a missing all-reduce moves the loss ~1e-2
 TOLERANCE = 1e-5
