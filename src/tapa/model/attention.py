@@ -34,13 +34,10 @@ from torch import nn
 from tapa.model.config import ModelConfig
 from tapa.ops import split_dims, tapa_attention, tapa_attention_varlen, tapa_attention_with_kvcache
 from tapa.ops.tapa.decode import decode_kernel_applies
-from tapa.ops.tapa.reference import tapa_logits
 from tapa.positional.rope import apply_rope, rope_cos_sin, rope_frequencies
 from tapa.ops.local import local_attention
 
 PHASE_PARAMETERS = ("wq_phase", "wk_phase", "phase_matrix")
-# query rows per block of the explicitly masked TAPA path (bounds its logits memory)
-MASKED_BLOCK_Q = 128
 
 
 def is_phase_parameter(name: str) -> bool:
@@ -392,9 +389,7 @@ class Attention(nn.Module):
         if ctx.key_mask is None:
             return tapa_attention(q, k, v, causal=True, q_offset=ctx.start, k_offset=key_slots,
                                   impl=cfg.attn_impl, **op_args)
-        if ctx.left_pad is not None:
-            return _left_padded_tapa(q, k, v, ctx, impl=cfg.attn_impl, **op_args)
-        return _masked_tapa(q, k, v, ctx, amp_dim=self.amp_dim, **op_args)
+        return _padded_tapa(q, k, v, ctx, impl=cfg.attn_impl, **op_args)
 
     def _global_softmax(self, q, k, v, key_slots, ctx: AttentionContext):
         """Keys are the slots 0 .. start + N - 1."""
@@ -415,40 +410,19 @@ class Attention(nn.Module):
         return _softmax(q, k, v, mask=ctx.visible(key_slots, self.window))
 
 
-def _left_padded_tapa(q, k, v, ctx: AttentionContext, *, impl, **op_args):
-    """Left padding: the op on each sequence's real keys (slots pad.. are positions 0..), so the
-    fused kernel still runs. Queries at padded slots get 0 (their outputs are never used)."""
+def _padded_tapa(q, k, v, ctx: AttentionContext, *, impl, **op_args):
+    """A padded batch as packed sequences: each row's real queries against its real keys through
+    the varlen op (positions count real tokens only, so distances skip the padding). The new
+    tokens are a row's last slots, so its real queries are its last real keys: the varlen op's
+    bottom-right alignment. Queries at padded slots get 0 (their outputs are never used)."""
+    key_mask = ctx.key_mask.to(q.device)
+    query_mask = key_mask[:, ctx.start:]
+    lengths = torch.stack([query_mask.sum(1), key_mask.sum(1)])  # (2, B)
+    offsets = F.pad(lengths.cumsum(1), (1, 0)).to(torch.int32)
+    longest_q, longest_k = lengths.amax(1).tolist()
+    packed = tapa_attention_varlen(q[query_mask], k[key_mask], v[key_mask], offsets[0], offsets[1],
+                                   longest_q, longest_k, causal=True, impl=impl,
+                                   check_seqlens=False, **op_args)
     out = q.new_zeros(*q.shape[:3], v.shape[-1])
-    for row, pad in enumerate(ctx.left_pad.tolist()):
-        first_query = max(pad - ctx.start, 0)
-        if first_query >= q.shape[1]:
-            continue
-        out[row:row + 1, first_query:] = tapa_attention(
-            q[row:row + 1, first_query:], k[row:row + 1, pad:], v[row:row + 1, pad:], causal=True,
-            q_offset=ctx.start + first_query - pad, k_offset=0, impl=impl, **op_args)
-    return out
-
-
-def _masked_tapa(q, k, v, ctx: AttentionContext, *, amp_dim, theta, alpha, distance, phase):
-    """TAPA with an explicit mask: tapa_logits, mask, softmax; one sequence and query block at a time."""
-    del theta  # amp_dim already encodes it
-    batch, q_len, heads, head_dim = q.shape
-    kv_heads = k.shape[2]
-    compute = torch.float64 if q.dtype == torch.float64 else torch.float32
-    out = q.new_empty(batch, q_len, heads, v.shape[-1])
-    key_slots = torch.arange(k.shape[1], device=q.device)
-    visible = ctx.visible(key_slots)
-    for row in range(batch):
-        # (Hk, G, Nq, D) queries against (Hk, 1, Nk, D) keys: query heads grouped on their kv head
-        q_row = q[row].to(compute).view(q_len, kv_heads, heads // kv_heads, head_dim).permute(1, 2, 0, 3)
-        k_row = k[row].to(compute).transpose(0, 1).unsqueeze(1)
-        v_row = v[row].to(compute).transpose(0, 1).unsqueeze(1)
-        k_pos = ctx.positions[row]
-        for first in range(0, q_len, MASKED_BLOCK_Q):
-            last = min(first + MASKED_BLOCK_Q, q_len)
-            logits = tapa_logits(q_row[:, :, first:last], k_row, k_pos[ctx.start + first:ctx.start + last],
-                                 k_pos, amp_dim=amp_dim, alpha=alpha, distance=distance, phase=phase)
-            logits = logits.masked_fill(~visible[row, first:last], float("-inf"))
-            block = torch.softmax(logits, dim=-1) @ v_row  # (Hk, G, nq, Dv)
-            out[row, first:last] = block.permute(2, 0, 1, 3).reshape(last - first, heads, -1).to(q.dtype)
+    out[query_mask] = packed.to(out.dtype)
     return out

@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from torch.utils.checkpoint import checkpoint
+
 from tapa.model.attention import Attention, AttentionContext, Documents
 from tapa.model.cache import KVCache
 from tapa.model.config import ModelConfig
@@ -55,8 +57,38 @@ class Block(nn.Module):
         return x + self.ffn(self.ffn_norm(x))
 
 
+def _cross_entropy_sum(hidden, weight, targets):
+    logits = F.linear(hidden, weight)
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 logits: float32 loss
+    return F.cross_entropy(logits, targets, ignore_index=-100, reduction="sum")
+
+
+def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                          chunk: int) -> torch.Tensor:
+    """Mean cross-entropy (float32, or float64 for float64 inputs) of the logits hidden @ weight.T against targets (-100:
+    ignored), `chunk` tokens at a time: under autograd each chunk's logits are recomputed in the
+    backward pass, so no more than one chunk's (chunk, vocab) logits ever exist."""
+    hidden, targets = hidden.flatten(0, -2), targets.flatten()
+    total = hidden.new_zeros((), dtype=torch.promote_types(hidden.dtype, torch.float32))
+    grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+    for start in range(0, hidden.shape[0], chunk):
+        args = (hidden[start:start + chunk], weight, targets[start:start + chunk])
+        total = total + (checkpoint(_cross_entropy_sum, *args, use_reentrant=False) if grad
+                         else _cross_entropy_sum(*args))
+    return total / (targets != -100).sum().clamp_min(1)
+
+
 class TapaLM(nn.Module):
-    """Decoder-only language model. forward(input_ids (B, N)) -> logits (B, N, vocab)."""
+    """Decoder-only language model. forward(input_ids (B, N)) -> logits (B, N, vocab), or with
+    targets the mean next-token loss without ever holding every token's logits.
+
+    checkpoint_blocks: recompute each block's activations in the backward pass instead of keeping
+    them (activation checkpointing), for long rows; loss_chunk_tokens: tokens per chunk of the
+    loss's logits.
+    """
+
+    checkpoint_blocks: bool = False
+    loss_chunk_tokens: int = 8192
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -85,14 +117,17 @@ class TapaLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, start_pos: int = 0, kv_cache: KVCache | None = None,
                 attention_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
-                document_ids: torch.Tensor | Documents | None = None):
+                document_ids: torch.Tensor | Documents | None = None,
+                targets: torch.Tensor | None = None):
         """Logits (B, N, vocab) of input_ids (B, N) at slots start_pos ..
 
         kv_cache: a `KVCache` (`new_kv_cache`) holding the first start_pos slots; it gains these.
         attention_mask (B, start_pos + N) of 0/1 marks padding; position_ids (B, N) rotate RoPE
         layers (see `AttentionContext.build`). document_ids (B, N), labels equal within each
         packed document (or a `Documents`), keep every token inside its own document: attention
-        never crosses a document, and RoPE positions restart at each one.
+        never crosses a document, and RoPE positions restart at each one. targets (B, N): return
+        the mean cross-entropy (float32; -100 ignored) instead of the logits, computed
+        `loss_chunk_tokens` at a time (`chunked_cross_entropy`).
         """
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be (batch, seqlen), got shape {tuple(input_ids.shape)}")
@@ -103,13 +138,16 @@ class TapaLM(nn.Module):
         ctx = AttentionContext.build(input_ids.shape[0], start_pos, input_ids.shape[1], input_ids.device,
                                      attention_mask=attention_mask, position_ids=position_ids, cfg=self.config,
                                      documents=document_ids)
-        hidden = self.blocks(self.embed(input_ids), ctx, kv_cache)
-        return self.lm_head(self.norm(hidden))
+        hidden = self.norm(self.blocks(self.embed(input_ids), ctx, kv_cache))
+        if targets is not None:
+            return chunked_cross_entropy(hidden, self.lm_head.weight, targets, self.loss_chunk_tokens)
+        return self.lm_head(hidden)
 
     def blocks(self, x: torch.Tensor, ctx: AttentionContext, cache=None) -> torch.Tensor:
         """Run every block on embeddings x (B, N, dim); `cache` follows `tapa.model.cache`'s interface."""
+        recompute = self.checkpoint_blocks and cache is None and torch.is_grad_enabled()
         for block in self.layers:
-            x = block(x, ctx, cache)
+            x = checkpoint(block, x, ctx, cache, use_reentrant=False) if recompute else block(x, ctx, cache)
         if cache is not None:
             cache.advance(ctx.seq_len)
         return x
@@ -166,8 +204,7 @@ class TapaLM(nn.Module):
     def loss(self, input_ids: torch.Tensor, targets: torch.Tensor,
              document_ids: torch.Tensor | Documents | None = None) -> torch.Tensor:
         """Mean next-token cross-entropy in float32; targets equal to -100 are ignored."""
-        logits = self(input_ids, document_ids=document_ids)
-        return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-100)
+        return self(input_ids, document_ids=document_ids, targets=targets)
 
     def num_parameters(self, exclude_embeddings: bool = False) -> int:
         params = {id(p): p for p in self.parameters()}  # tied weights count once

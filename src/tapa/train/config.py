@@ -112,6 +112,10 @@ class TrainConfig:
     doc_mask: bool = documented(False, "document masking: no token attends across the end-of-text "
                                   "token that ends its document (TAPA layers by the varlen op; "
                                   "RoPE positions restart at each document)")
+    activation_checkpointing: bool = documented(False, "recompute each block's activations in the "
+                                                "backward pass instead of keeping them: long "
+                                                "rows in less memory, for about a third more "
+                                                "compute")
     progress: bool = documented(True, "show a progress bar")
     plot: bool = documented(True, "write a loss-curve PNG into the run directory (needs matplotlib)")
 

@@ -30,7 +30,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from tapa.data import Corpus, DataConfig, build_corpus
 from tapa.model import Documents, ModelConfig, TapaLM, is_phase_parameter
@@ -195,18 +194,41 @@ def _prepare_on_rank0(run_dir: Path, train_cfg, model_cfg, data_cfg, corpus, inf
     return value
 
 
-def _train(train_cfg: TrainConfig, model_cfg: ModelConfig | None, data_cfg: DataConfig,
-           info: DistInfo) -> Path:
+@dataclasses.dataclass
+class _Run:
+    """Everything one training run holds between steps (what `_setup` builds)."""
+
+    train_cfg: TrainConfig
+    model_cfg: ModelConfig
+    info: DistInfo
+    run_dir: Path
+    corpus: Corpus
+    loader: BatchLoader
+    val_windows: object
+    plan: dict
+    wrapped: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    micro: int
+    grad_accum: int
+    autocast: object
+    n_params: int
+    start_step: int
+    loss_window: dict
+    log: MetricsLog | None
+
+
+def _setup(train_cfg: TrainConfig, model_cfg: ModelConfig | None, data_cfg: DataConfig,
+           info: DistInfo) -> _Run:
+    """The data, the run directory, the model (wrapped for the parallel mode), the optimizer and
+    the state a resumed run restores; rank 0 writes config.json."""
     mode = resolve_parallel(train_cfg.parallel, info)
     micro, grad_accum = _micro_batch_size(train_cfg, info.world_size)
     device = info.device
     bf16 = train_cfg.precision == "bf16" or (train_cfg.precision == "auto" and device.type == "cuda")
-    show = train_cfg.progress and info.is_main
 
-    # --- model config and data -----------------------------------------------------------------
     model_cfg, init_checkpoint, init_weights = _continual_start(train_cfg, model_cfg)
     model_cfg = ModelConfig.from_dict(model_cfg.to_dict())  # our own copy
-    corpus = _load_corpus(data_cfg, info, show)
+    corpus = _load_corpus(data_cfg, info, train_cfg.progress and info.is_main)
     if init_checkpoint is not None:
         check_same_tokenizer(init_checkpoint, corpus)
     if model_cfg.vocab_size != corpus.vocab_size:
@@ -230,9 +252,9 @@ def _train(train_cfg: TrainConfig, model_cfg: ModelConfig | None, data_cfg: Data
         if note:
             print(f"tapa train: {note}", flush=True)
 
-    # --- model, parallelism, optimizer ---------------------------------------------------------
     torch.manual_seed(train_cfg.seed)  # same initial weights on every rank and device
     model = TapaLM(model_cfg)
+    model.checkpoint_blocks = train_cfg.activation_checkpointing
     if init_weights is not None:
         model.load_state_dict(init_weights)
     n_params = model.num_parameters()
@@ -258,8 +280,8 @@ def _train(train_cfg: TrainConfig, model_cfg: ModelConfig | None, data_cfg: Data
             group["lr_scale"] = lr_scale
         start_step = state["step"]
         loss_window = state.get("loss_window", loss_window)
-    end_step = min(train_cfg.steps, train_cfg.stop_after or train_cfg.steps)
 
+    log = None
     if info.is_main:
         previous = read_run_config(run_dir) if resume_from else {}
         run_config = {
@@ -273,74 +295,92 @@ def _train(train_cfg: TrainConfig, model_cfg: ModelConfig | None, data_cfg: Data
         }
         ckpt.write_text_atomic(run_dir / "config.json", json.dumps(run_config, indent=2, default=str))
         log = MetricsLog(run_dir, train_cfg, resume_step=start_step if resume_from else None)
-        if show:
+        if train_cfg.progress:
             print(f"corpus: {plan['train_tokens']:,} training tokens; this run reads "
                   f"{plan['run_tokens']:,} tokens ({train_cfg.steps} steps x "
                   f"{plan['tokens_per_step']:,}) = {plan['epochs']:.2f} epochs", flush=True)
-
     autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else nullcontext())
+    return _Run(train_cfg, model_cfg, info, run_dir, corpus, loader, val_windows, plan, wrapped,
+                optimizer, micro, grad_accum, autocast, n_params, start_step, loss_window, log)
 
-    def forward_loss(batch: torch.Tensor) -> torch.Tensor:
-        inputs = batch[:, :-1]
-        documents = Documents.from_tokens(inputs, corpus.eot_id) if train_cfg.doc_mask else None
-        with autocast:
-            logits = wrapped(inputs, document_ids=documents)
-        return F.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten())
 
-    def evaluate() -> float:
-        wrapped.eval()
-        share = len(val_windows) // info.world_size
-        mine = torch.from_numpy(val_windows[info.rank * share:(info.rank + 1) * share])
-        total = torch.zeros((), device=device)
-        with torch.no_grad():
-            for chunk in mine.split(micro):
-                total += forward_loss(chunk.to(device)) * len(chunk)
-        wrapped.train()
-        return mean_across_ranks(total / share, info).item()
+def _forward_loss(run: _Run, batch: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy (float32) of a (rows, seq_len + 1) batch of token windows."""
+    inputs = batch[:, :-1]
+    documents = (Documents.from_tokens(inputs, run.corpus.eot_id) if run.train_cfg.doc_mask
+                 else None)
+    with run.autocast:
+        return run.wrapped(inputs, document_ids=documents, targets=batch[:, 1:])
 
-    tokens_per_step = plan["tokens_per_step"]
+
+def _step(run: _Run, step: int) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """One optimizer step: (loss, gradient norm, lr), the loss the mean over its micro-batches."""
+    lr = lr_at(step, run.train_cfg)
+    set_lr(run.optimizer, lr)
+    batch = torch.from_numpy(run.loader.batch(step)).to(run.info.device, non_blocking=True)
+    step_loss = torch.zeros((), device=run.info.device)
+    for index, chunk in enumerate(batch.split(run.micro)):
+        with gradient_sync(run.wrapped, sync=index == run.grad_accum - 1):
+            loss = _forward_loss(run, chunk)
+            (loss / run.grad_accum).backward()
+        step_loss += loss.detach() / run.grad_accum
+    max_norm = run.train_cfg.grad_clip if run.train_cfg.grad_clip > 0 else float("inf")
+    grad_norm = torch.nn.utils.clip_grad_norm_(run.wrapped.parameters(), max_norm)
+    run.optimizer.step()
+    run.optimizer.zero_grad(set_to_none=True)
+    return step_loss, grad_norm, lr
+
+
+def _evaluate(run: _Run) -> float:
+    """Mean validation loss over the fixed validation windows, shared across ranks."""
+    run.wrapped.eval()
+    share = len(run.val_windows) // run.info.world_size
+    mine = torch.from_numpy(run.val_windows[run.info.rank * share:(run.info.rank + 1) * share])
+    total = torch.zeros((), device=run.info.device)
+    with torch.no_grad():
+        for chunk in mine.split(run.micro):
+            total += _forward_loss(run, chunk.to(run.info.device)) * len(chunk)
+    run.wrapped.train()
+    return mean_across_ranks(total / share, run.info).item()
+
+
+def _save(run: _Run, step: int, loss_sum: torch.Tensor, window_steps: int) -> None:
+    window = {"loss_sum": mean_across_ranks(loss_sum, run.info).item(), "steps": window_steps}
+    cfg = run.train_cfg
+    ckpt.save_checkpoint(run.run_dir, step=step, model=run.wrapped, optimizer=run.optimizer,
+                         model_cfg=run.model_cfg, info=run.info, keep=cfg.keep_checkpoints,
+                         extra={"tokens": step * run.plan["tokens_per_step"],
+                                "samples": step * cfg.batch_size, "seed": cfg.seed,
+                                "loss_window": window, "train": cfg.to_dict()})
+
+
+def _train(train_cfg: TrainConfig, model_cfg: ModelConfig | None, data_cfg: DataConfig,
+           info: DistInfo) -> Path:
+    run = _setup(train_cfg, model_cfg, data_cfg, info)
+    show = train_cfg.progress and info.is_main
+    end_step = min(train_cfg.steps, train_cfg.stop_after or train_cfg.steps)
+    tokens_per_step = run.plan["tokens_per_step"]
     # the mean training loss since the last scheduled record; its sum is rank-averaged when saved
-    loss_sum = torch.full((), float(loss_window["loss_sum"]), device=device)
-    window_steps = int(loss_window["steps"])
-    guard = _FiniteGuard(device, info)
-
-    def save(step: int) -> None:
-        guard.check(train_cfg)
-        window = {"loss_sum": mean_across_ranks(loss_sum, info).item(), "steps": window_steps}
-        ckpt.save_checkpoint(run_dir, step=step, model=wrapped, optimizer=optimizer,
-                             model_cfg=model_cfg, info=info, keep=train_cfg.keep_checkpoints,
-                             extra={"tokens": step * tokens_per_step,
-                                    "samples": step * train_cfg.batch_size,
-                                    "seed": train_cfg.seed, "loss_window": window,
-                                    "train": train_cfg.to_dict()})
+    loss_sum = torch.full((), float(run.loss_window["loss_sum"]), device=info.device)
+    window_steps = int(run.loss_window["steps"])
+    guard = _FiniteGuard(info.device, info)
 
     bar = None
     if show:
         from tapa._optional import require
 
-        bar = require("tqdm").tqdm(total=train_cfg.steps, initial=start_step, unit="step",
-                                   desc=f"train {model_cfg.pe} L={train_cfg.seq_len}",
+        bar = require("tqdm").tqdm(total=train_cfg.steps, initial=run.start_step, unit="step",
+                                   desc=f"train {run.model_cfg.pe} L={train_cfg.seq_len}",
                                    dynamic_ncols=True)
-    wrapped.train()
+    run.wrapped.train()
     # a resumed run's clock continues from its last record
-    elapsed_before = log.records[-1]["elapsed_s"] if info.is_main and log.records else 0.0
+    records = run.log.records if run.log is not None else []
+    elapsed_before = records[-1]["elapsed_s"] if records else 0.0
     timed_steps, last_time = 0, time.perf_counter()
     started = last_time - elapsed_before
-    for step in range(start_step, end_step):
-        lr = lr_at(step, train_cfg)
-        set_lr(optimizer, lr)
-        batch = torch.from_numpy(loader.batch(step)).to(device, non_blocking=True)
-        step_loss = torch.zeros((), device=device)
-        for index, chunk in enumerate(batch.split(micro)):
-            with gradient_sync(wrapped, sync=index == grad_accum - 1):
-                loss = forward_loss(chunk)
-                (loss / grad_accum).backward()
-            step_loss += loss.detach() / grad_accum
-        max_norm = train_cfg.grad_clip if train_cfg.grad_clip > 0 else float("inf")
-        grad_norm = torch.nn.utils.clip_grad_norm_(wrapped.parameters(), max_norm)
+    for step in range(run.start_step, end_step):
+        step_loss, grad_norm, lr = _step(run, step)
         guard.observe(step + 1, step_loss, grad_norm)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
         loss_sum += step_loss
         window_steps += 1
         timed_steps += 1
@@ -356,14 +396,14 @@ def _train(train_cfg: TrainConfig, model_cfg: ModelConfig | None, data_cfg: Data
                 grad_norm = grad_norm.full_tensor()
             now = time.perf_counter()  # the .item() above waited for the GPU
             tokens_per_s = timed_steps * tokens_per_step / (now - last_time)
-            val_loss = evaluate() if evaluate_now else None
+            val_loss = _evaluate(run) if evaluate_now else None
             record = {"step": done, "tokens": done * tokens_per_step,
-                      "epochs": done * train_cfg.batch_size / loader.sampler.windows_per_epoch,
+                      "epochs": done * train_cfg.batch_size / run.loader.sampler.windows_per_epoch,
                       "loss": mean_loss, "lr": lr, "grad_norm": float(grad_norm),
                       "tokens_per_s": tokens_per_s, "val_loss": val_loss,
                       "elapsed_s": time.perf_counter() - started}
-            if info.is_main:
-                log.append(record)
+            if run.log is not None:
+                run.log.append(record)
             if bar is not None:
                 postfix = {"loss": f"{mean_loss:.3f}", "tok/s": f"{record['tokens_per_s']:.0f}"}
                 if val_loss is not None:
@@ -376,12 +416,13 @@ def _train(train_cfg: TrainConfig, model_cfg: ModelConfig | None, data_cfg: Data
         if bar is not None:
             bar.update(1)
         if last or (train_cfg.save_every and done % train_cfg.save_every == 0):
-            save(done)
+            guard.check(train_cfg)
+            _save(run, done, loss_sum, window_steps)
     if bar is not None:
         bar.close()
-    if info.is_main and train_cfg.plot and log.records:
-        plot_losses(log.records, run_dir / "loss.png",
-                    f"{train_cfg.name}: {model_cfg.pe}, seq_len {train_cfg.seq_len}, "
-                    f"{n_params / 1e6:.1f}M parameters, {plan['run_tokens'] / 1e6:.1f}M tokens")
+    if run.log is not None and train_cfg.plot and run.log.records:
+        plot_losses(run.log.records, run.run_dir / "loss.png",
+                    f"{train_cfg.name}: {run.model_cfg.pe}, seq_len {train_cfg.seq_len}, "
+                    f"{run.n_params / 1e6:.1f}M parameters, {run.plan['run_tokens'] / 1e6:.1f}M tokens")
     barrier(info)
-    return run_dir
+    return run.run_dir
