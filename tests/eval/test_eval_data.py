@@ -154,3 +154,29 @@ def test_data_takes_a_directory_or_jsonl_like_train(run_dir, kind, tmp_path):
                  str(tmp_path / "held-out"), *FAST]) == 0
     held_out = json.loads((tmp_path / "held-out" / "results.json").read_text())["data"]
     assert held_out["split"] == "test" and 0 < held_out["tokens"] < data["tokens"]
+
+
+def test_report_says_which_data_and_reads_older_results():
+    from tapa.eval.report import merge_results, results_markdown
+
+    def results(data, tasks=None):
+        method = {"label": "TAPA", "run": "r", "train_len": 32, "zero_shot": True, "passkey": None,
+                  "perplexity": [{"length": 32, "perplexity": 9.0, "buckets": [{"start": 0, "end": 32, "loss": 2.2}]}]}
+        if tasks:
+            method["tasks"] = tasks
+        out = {"kind": "tapa-eval", "date": "2026-01-01", "hardware": "cpu", "command": "tapa eval r",
+               "split": "all" if data else "test", "stride": 16, "max_tokens": 64, "methods": [method]}
+        if data is not None:
+            out["data"] = data
+        return out
+
+    prose = {"source": "prose.txt", "name": "prose.txt", "split": "all", "tokens": 5000, "run_corpus": False}
+    own = {"source": "corpus.txt", "name": "corpus", "split": "test", "tokens": 800, "run_corpus": True}
+    assert "Data: `prose.txt` (all of it, 5,000 tokens" in results_markdown(results(prose))
+    assert "Data: several texts" in results_markdown(merge_results([results(prose), results(own)]))
+    assert "Data: `prose.txt`" in results_markdown(merge_results([results(prose), results(dict(prose))]))
+    # a grid written before the 'correct' counts: intervals from the accuracy and trials
+    grid = {"lengths": [64], "depths": [0.0, 1.0], "trials": 4, "filler": "corpus", "accuracy": [[1.0, 0.5]]}
+    markdown = results_markdown(results(None, tasks={"single-key": grid}))
+    assert "Data: the test split." in markdown  # results.json of before --data
+    assert "| 0% | 100% (51-100) |" in markdown and "| all depths | 75% (41-93) |" in markdown
