@@ -82,32 +82,49 @@ def _match(pattern: str, text: str) -> re.Match:
     return found
 
 
+def _check_study_table(section: str, where: str) -> int:
+    """Every cell of the section's "| model | n | ..." table against results/toy-study/perplexity.csv
+    (zero-shot): the seed count, the mean and, over 2+ seeds, the spread, as printed. An "lr" column,
+    where there is one, must be the arm's learning rate. Returns the number of cells checked."""
+    header = next(line for line in section.splitlines() if line.startswith("| model |"))
+    names = [c.strip() for c in header.strip().strip("|").split("|")]
+    first = next(i for i, name in enumerate(names) if name.split()[0] in LENGTHS)
+    lengths = [LENGTHS[name.split()[0]] for name in names[first:]]
+    rows = _zero_shot(STUDY / "perplexity.csv")
+    checked = 0
+    for line in section.splitlines():
+        if not line.startswith("| ") or line.startswith(("| model", "|---")):
+            continue
+        cells = [c.strip().replace("*", "") for c in line.strip().strip("|").split("|")]
+        assert len(cells) == len(names), (where, line)
+        label = cells[0]
+        for length, cell in zip(lengths, cells[first:]):
+            assert (label, length) in rows, f"{where}: no zero-shot row for {label!r} at {length}"
+            row = rows[(label, length)]
+            mean, _, spread = cell.partition(" ± ")
+            assert int(row["n"]) == int(cells[1]), (where, label, length)
+            if "lr" in names:
+                assert float(row["lr"]) == float(cells[names.index("lr")]), (where, label, row["lr"])
+            assert _close_to_shown(float(row["mean"]), mean), (where, label, length, row["mean"], cell)
+            if int(row["n"]) > 1:
+                assert spread, (where, label, length, "a mean over seeds is shown with its spread")
+                assert _close_to_shown(float(row["std"]), spread), (where, label, length, row["std"], cell)
+            checked += 1
+    return checked
+
+
 def test_readme_study_table_matches_the_study_results():
     """The headline table is copied from results/toy-study/perplexity.csv: every mean, spread and seed
     count must still be what the aggregated study says (a re-aggregation that moves a number fails
     here until the README follows)."""
-    section = _headline()
-    header = next(line for line in section.splitlines() if line.startswith("| model |"))
-    lengths = [LENGTHS[c.split()[0]] for c in header.strip("|").split("|")[2:]]
-    rows = _zero_shot(STUDY / "perplexity.csv")
-    checked = 0
-    for line in section.splitlines():
-        cells = [c.strip().replace("*", "") for c in line.strip().strip("|").split("|")]
-        if not line.startswith("| ") or line.startswith(("| model", "|---")):
-            continue
-        assert len(cells) == len(lengths) + 2, line
-        label = cells[0]
-        for length, cell in zip(lengths, cells[2:]):
-            assert (label, length) in rows, f"no zero-shot row for {label!r} at {length} in perplexity.csv"
-            row = rows[(label, length)]
-            mean, _, spread = cell.partition(" ± ")
-            assert int(row["n"]) == int(cells[1]), (label, length)
-            assert _close_to_shown(float(row["mean"]), mean), (label, length, row["mean"], cell)
-            if int(row["n"]) > 1:
-                assert spread, (label, length, "a mean over seeds is shown with its spread")
-                assert _close_to_shown(float(row["std"]), spread), (label, length, row["std"], cell)
-            checked += 1
-    assert checked >= 30
+    assert _check_study_table(_headline(), "README.md") >= 30
+
+
+def test_study_doc_table_matches_the_study_results():
+    """docs/study.md's zero-shot table (every arm) is the aggregated study's too."""
+    text = (ROOT / "docs" / "study.md").read_text()
+    section = text[text.index("## Zero-shot perplexity"):text.index("## What it says")]
+    assert _check_study_table(section, "docs/study.md") >= 60
 
 
 def test_readme_headline_gaps_match_the_study_results():
@@ -151,6 +168,35 @@ def test_readme_headline_passkey_and_scale_step_match_the_study_results():
         assert len(_numbers(shown)) == 4
         for value, cell in zip(expected, _numbers(shown)):
             assert _close_to_shown(value, cell), (label, expected, shown)
+
+
+def test_study_doc_scale_step_table_matches_the_study_results():
+    """docs/study.md's scale-step table: zero-shot and continual perplexity at 512 / 2k / 16k and
+    passkey at 2k-16k, from results/toy-study/scale-768."""
+    text = (ROOT / "docs" / "study.md").read_text()
+    section = text[text.index("## The scale step"):text.index("## Answers")]
+    scale = STUDY / "scale-768"
+    stages = {(r["stage"], r["label"], int(r["length"])): r for r in csv.DictReader(open(scale / "perplexity.csv"))}
+    names = {"RoPE, continued with YaRN": "RoPE, continued with YaRN (s=4)"}
+    checked = 0
+    for line in section.splitlines():
+        if not line.startswith("| ") or line.startswith(("| model", "|---")):
+            continue
+        label, n, zero_shot, continual, passkey = (c.strip() for c in line.strip().strip("|").split("|"))
+        label = names.get(label, label)
+        for stage, cell in (("zero-shot", zero_shot), ("continual", continual)):
+            for length, shown in zip((512, 2048, 16384), filter(None, cell.split(" / "))):
+                row = stages[(stage, label, length)]
+                mean, _, spread = shown.partition(" ± ")
+                assert int(row["n"]) == int(n), (label, stage, length)
+                assert _close_to_shown(float(row["mean"]), mean), (label, stage, length, row["mean"], shown)
+                if spread:
+                    assert _close_to_shown(float(row["std"]), spread), (label, stage, length, row["std"], shown)
+                checked += 1
+        for value, shown in zip(_passkey(scale / "passkey.csv", label), _numbers(passkey)):
+            assert _close_to_shown(value, shown), (label, value, passkey)
+            checked += 1
+    assert checked >= 30
 
 
 def test_study_readme_tables_are_the_aggregated_ones():
