@@ -78,8 +78,9 @@ def _check_depth(depth) -> None:
         raise ValueError(f"depth must be in [0, 1], got {depth!r}")
 
 
-def build_needle_prompt(encode: Encode, *, length: int, instruction: str, needles: Sequence[tuple[float, str]],
-                        question: str, filler_ids=None, what: str = "prompt") -> tuple[list[int], list[int], int]:
+def build_needle_prompt(encode: Encode, *, length: int, instruction: str,
+                        needles: Sequence[tuple[float, str]], question: str, filler_ids=None,
+                        what: str = "prompt") -> tuple[list[int], list[int], int]:
     """Token ids of exactly `length` tokens: instruction | filler with the needles in it | question.
 
     needles: (depth, text) pairs. Needle j goes after the first round(depth_j * n_filler) filler
@@ -122,7 +123,8 @@ def build_passkey_prompt(encode: Encode, *, length: int, depth: float, passkey: 
         raise ValueError(f"passkey must be a string of digits, got {passkey!r}")
     _check_depth(depth)
     ids, [key_position], _ = build_needle_prompt(
-        encode, length=length, instruction=INSTRUCTION, needles=[(float(depth), KEY_SENTENCE.format(key=passkey))],
+        encode, length=length, instruction=INSTRUCTION,
+        needles=[(float(depth), KEY_SENTENCE.format(key=passkey))],
         question=QUESTION, filler_ids=filler_ids, what="passkey prompt")
     return PasskeyPrompt(ids=ids, answer_ids=list(encode(ANSWER.format(key=passkey))), passkey=passkey,
                          key_position=key_position, depth=float(depth))
@@ -149,5 +151,6 @@ def passkey_training_sample(encode: Encode, *, length: int, rng: np.random.Gener
     return np.asarray(prompt.ids + answer, dtype=np.int64)
 
 
-__all__ = ["PasskeyPrompt", "build_needle_prompt", "build_passkey_prompt", "passkey_training_sample", "random_passkey",
+__all__ = ["PasskeyPrompt", "build_needle_prompt", "build_passkey_prompt", "passkey_training_sample",
+           "random_passkey",
            "INSTRUCTION", "STANDARD_FILLER", "KEY_SENTENCE", "QUESTION", "ANSWER"]

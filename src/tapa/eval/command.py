@@ -101,7 +101,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--task-lengths", type=_int_list, default=None,
                         help="task context lengths (default: training length x 1,2,4,8)")
     parser.add_argument("--task-depths", type=_float_list, default=None,
-                        help=f"depths of the asked needle in [0, 1] (default {','.join(f'{d:g}' for d in DEFAULT_DEPTHS)})")
+                        help="depths of the asked needle in [0, 1] (default "
+                             f"{','.join(f'{d:g}' for d in DEFAULT_DEPTHS)})")
     parser.add_argument("--task-trials", type=int, default=None,
                         help="prompts per cell (default ceil({} / depths): {} with 5 depths, +-5 points "
                              "on each length's accuracy over all depths)".format(trials_for_half_width(),
@@ -185,8 +186,8 @@ def training_tokens(checkpoint: Path) -> int | None:
 PASSKEY_FLAGS = {"--passkey-lengths": "passkey_lengths", "--passkey-depths": "passkey_depths",
                  "--passkey-trials": "passkey_trials", "--passkey-filler": "passkey_filler"}
 # options that only the retrieval tasks read: flag -> EvalOptions field (or TaskSettings field)
-TASK_FLAGS = {"--task-lengths": "task_lengths", "--task-depths": "task_depths", "--task-trials": "task_trials",
-              "--task-filler": "task_filler"}
+TASK_FLAGS = {"--task-lengths": "task_lengths", "--task-depths": "task_depths",
+              "--task-trials": "task_trials", "--task-filler": "task_filler"}
 TASK_SETTING_FLAGS = {"--distractors": "distractors", "--values": "values", "--hops": "hops",
                       "--chains": "chains"}
 

@@ -238,7 +238,8 @@ def eval_tokens(run_config: dict, options: EvalOptions):
     run_corpus = run_tokenizer_corpus(run_config, options.progress)
     run_data = DataConfig.from_dict(run_config["data"])
     all_text = options.split == "all"
-    cfg = DataConfig(source=options.data, cache_dir=run_data.cache_dir, tokenizer=str(run_corpus.tokenizer_dir),
+    cfg = DataConfig(source=options.data, cache_dir=run_data.cache_dir,
+                     tokenizer=str(run_corpus.tokenizer_dir),
                      text_field=options.text_field or run_data.text_field,
                      val_fraction=0.0 if all_text else run_data.val_fraction,
                      test_fraction=0.0 if all_text else run_data.test_fraction)
@@ -253,7 +254,8 @@ def eval_tokens(run_config: dict, options: EvalOptions):
         print(f"tapa eval: note: --data {options.data} is the run's own training source; --split all includes "
               "the text it was trained on (--split test evaluates its held-out part)", file=sys.stderr)
     return tokens, corpus, {
-        "source": options.data, "name": data_name(options.data), "path": corpus.manifest["source"].get("path"),
+        "source": options.data, "name": data_name(options.data),
+        "path": corpus.manifest["source"].get("path"),
         "kind": corpus.manifest["source"].get("kind"), "split": options.split,
         "tokens": int(tokens.size), "run_corpus": False, "text_field": cfg.text_field,
         "tokenizer": {"from_run_cache": str(run_corpus.directory),
@@ -275,8 +277,9 @@ def check_enough_tokens(n_tokens: int, lengths, data: dict) -> None:
     inputs needs L + 1 tokens), saying how many it has and what is needed."""
     needed = max(lengths) + 1
     if n_tokens < needed:
-        what = (f"--data {data['source']} ({'all of it' if data['split'] == 'all' else data['split'] + ' split'})"
-                if not data.get("run_corpus") else f"the run's {data['split']} split")
+        part = "all of it" if data["split"] == "all" else f"{data['split']} split"
+        what = (f"--data {data['source']} ({part})" if not data.get("run_corpus")
+                else f"the run's {data['split']} split")
         raise ValueError(f"{what} has {n_tokens:,} tokens with the run's tokenizer; perplexity at length "
                          f"{max(lengths)} needs at least {needed:,}: pass shorter --lengths (or --multiples) "
                          "or more text")
@@ -294,8 +297,8 @@ def evaluate_run(run_dir: str | Path, options: EvalOptions, *, device: str | tor
     model, model_cfg, run_config = load_model(checkpoint or run_dir, device=device)
     train_len = int(run_config["train"]["seq_len"])
     tokens, corpus, data = eval_tokens(run_config, options)
-    check_enough_tokens(int(tokens.size), options.lengths or lengths_from_multiples(train_len, options.multiples),
-                        data)
+    lengths = options.lengths or lengths_from_multiples(train_len, options.multiples)
+    check_enough_tokens(int(tokens.size), lengths, data)
     results = results_header(options, device, data)
     results["runs"] = [str(run_dir)]
     zero_shot = not run_config.get("init_from")

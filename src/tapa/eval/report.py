@@ -118,7 +118,8 @@ def grid_table(label: str, grid: dict, *, what: str = "") -> str:
         cells = [_with_interval(counts[li][di], trials) for li in range(len(grid["lengths"]))]
         lines.append(f"| {depth:.0%} | " + " | ".join(cells) + " |")
     if len(grid["depths"]) > 1:
-        cells = [_with_interval(sum(counts[li]), trials * len(grid["depths"])) for li in range(len(grid["lengths"]))]
+        cells = [_with_interval(sum(counts[li]), trials * len(grid["depths"]))
+                 for li in range(len(grid["lengths"]))]
         lines.append("| all depths | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -168,7 +169,8 @@ def results_markdown(results: dict) -> str:
     parts = [
         "## Perplexity vs evaluation length", "",
         f"Data: {data_phrase(results)}.", "",
-        f"Sliding-window perplexity (stride {results['stride']}, only new tokens scored), {cap}. Training length: {', '.join(map(str, train_lens))} tokens"
+        f"Sliding-window perplexity (stride {results['stride']}, only new tokens scored), {cap}. "
+        f"Training length: {', '.join(map(str, train_lens))} tokens"
         f"{'; zero-shot (no continual stage)' if zero_shot else ''}." + variant_note, "",
         perplexity_table(methods), "", growth_summary(methods), "",
         "## Loss by position inside the window (longest length)", "",

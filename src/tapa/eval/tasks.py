@@ -226,9 +226,9 @@ def build_task_prompt(task: str, encode, *, length: int, depth: float, rng: np.r
     ids, positions, n_filler = build_needle_prompt(
         encode, length=length, instruction=instruction, needles=needles, question=question,
         filler_ids=trial_filler(filler_ids, length, rng), what=f"{task} prompt")
-    return TaskPrompt(task=task, ids=ids, answer_ids=list(encode(answer)), answer=answer, expected=list(expected),
-                      ordered=ordered, needles=[text for _, text in needles], needle_positions=positions,
-                      depth=float(depth), n_filler=n_filler, question=question)
+    return TaskPrompt(task=task, ids=ids, answer_ids=list(encode(answer)), answer=answer,
+                      expected=list(expected), ordered=ordered, needles=[text for _, text in needles],
+                      needle_positions=positions, depth=float(depth), n_filler=n_filler, question=question)
 
 
 def score_task(prompt: TaskPrompt, generated_ids, decode) -> bool:
@@ -246,7 +246,8 @@ def minimum_length(task: str, encode, settings: TaskSettings | None = None, samp
     sizes = []
     for _ in range(samples):
         instruction, needles, question, _, _ = _task_pieces(task, 0.5, rng, settings)
-        sizes.append(len(encode(instruction)) + sum(len(encode(text)) for _, text in needles) + len(encode(question)))
+        needle_tokens = sum(len(encode(text)) for _, text in needles)
+        sizes.append(len(encode(instruction)) + needle_tokens + len(encode(question)))
     return max(sizes)
 
 
