@@ -122,23 +122,25 @@ def fused_cases():
     dK/dV and dQ where dQ goes by atomics."""
     import torch
 
-    from tapa.ops.tapa import kernels
-    from tapa.ops.tapa import launch
+    from tapa.ops.tapa import kernels, launch
+    from tapa.ops.tapa.configs import lookup
 
     for dtype_name, head_dim in FUSED:
         dtype = getattr(torch, DTYPES[dtype_name])
-        configs = launch._default_configs(head_dim, head_dim, dtype)
+        configs = lookup("cuda", dtype, head_dim)
         main = dtype_name == "bf16" and head_dim <= 128
         for distance, phase in ALL_VARIANTS if main else ALL_VARIANTS[:1]:
             for causal in (True, False) if main else (True,):
                 _, flags = launch.logits_args(alpha=0.1, distance=distance, phase=phase,
                                               phase_dim=head_dim // 2, dtype=dtype,
-                                              max_distance=16383, configs=configs)
+                                              max_distance=16383, trig_poly=configs.trig_poly,
+                                              taylor_order=configs.taylor_order,
+                                              taylor_tolerance=configs.taylor_tolerance)
                 common = dict(AMP_DIM=head_dim // 2, HEAD_DIM=head_dim, V_DIM=head_dim,
                               BLOCK_DA=head_dim // 2, BLOCK_DP=head_dim // 2, BLOCK_DV=head_dim,
                               CAUSAL=causal, group=1, **flags)
                 tag = f"{dtype_name}/D{head_dim}/{distance}-{phase}/{'causal' if causal else 'full'}"
-                tiles = dict.fromkeys(filter(None, (configs.fwd, configs.fwd_long)))
+                tiles = dict.fromkeys((configs.fwd, configs.fwd_long))
                 for tile in tiles:
                     extra = launch.fwd_flags(configs, flags)
                     yield (f"{tag}/fwd/{tile}", kernels._fwd_kernel, tile, tile.block_n, extra,
@@ -163,8 +165,7 @@ def fused_cases():
 
 def compile_fused(case):
     name, kernel, tile, block_rows, extra, common, dtype_name, dq_fp32 = case
-    constexprs = dict(common, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
-                      WARP_SPECIALIZE=tile.warp_specialize, **extra)
+    constexprs = dict(common, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, **extra)
     head_dim = common["HEAD_DIM"]
     types = {}
     for arg in (a for a in kernel.arg_names if "Desc" in a):
@@ -184,11 +185,13 @@ def decode_cases():
     import torch
 
     from tapa.ops.tapa import decode_kernel
+    from tapa.ops.tapa.configs import DECODE
 
     for head_dim in (64, 128):
-        _, logit_flags = decode_kernel.logits_args(alpha=0.1, distance="power", phase="quadratic",
-                                                   phase_dim=head_dim // 2, dtype=torch.bfloat16,
-                                                   max_distance=32767)
+        _, logit_flags = decode_kernel.logits_args(
+            alpha=0.1, distance="power", phase="quadratic", phase_dim=head_dim // 2,
+            dtype=torch.bfloat16, max_distance=32767, trig_poly=DECODE.trig_poly,
+            taylor_order=DECODE.taylor_order, taylor_tolerance=DECODE.taylor_tolerance)
         for config in decode_kernel._TUNED_CONFIGS:
             for final in (True, False):
                 constexprs = dict(HAS_STARTS=False, FINAL=final, **logit_flags, BLOCK_M=16,

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 
 import torch
 import triton
@@ -31,18 +30,12 @@ import triton.language as tl
 
 from tapa.ops.tapa.checks import check_cache_lengths, check_kvcache_args, check_triton_device
 from tapa.ops.tapa.reference import split_dims
-from tapa.ops.tapa import launch as triton_launch
+from tapa.ops.tapa import launch
+from tapa.ops.tapa.configs import DECODE
 from tapa.ops.tapa.launch import interpreting, logits_args
 from tapa.ops.tapa.logits import tile_logits
 
 MAX_QUERY_ROWS = 64  # G * Nq rows per program; more queries are prefill work for the fused kernel
-# Later steps of a call signature launch the compiled kernels directly (`_direct_launch`);
-# TAPA_DECODE_DIRECT_LAUNCH=0 keeps every launch on Triton's JIT path (for timing the two).
-DIRECT_LAUNCH_ENV = "TAPA_DECODE_DIRECT_LAUNCH"
-_direct_launch_value = os.environ.get(DIRECT_LAUNCH_ENV, "1")
-if _direct_launch_value not in ("0", "1"):
-    raise ValueError(f"{DIRECT_LAUNCH_ENV} must be 0 or 1, got {_direct_launch_value!r}")
-DIRECT_LAUNCH = _direct_launch_value == "1"
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
@@ -55,10 +48,9 @@ def _split_kernel(
     stride_ob, stride_o1, stride_o2, stride_o3, stride_od,
     stride_lb, stride_l1, stride_l2, stride_l3,
     kv_heads, q_len, group, head_dim, v_dim, amp_dim, keys_per_split, split_bucket, program_bucket,
-    amp_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6, rho_in, rho_out,
+    amp_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6,
     HAS_STARTS: tl.constexpr, FINAL: tl.constexpr, DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr,
-    TRIG_POLY: tl.constexpr, TRIG_TERMS: tl.constexpr, TAYLOR_ORDER: tl.constexpr,
-    BANDS: tl.constexpr, PTX_ASM: tl.constexpr,
+    TRIG_POLY: tl.constexpr, TAYLOR_ORDER: tl.constexpr, PTX_ASM: tl.constexpr,
     LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
 ):
@@ -111,9 +103,9 @@ def _split_kernel(
             q_amp, k, q_phase, k, q_phase_sum, k_phase_sum,
             (query_slot[:, None] - keys[None, :]).to(tl.float32), 0.0, 0.0,
             (first_slot - (start + BLOCK_N - 1)).to(tl.float32), (seqlen - 1 - start).to(tl.float32),
-            alpha, phase_scale, taylor_rho, b1, b2, b3, b4, b5, b6, rho_in, rho_out, DIST_POWER,
-            PHASE_QUAD, TRIG_POLY, TRIG_TERMS, TAYLOR_ORDER, BANDS, PTX_ASM, LONG_PHASE,
-            DOT_PRECISION, False, False, False) * amp_scale
+            alpha, phase_scale, taylor_rho, b1, b2, b3, b4, b5, b6, 0.0, 0.0, DIST_POWER,
+            PHASE_QUAD, TRIG_POLY, TAYLOR_ORDER, False, PTX_ASM, LONG_PHASE, DOT_PRECISION, False,
+            False, False) * amp_scale
         visible = key_valid[None, :] & (keys[None, :] <= query_slot[:, None]) & row_valid[:, None]
         logits = tl.where(visible, logits, float("-inf"))
 
@@ -185,17 +177,16 @@ def _merge_kernel(
 # On a GPU the tile size along the cache and the launch shape are tuned once per query shape,
 # split-length bucket and program-count bucket (not per cache length, which changes at every
 # decoding step). The program count (batch x kv heads x splits) sets how many programs share an SM,
-# so a tile tuned at batch 1 is not reused at batch 8. Without it, Run 5's shape table (batch 1
-# first) ran batch 8's 8k-32k steps 1.24x slower than Run 6 ran them tuned on their own; this was the
-# likely cause (results/kernel-h200/run-6.md), not proven.
+# so a tile tuned at batch 1 is not reused at batch 8 (a tile tuned at batch 1 ran batch 8's long
+# caches about 1.2x slower than one tuned at batch 8).
 _TUNED_CONFIGS = [
-    triton.Config({"BLOCK_N": block_n}, num_warps=warps, num_stages=2)
-    for block_n in (32, 64, 128) for warps in (4, 8)
+    triton.Config({"BLOCK_N": block_n}, num_warps=warps, num_stages=DECODE.num_stages)
+    for block_n, warps in DECODE.tiles
 ]
 _tuned_split_kernel = triton.autotune(
     configs=_TUNED_CONFIGS, key=["q_len", "group", "head_dim", "v_dim", "split_bucket", "program_bucket"],
 )(_split_kernel)
-SPLIT_ALIGN = 128  # split lengths are multiples of every BLOCK_N above
+SPLIT_ALIGN = DECODE.split_align  # split lengths are multiples of every BLOCK_N above
 
 def _pow2(n: int, minimum: int = 16) -> int:
     return max(minimum, triton.next_power_of_2(n))
@@ -206,12 +197,11 @@ def default_num_splits(batch: int, kv_heads: int, capacity: int, device: torch.d
     """Enough programs for about two waves over the SMs; where that is only a few splits, about
     four programs per SM. Each split is at least min_keys long.
 
-    With few splits a whole split more or less moves the last wave a lot: Run 6
-    (results/kernel-h200/run-6.md) swept the count at batch 8 x 8 kv heads on 132 SMs, where two
-    waves ask for 5 splits (320 programs, 2.4 waves); 8 splits (512) were 7-12% faster at 8k-32k
-    keys, and 4 (256) slower at 8k-16k. From 8 splits on the two-wave count stands as timed
-    (batch 1: 33 splits, 1.03-1.06x SDPA as graphs in Run 5), and at batch 32 both rules give 2."""
-    sms = triton_launch.num_sms(device.index or 0) if device.type == "cuda" else 4
+    With few splits a whole split more or less moves the last wave a lot: at batch 8 x 8 kv heads
+    on the H200's 132 SMs two waves ask for 5 splits (320 programs, 2.4 waves), and 8 splits (512)
+    were 7-12% faster at 8k-32k keys, 4 (256) slower at 8k-16k. From 8 splits on the two-wave
+    count stands as timed (batch 1: 33 splits), and at batch 32 both rules give 2."""
+    sms = launch.num_sms(device.index or 0) if device.type == "cuda" else 4
     programs = batch * kv_heads
     wanted = triton.cdiv(2 * sms, programs)
     if wanted < 8:
@@ -267,10 +257,9 @@ class _Plan:
     (shapes, strides, dtypes, device, TAPA settings, splits), so a decoding loop pays for the
     argument checks and the launch arithmetic once, not at every step. After its first launch it
     also holds the split kernel's tuned configuration, so later steps launch the kernel without
-    the autotuner's per-call key lookup (Run 3's cProfile: a fifth of the host time), and after
-    its second the kernels Triton compiled, which later steps launch without Triton's JIT
-    (`_direct_launch`: the batch-1 step's host time 0.10 -> 0.05 ms,
-    results/kernel-h200/run-27.md)."""
+    the autotuner's per-call key lookup (a fifth of a step's host time), and after its second the
+    kernels Triton compiled, which later steps launch without Triton's JIT (`_direct_launch`: half
+    the host time of a batch-1 step)."""
 
     out_shape: tuple
     lse_shape: tuple
@@ -302,7 +291,7 @@ def _alignment(*tensors) -> tuple:
 def _direct_launch(compiled, kernel, grid: tuple, constexprs: dict):
     """launch(*args) for the kernel's runtime arguments: compiled[grid] with the constexprs
     appended in the kernel's order, skipping Triton's per-call binding and specialization
-    (JITFunction.run: about two thirds of a batch-1 decode step's host time, run-5.md)."""
+    (JITFunction.run: about two thirds of a batch-1 decode step's host time)."""
     names = kernel.arg_names
     first = min(names.index(name) for name in constexprs if name in names)
     tail = tuple(constexprs[name] for name in names[first:])
@@ -320,11 +309,9 @@ def _contiguous_strides(shape) -> tuple:
 
 
 def _settings() -> tuple:
-    """The module-level settings a plan's launch arguments read (the kernels' trig and distance
-    series, the split alignment): a plan made under other settings is not reused."""
-    return (triton_launch.TRIG_POLY, triton_launch.TRIG_TERMS, triton_launch.TAYLOR_ORDER,
-            triton_launch.TAYLOR_TOLERANCE, triton_launch.LONG_PHASE_FROM, SPLIT_ALIGN,
-            interpreting())
+    """What a plan's launch arguments read besides the call (the decode configs, the split
+    alignment): a plan made under other settings is not reused."""
+    return DECODE, launch.LONG_PHASE_FROM, SPLIT_ALIGN, interpreting()
 
 
 def _plan(q, k_cache, v_cache, cache_seqlens, cache_starts, theta, alpha, distance, phase,
@@ -358,8 +345,10 @@ def _plan(q, k_cache, v_cache, cache_seqlens, cache_starts, theta, alpha, distan
         part_strides = _contiguous_strides(part_shape)
         part_lse_strides = _contiguous_strides(part_shape[:4])
     # every slot may hold a query, so the largest distance is the capacity's
-    logit_scalars, logit_flags = logits_args(alpha=alpha, distance=distance, phase=phase, phase_dim=phase_dim,
-                                             dtype=q.dtype, max_distance=capacity - 1)
+    logit_scalars, logit_flags = logits_args(
+        alpha=alpha, distance=distance, phase=phase, phase_dim=phase_dim, dtype=q.dtype,
+        max_distance=capacity - 1, trig_poly=DECODE.trig_poly, taylor_order=DECODE.taylor_order,
+        taylor_tolerance=DECODE.taylor_tolerance)
     split_tail = (*q.stride(), *k_cache.stride(), *v_cache.stride(), *part_strides, *part_lse_strides,
                   kv_heads, q_len, group, head_dim, v_dim, amp_dim, keys_per_split,
                   keys_per_split.bit_length(), (batch * kv_heads * num_splits).bit_length(),
@@ -435,7 +424,7 @@ def tapa_decode_attention(
     if plan.part_shape is not None:
         merge = _merge_kernel[plan.merge_grid](*merge_args, **plan.merge_flags)
     # later steps of this signature launch what Triton compiled here, directly
-    if DIRECT_LAUNCH and split is not None and q.is_cuda:
+    if split is not None and q.is_cuda:
         plan.split_launch = _direct_launch(split, _split_kernel, plan.split_grid,
                                            {**plan.split_flags, **plan.split_config})
         plan.merge_launch = None if merge is None else _direct_launch(

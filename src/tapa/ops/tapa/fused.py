@@ -3,21 +3,26 @@
 `tapa.ops.tapa_attention` dispatches here on CUDA tensors. Registering the forward and backward
 as custom ops keeps `torch.compile` from breaking the graph at the Triton launches. Importing
 this module raises ImportError when triton is missing, and the dispatcher then uses the reference.
+
+`tapa_attention_triton(..., configs=row)` runs the kernels with an explicit row of the config table
+(`tapa.ops.tapa.configs.KernelConfigs`, for tests and research) through a plain autograd function
+instead of the custom op.
 """
 
 from typing import Optional
 
 import torch
 
-from tapa.ops.tapa import launch as triton_launch
-from tapa.ops.tapa.reference import split_dims
+from tapa.ops.tapa import launch
+from tapa.ops.tapa.configs import KernelConfigs
 from tapa.ops.tapa.launch import interpreting  # noqa: F401  (the dispatcher asks it)
+from tapa.ops.tapa.reference import split_dims
 
 
 def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, theta: float) -> bool:
     """Whether the fused kernel handles these inputs (dtype and head sizes)."""
     try:
-        triton_launch.check_supported(q, v)
+        launch.check_supported(q, v)
     except ValueError:
         return False
     return True
@@ -27,8 +32,8 @@ def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, theta: float)
 def _fused_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, amp_dim: int, alpha: float,
                    distance: str, phase: str, causal: bool, q_offset: int,
                    k_offset: int) -> tuple[torch.Tensor, torch.Tensor]:
-    return triton_launch.forward(q, k, v, amp_dim=amp_dim, alpha=alpha, distance=distance,
-                                 phase=phase, causal=causal, q_offset=q_offset, k_offset=k_offset)
+    return launch.forward(q, k, v, amp_dim=amp_dim, alpha=alpha, distance=distance, phase=phase,
+                          causal=causal, q_offset=q_offset, k_offset=k_offset)
 
 
 @_fused_forward.register_fake
@@ -44,9 +49,9 @@ def _fused_backward(dout: torch.Tensor, dlse: Optional[torch.Tensor], q: torch.T
                     amp_dim: int, alpha: float, distance: str, phase: str, causal: bool,
                     q_offset: int,
                     k_offset: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return triton_launch.backward(dout, dlse, q, k, v, out, lse, amp_dim=amp_dim, alpha=alpha,
-                                  distance=distance, phase=phase, causal=causal,
-                                  q_offset=q_offset, k_offset=k_offset)
+    return launch.backward(dout, dlse, q, k, v, out, lse, amp_dim=amp_dim, alpha=alpha,
+                           distance=distance, phase=phase, causal=causal, q_offset=q_offset,
+                           k_offset=k_offset)
 
 
 @_fused_backward.register_fake
@@ -73,11 +78,39 @@ torch.library.register_autograd("tapa::fused_attention_fwd", _backward,
                                 setup_context=_setup_context)
 
 
+_PARAMS = ("amp_dim", "alpha", "distance", "phase", "causal", "q_offset", "k_offset")
+
+
+class _WithConfigs(torch.autograd.Function):
+    """The fused forward and backward with an explicit `KernelConfigs` (not traced by
+    torch.compile as the custom op is)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, configs, *params):
+        ctx.configs, ctx.params = configs, dict(zip(_PARAMS, params))
+        out, lse = launch.forward(q, k, v, configs=configs, **ctx.params)
+        ctx.save_for_backward(q, k, v, out, lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q, k, v, out, lse = ctx.saved_tensors
+        if dout is None:
+            dout = torch.zeros_like(out)
+        dq, dk, dv = launch.backward(dout, dlse, q, k, v, out, lse, configs=ctx.configs,
+                                     **ctx.params)
+        return (dq, dk, dv, None) + (None,) * len(_PARAMS)
+
+
 def tapa_attention_triton(q, k, v, *, theta, alpha, distance, phase, causal, q_offset, k_offset,
-                          return_lse):
-    """The fused kernel behind `tapa.ops.tapa_attention` (arguments already checked there)."""
-    triton_launch.check_supported(q, v)
+                          return_lse, configs: KernelConfigs | None = None):
+    """The fused kernel behind `tapa.ops.tapa_attention` (arguments already checked there).
+    configs: an explicit row to launch with (default: the table's, through the custom op)."""
+    launch.check_supported(q, v)
     amp_dim, _ = split_dims(q.shape[-1], theta)
-    out, lse = _fused_forward(q, k, v, amp_dim, float(alpha), distance, phase, bool(causal),
-                              int(q_offset), int(k_offset))
+    params = (amp_dim, float(alpha), distance, phase, bool(causal), int(q_offset), int(k_offset))
+    if configs is None:
+        out, lse = _fused_forward(q, k, v, *params)
+    else:
+        out, lse = _WithConfigs.apply(q, k, v, configs, *params)
     return (out, lse) if return_lse else out

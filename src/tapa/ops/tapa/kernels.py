@@ -5,7 +5,9 @@ tile's logits come from `tapa.ops.tapa.logits` (`tile_logits` in the forward,
 `tile_logits_and_derivatives` in the backward), shared with the decode kernel; here the kernels
 run an online softmax in base 2 (FlashAttention style) over them, never holding an N x N buffer.
 Causal tiles that are entirely visible skip the mask; tiles entirely in the future are never
-visited. GQA: a dK/dV program loops over the query heads of its group, so there are no atomics.
+visited. GQA: a dK/dV program loops over the query heads of its group, so its dK/dV need no
+atomics. The constexprs each kernel takes beyond the shapes are the ones the config table sets
+(`tapa.ops.tapa.configs`), turned into flags by `tapa.ops.tapa.launch`.
 """
 
 import triton
@@ -15,9 +17,6 @@ from tapa.ops.tapa.logits import tile_logits, tile_logits_and_derivatives
 
 LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
-# LAZY_RESCALE: how far (base 2) a row's running max may trail its true max before the forward
-# rescales its accumulators (FlashAttention-4's conditional rescale): p <= 256, exact in the result
-RESCALE_SLACK = tl.constexpr(8.0)
 
 
 @triton.jit
@@ -41,23 +40,16 @@ def _desc_tile(desc, batch, row, head, col, BLOCK_R: tl.constexpr, BLOCK_C: tl.c
 
 
 @triton.jit
-def _loop_parts(desc_a, desc_p, base, rows, stride_n, row_ok, batch, first, head,
-                ROW_MASK: tl.constexpr, TMA: tl.constexpr, AMP_DIM: tl.constexpr,
-                HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_DA: tl.constexpr,
-                BLOCK_DP: tl.constexpr):
-    """A loop tile's amplitude and phase parts (rows first .. first + BLOCK_R - 1): by their TMA
-    descriptors with TMA (the host chose it only where every block is its part's exact width),
-    else by pointers from base with the rows' mask where ROW_MASK. The phase part loads first."""
-    if TMA:
-        part_p = _desc_tile(desc_p, batch, first, head, AMP_DIM, BLOCK_R, BLOCK_DP)
-        part_a = _desc_tile(desc_a, batch, first, head, 0, BLOCK_R, BLOCK_DA)
-    else:
-        offs_da = tl.arange(0, BLOCK_DA)
-        offs_dp = AMP_DIM + tl.arange(0, BLOCK_DP)
-        part_p = _load_tile(base + rows * stride_n + offs_dp[None, :], row_ok, offs_dp < HEAD_DIM,
-                            ROW_MASK, BLOCK_DP != HEAD_DIM - AMP_DIM)
-        part_a = _load_tile(base + rows * stride_n + offs_da[None, :], row_ok, offs_da < AMP_DIM,
-                            ROW_MASK, BLOCK_DA != AMP_DIM)
+def _row_parts(base, rows, stride_n, row_ok, ROW_MASK: tl.constexpr, AMP_DIM: tl.constexpr,
+               HEAD_DIM: tl.constexpr, BLOCK_DA: tl.constexpr, BLOCK_DP: tl.constexpr):
+    """A loop tile's amplitude and phase parts by pointers from base (the rows' mask where
+    ROW_MASK). The phase part loads first."""
+    offs_da = tl.arange(0, BLOCK_DA)
+    offs_dp = AMP_DIM + tl.arange(0, BLOCK_DP)
+    part_p = _load_tile(base + rows * stride_n + offs_dp[None, :], row_ok, offs_dp < HEAD_DIM,
+                        ROW_MASK, BLOCK_DP != HEAD_DIM - AMP_DIM)
+    part_a = _load_tile(base + rows * stride_n + offs_da[None, :], row_ok, offs_da < AMP_DIM,
+                        ROW_MASK, BLOCK_DA != AMP_DIM)
     return part_a, part_p
 
 
@@ -89,7 +81,8 @@ def _row_block(Q, block, bh, n_q, heads, group, stride_qb, stride_qn, stride_qh,
                BLOCK_DP: tl.constexpr, BLOCK_M: tl.constexpr):
     """Row block `block` of batch-head bh of a (B, N, H, D) tensor (queries in the forward and dQ
     kernels; keys in the dK/dV kernel, with H the kv heads and group 1): its first row, batch,
-    head, kv head, rows and their mask, and the tile's two parts and phase-row sums."""
+    head, kv head, rows and their mask, and the tile's two parts and phase-row sums. The one place
+    a program finds its rows: every kernel starts here."""
     start_m = block * BLOCK_M
     batch = bh // heads
     head = bh % heads
@@ -135,14 +128,21 @@ def _fwd_inner(acc, m_i, l_i, q_a, q_p, q_sum, pos_m, q_first,
                V_DIM: tl.constexpr, BLOCK_DA: tl.constexpr, BLOCK_DP: tl.constexpr,
                BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                MASKED: tl.constexpr, CAUSAL: tl.constexpr, DIST_POWER: tl.constexpr,
-               PHASE_QUAD: tl.constexpr, TRIG_POLY: tl.constexpr, TRIG_TERMS: tl.constexpr,
-               TAYLOR_ORDER: tl.constexpr, BANDS: tl.constexpr, PTX_ASM: tl.constexpr,
-               LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
-               SPLIT_S: tl.constexpr, FAST_SCALARS: tl.constexpr, COS_RADIANS: tl.constexpr,
-               DOT_ROWSUM: tl.constexpr, TMA: tl.constexpr, LAZY_RESCALE: tl.constexpr):
+               PHASE_QUAD: tl.constexpr, TRIG_POLY: tl.constexpr, TAYLOR_ORDER: tl.constexpr,
+               BANDS: tl.constexpr, PTX_ASM: tl.constexpr, LONG_PHASE: tl.constexpr,
+               DOT_PRECISION: tl.constexpr, SPLIT_S: tl.constexpr, FAST_SCALARS: tl.constexpr,
+               COS_RADIANS: tl.constexpr, TMA: tl.constexpr):
+    """The forward's online softmax over key blocks [lo, hi) of one query block.
+
+    SPLIT_S: the distances as each row's offset less a float column ramp made once (the same
+    integers), and with 2 the far tiles' series in the column term. FAST_SCALARS: a far tile's
+    log2(d0) and 1 / d0 from the MUFU. COS_RADIANS: the MUFU cos on the unreduced phase in radians
+    (the host folds 2 pi into phase_scale). TMA: the K and V tiles by their TMA descriptors (one
+    thread issues each tile's copy), else by pointers. BANDS: the far series in three bands of
+    orders (`tapa.ops.tapa.logits._scaled_distance_weight`)."""
     offs_dv = tl.arange(0, BLOCK_DV)
     column_ramp = tl.arange(0, BLOCK_N).to(tl.float32)  # read only with SPLIT_S
-    for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
+    for start_n in tl.range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         key_ok = offs_n < n_k
         rows = offs_n.to(tl.int64)[:, None]
@@ -151,37 +151,26 @@ def _fwd_inner(acc, m_i, l_i, q_a, q_p, q_sum, pos_m, q_first,
         s = _tile_distances(row_offset, column_ramp,
                             pos_m[:, None] - (k_offset + offs_n).to(tl.float32)[None, :], SPLIT_S,
                             MASKED)
-        k_a, k_p = _loop_parts(k_desc_a, k_desc_p, k_base, rows, stride_kn, key_ok, batch, start_n,
-                               kv_head, MASKED, TMA, AMP_DIM, HEAD_DIM, BLOCK_N, BLOCK_DA, BLOCK_DP)
+        if TMA:
+            k_p = _desc_tile(k_desc_p, batch, start_n, kv_head, AMP_DIM, BLOCK_N, BLOCK_DP)
+            k_a = _desc_tile(k_desc_a, batch, start_n, kv_head, 0, BLOCK_N, BLOCK_DA)
+        else:
+            k_a, k_p = _row_parts(k_base, rows, stride_kn, key_ok, MASKED, AMP_DIM, HEAD_DIM,
+                                  BLOCK_DA, BLOCK_DP)
         logit = tile_logits(q_a, k_a, q_p, k_p, q_sum, tl.sum(k_p.to(tl.float32), axis=1), s,
                             row_offset, column_ramp, q_first - (key_first + (BLOCK_N - 1)),
                             q_first + (BLOCK_M - 1) - key_first, alpha, phase_scale, taylor_rho, b1,
                             b2, b3, b4, b5, b6, rho_in, rho_out, DIST_POWER, PHASE_QUAD, TRIG_POLY,
-                            TRIG_TERMS, TAYLOR_ORDER, BANDS, PTX_ASM, LONG_PHASE,
-                            DOT_PRECISION, SPLIT_S, FAST_SCALARS, COS_RADIANS)  # x sqrt(d_A)
+                            TAYLOR_ORDER, BANDS, PTX_ASM, LONG_PHASE, DOT_PRECISION, SPLIT_S,
+                            FAST_SCALARS, COS_RADIANS)  # x sqrt(d_A)
         if MASKED:
             visible = key_ok[None, :]
             if CAUSAL:
                 visible = visible & (s >= 0)
             logit = tl.where(visible, logit, float("-inf"))
         m_tile = tl.max(logit, 1) * logit_scale
-        if LAZY_RESCALE:
-            # m_i may trail a row's max by up to RESCALE_SLACK (p then up to 2 ** RESCALE_SLACK);
-            # the accumulators move to new maxima only when some row of the block would pass it
-            if tl.max((m_tile > m_i + RESCALE_SLACK).to(tl.int32), 0) != 0:
-                m_new = tl.maximum(m_i, m_tile)
-                rescale = tl.exp2(m_i - _finite_or_zero(m_new))
-                acc = acc * rescale[:, None]
-                if DOT_ROWSUM:
-                    l_i = l_i * rescale[:, None]
-                else:
-                    l_i = l_i * rescale
-                m_i = m_new
-            m_new = m_i
-            rescale = tl.full([BLOCK_M], 1.0, tl.float32)  # folded away: x * 1.0 is x
-        else:
-            m_new = tl.maximum(m_i, m_tile)
-            rescale = tl.exp2(m_i - _finite_or_zero(m_new))
+        m_new = tl.maximum(m_i, m_tile)
+        rescale = tl.exp2(m_i - _finite_or_zero(m_new))
         p = tl.exp2(logit * logit_scale - _finite_or_zero(m_new)[:, None])
         if TMA:
             v = _desc_tile(v_desc, batch, start_n, kv_head, 0, BLOCK_N, BLOCK_DV)
@@ -189,11 +178,7 @@ def _fwd_inner(acc, m_i, l_i, q_a, q_p, q_sum, pos_m, q_first,
             v = _load_tile(v_base + rows * stride_vn + offs_dv[None, :], key_ok, offs_dv < V_DIM,
                            MASKED, BLOCK_DV != V_DIM)
         p_v = p.to(v.dtype)
-        if DOT_ROWSUM:  # l_i is (BLOCK_M, 16), every column the row sum, from the tensor cores
-            l_i = l_i * rescale[:, None] + tl.dot(p_v, tl.full((BLOCK_N, 16), 1.0, v.dtype),
-                                                  input_precision=DOT_PRECISION)
-        else:
-            l_i = l_i * rescale + tl.sum(p, 1)
+        l_i = l_i * rescale + tl.sum(p, 1)
         acc = acc * rescale[:, None] + tl.dot(p_v, v, input_precision=DOT_PRECISION)
         m_i = m_new
     return acc, m_i, l_i
@@ -203,76 +188,59 @@ def _fwd_inner(acc, m_i, l_i, q_a, q_p, q_sum, pos_m, q_first,
 def _fwd_kernel(Q, K, V, Out, Lse, KDescA, KDescP, VDesc,
                 stride_qb, stride_qn, stride_qh, stride_kb, stride_kn, stride_kh, stride_vb,
                 stride_vn, stride_vh, stride_ob, stride_on, stride_oh, n_q, n_k, q_offset, k_offset,
-                heads, group, n_bh, logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5,
-                b6, rho_in, rho_out, AMP_DIM: tl.constexpr, HEAD_DIM: tl.constexpr,
+                heads, group, n_bh, logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6,
+                rho_in, rho_out, AMP_DIM: tl.constexpr, HEAD_DIM: tl.constexpr,
                 V_DIM: tl.constexpr, BLOCK_DA: tl.constexpr, BLOCK_DP: tl.constexpr,
                 BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 CAUSAL: tl.constexpr, DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr,
-                TRIG_POLY: tl.constexpr, TRIG_TERMS: tl.constexpr, TAYLOR_ORDER: tl.constexpr,
-                BANDS: tl.constexpr, PTX_ASM: tl.constexpr, LONG_PHASE: tl.constexpr,
-                DOT_PRECISION: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, SPLIT_S: tl.constexpr,
-                FAST_SCALARS: tl.constexpr, COS_RADIANS: tl.constexpr, DOT_ROWSUM: tl.constexpr,
-                TMA: tl.constexpr, LAZY_RESCALE: tl.constexpr, PERSISTENT: tl.constexpr):
-    """KDescA, KDescP, VDesc: TMA descriptors of K's two parts and of V (with TMA; else None).
-    n_bh: batch x heads. PERSISTENT: a one-dimensional grid of programs, each taking the (query
-    block, batch-head) tiles program_id, program_id + programs, ... of the list ordered by
-    batch-head, then query block (causal: the longest rows first), so that the programs running
-    at once share one or two batch-heads' K/V, as the hardware grid's order does; otherwise one
-    tile per program, the grid (query blocks, batch x heads)."""
-    if PERSISTENT:
-        n_blocks = tl.cdiv(n_q, BLOCK_M)
-        first, total, step = tl.program_id(0), n_blocks * n_bh, tl.num_programs(0)
-    else:  # one iteration, folded away
-        n_blocks, first, total, step = tl.num_programs(0), 0, 1, 1
-    for tile in range(first, total, step):
-        if PERSISTENT:
-            bh = tile // n_blocks
-            block = tile % n_blocks
-        else:
-            block = tl.program_id(0)
-            bh = tl.program_id(1)
-        if CAUSAL:  # the longest rows first, so that the last wave is short
-            block = n_blocks - 1 - block
-        start_m, batch, head, kv_head, offs_m, row_ok, rows, q_a, q_p, q_sum = _row_block(
-            Q, block, bh, n_q, heads, group, stride_qb, stride_qn, stride_qh, AMP_DIM, HEAD_DIM,
-            BLOCK_DA, BLOCK_DP, BLOCK_M)
-        offs_dv = tl.arange(0, BLOCK_DV)
-        pos_m = (q_offset + offs_m).to(tl.float32)
-        q_first = (q_offset + start_m).to(tl.float32)
-        k_base = K + batch.to(tl.int64) * stride_kb + kv_head.to(tl.int64) * stride_kh
-        v_base = V + batch.to(tl.int64) * stride_vb + kv_head.to(tl.int64) * stride_vh
+                TRIG_POLY: tl.constexpr, TAYLOR_ORDER: tl.constexpr, BANDS: tl.constexpr,
+                PTX_ASM: tl.constexpr, LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                SPLIT_S: tl.constexpr, FAST_SCALARS: tl.constexpr, COS_RADIANS: tl.constexpr,
+                TMA: tl.constexpr):
+    """One (query block, batch x head) tile a program, the grid (query blocks, batch x heads);
+    causal: the longest rows first, so that the last wave is short. KDescA, KDescP, VDesc: TMA
+    descriptors of K's two parts and of V (with TMA; else None). n_bh: batch x heads, the grid's
+    second axis; the code does not read it, but the compiled forward keeps its parameter layout
+    with it (without it ptxas allocates the registers otherwise: 8-16 B more stack at D=64)."""
+    n_blocks = tl.num_programs(0)
+    block = tl.program_id(0)
+    bh = tl.program_id(1)
+    if CAUSAL:
+        block = n_blocks - 1 - block
+    start_m, batch, head, kv_head, offs_m, row_ok, rows, q_a, q_p, q_sum = _row_block(
+        Q, block, bh, n_q, heads, group, stride_qb, stride_qn, stride_qh, AMP_DIM, HEAD_DIM,
+        BLOCK_DA, BLOCK_DP, BLOCK_M)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    pos_m = (q_offset + offs_m).to(tl.float32)
+    q_first = (q_offset + start_m).to(tl.float32)
+    k_base = K + batch.to(tl.int64) * stride_kb + kv_head.to(tl.int64) * stride_kh
+    v_base = V + batch.to(tl.int64) * stride_vb + kv_head.to(tl.int64) * stride_vh
 
-        full, hi = _key_range(start_m, n_q, n_k, q_offset, k_offset, BLOCK_M, BLOCK_N, CAUSAL)
-        acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
-        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-        if DOT_ROWSUM:  # the row sums as a (BLOCK_M, 16) product with ones, every column alike
-            l_i = tl.zeros([BLOCK_M, 16], dtype=tl.float32)
-        else:
-            l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-        acc, m_i, l_i = _fwd_inner(
-            acc, m_i, l_i, q_a, q_p, q_sum, pos_m, q_first, k_base, v_base, stride_kn, stride_vn,
-            n_k, k_offset, 0, full, KDescA, KDescP, VDesc, batch, kv_head, logit_scale, phase_scale,
-            alpha, taylor_rho, b1, b2, b3, b4, b5, b6, rho_in, rho_out, AMP_DIM, HEAD_DIM, V_DIM,
-            BLOCK_DA, BLOCK_DP, BLOCK_DV, BLOCK_M, BLOCK_N, False, CAUSAL, DIST_POWER, PHASE_QUAD,
-            TRIG_POLY, TRIG_TERMS, TAYLOR_ORDER, BANDS, PTX_ASM, LONG_PHASE, DOT_PRECISION,
-            WARP_SPECIALIZE, SPLIT_S, FAST_SCALARS, COS_RADIANS, DOT_ROWSUM, TMA, LAZY_RESCALE)
-        acc, m_i, l_i = _fwd_inner(
-            acc, m_i, l_i, q_a, q_p, q_sum, pos_m, q_first, k_base, v_base, stride_kn, stride_vn,
-            n_k, k_offset, full, hi, KDescA, KDescP, VDesc, batch, kv_head, logit_scale,
-            phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6, rho_in, rho_out, AMP_DIM,
-            HEAD_DIM, V_DIM, BLOCK_DA, BLOCK_DP, BLOCK_DV, BLOCK_M, BLOCK_N, True, CAUSAL,
-            DIST_POWER, PHASE_QUAD, TRIG_POLY, TRIG_TERMS, TAYLOR_ORDER, BANDS, PTX_ASM, LONG_PHASE,
-            DOT_PRECISION, WARP_SPECIALIZE, SPLIT_S, FAST_SCALARS, COS_RADIANS, DOT_ROWSUM, TMA,
-            LAZY_RESCALE)
-        if DOT_ROWSUM:
-            l_i = tl.max(l_i, 1)
-        l_safe = tl.where(l_i > 0, l_i, 1.0)  # only padding rows have no visible key
-        out = acc / l_safe[:, None]
-        o_base = Out + batch.to(tl.int64) * stride_ob + head.to(tl.int64) * stride_oh
-        tl.store(o_base + rows * stride_on + offs_dv[None, :], out.to(Out.dtype.element_ty),
-                 mask=row_ok[:, None] & (offs_dv < V_DIM)[None, :])
-        lse = (m_i + tl.log2(l_safe)) * LN2
-        tl.store(Lse + bh.to(tl.int64) * n_q + offs_m, lse, mask=row_ok)
+    full, hi = _key_range(start_m, n_q, n_k, q_offset, k_offset, BLOCK_M, BLOCK_N, CAUSAL)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc, m_i, l_i = _fwd_inner(
+        acc, m_i, l_i, q_a, q_p, q_sum, pos_m, q_first, k_base, v_base, stride_kn, stride_vn,
+        n_k, k_offset, 0, full, KDescA, KDescP, VDesc, batch, kv_head, logit_scale, phase_scale,
+        alpha, taylor_rho, b1, b2, b3, b4, b5, b6, rho_in, rho_out, AMP_DIM, HEAD_DIM, V_DIM,
+        BLOCK_DA, BLOCK_DP, BLOCK_DV, BLOCK_M, BLOCK_N, False, CAUSAL, DIST_POWER, PHASE_QUAD,
+        TRIG_POLY, TAYLOR_ORDER, BANDS, PTX_ASM, LONG_PHASE, DOT_PRECISION, SPLIT_S, FAST_SCALARS,
+        COS_RADIANS, TMA)
+    acc, m_i, l_i = _fwd_inner(
+        acc, m_i, l_i, q_a, q_p, q_sum, pos_m, q_first, k_base, v_base, stride_kn, stride_vn,
+        n_k, k_offset, full, hi, KDescA, KDescP, VDesc, batch, kv_head, logit_scale,
+        phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6, rho_in, rho_out, AMP_DIM,
+        HEAD_DIM, V_DIM, BLOCK_DA, BLOCK_DP, BLOCK_DV, BLOCK_M, BLOCK_N, True, CAUSAL,
+        DIST_POWER, PHASE_QUAD, TRIG_POLY, TAYLOR_ORDER, BANDS, PTX_ASM, LONG_PHASE,
+        DOT_PRECISION, SPLIT_S, FAST_SCALARS, COS_RADIANS, TMA)
+    l_safe = tl.where(l_i > 0, l_i, 1.0)  # only padding rows have no visible key
+    out = acc / l_safe[:, None]
+    o_base = Out + batch.to(tl.int64) * stride_ob + head.to(tl.int64) * stride_oh
+    tl.store(o_base + rows * stride_on + offs_dv[None, :], out.to(Out.dtype.element_ty),
+             mask=row_ok[:, None] & (offs_dv < V_DIM)[None, :])
+    lse = (m_i + tl.log2(l_safe)) * LN2
+    tl.store(Lse + bh.to(tl.int64) * n_q + offs_m, lse, mask=row_ok)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -305,17 +273,15 @@ def _bwd_preprocess_kernel(Out, DOut, DLse, Delta, stride_ob, stride_on, stride_
 @triton.jit
 def _dkdv_inner(dk_a, dk_p, dk_psum, dv, k_a, k_p, k_sum, v, pos_n, key_first,
                 q_base, do_base, dq_base, lse_ptr, delta_ptr, stride_qn, stride_dn, stride_dqn, n_q,
-                q_offset, lo, hi, q_desc_a, q_desc_p, do_desc, batch, head, logit_scale,
-                phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6, rho_in, rho_out,
-                amp_grad_scale, phase_grad_scale, AMP_DIM: tl.constexpr, HEAD_DIM: tl.constexpr,
-                V_DIM: tl.constexpr, BLOCK_DA: tl.constexpr, BLOCK_DP: tl.constexpr,
-                BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                MASKED: tl.constexpr, DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr,
-                TRIG_POLY: tl.constexpr, TRIG_TERMS: tl.constexpr, TAYLOR_ORDER: tl.constexpr,
-                BANDS: tl.constexpr, PTX_ASM: tl.constexpr, LONG_PHASE: tl.constexpr,
-                DOT_PRECISION: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, DQ_ATOMIC: tl.constexpr,
-                DQ_TRANSPOSE: tl.constexpr, REVERSE_Q: tl.constexpr, COS_RADIANS: tl.constexpr,
-                FAST_SCALARS: tl.constexpr, SPLIT_S: tl.constexpr, TMA: tl.constexpr):
+                q_offset, lo, hi, logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5,
+                b6, amp_grad_scale, phase_grad_scale, AMP_DIM: tl.constexpr,
+                HEAD_DIM: tl.constexpr, V_DIM: tl.constexpr, BLOCK_DA: tl.constexpr,
+                BLOCK_DP: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr, MASKED: tl.constexpr, DIST_POWER: tl.constexpr,
+                PHASE_QUAD: tl.constexpr, TRIG_POLY: tl.constexpr, TAYLOR_ORDER: tl.constexpr,
+                PTX_ASM: tl.constexpr, LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                DQ_ATOMIC: tl.constexpr, DQ_TRANSPOSE: tl.constexpr, COS_RADIANS: tl.constexpr,
+                FAST_SCALARS: tl.constexpr):
     """dK/dV of one key block against query blocks [lo, hi); tiles are (keys, queries).
 
     With DQ_ATOMIC the tile's share of dQ is also added (float32 atomics) into dq_base, so that
@@ -324,51 +290,33 @@ def _dkdv_inner(dk_a, dk_p, dk_psum, dv, k_a, k_p, k_sum, v, pos_n, key_first,
     dots get Hopper's wgmma (M >= 64) at the 32-query tile that fits the registers, while the
     atomics per score stay those of the 128-key tile.
 
-    REVERSE_Q visits the query blocks from the last one down to lo (the same blocks, mirrored).
-    The kernel sets it for the unmasked blocks only, after the few masked ones at its diagonal, so
-    that the dK/dV programs running at once, which all end at the last query block, read the same
-    query rows at about the same time instead of rows spread over the sequence (and add their dQ
-    shares to the same rows: atomic contention is the price).
-
     COS_RADIANS: the forward's `COS_RADIANS` (the host scales phase_scale and phase_grad_scale to
     match). FAST_SCALARS: the forward's (a far tile's log2(d0) and 1 / d0 from the MUFU).
-    SPLIT_S (0 or 1): the forward's, for (keys, queries) tiles: s = (q_first - pos_n) less the
-    negated query ramp, built whole only for the mask. TMA: the forward's, for the Q and dO tiles.
     """
     offs_da = tl.arange(0, BLOCK_DA)
     offs_dp = AMP_DIM + tl.arange(0, BLOCK_DP)
     offs_dv = tl.arange(0, BLOCK_DV)
-    negated_ramp = -tl.arange(0, BLOCK_M).to(tl.float32)  # read only with SPLIT_S
-    for tile_m in tl.range(lo, hi, BLOCK_M, warp_specialize=WARP_SPECIALIZE):
-        start_m = tile_m
-        if REVERSE_Q:  # lo + last - tile_m: the blocks of [lo, hi) in the opposite order
-            start_m = lo + (tl.cdiv(hi - lo, BLOCK_M) - 1) * BLOCK_M - (tile_m - lo)
+    for start_m in tl.range(lo, hi, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
         row_ok = offs_m < n_q
         rows = offs_m.to(tl.int64)[:, None]
         q_first = (q_offset + start_m).to(tl.float32)
-        row_offset = q_first - pos_n
-        s = _tile_distances(row_offset, negated_ramp,
-                            (q_offset + offs_m).to(tl.float32)[None, :] - pos_n[:, None], SPLIT_S,
-                            MASKED)
-        q_a, q_p = _loop_parts(q_desc_a, q_desc_p, q_base, rows, stride_qn, row_ok, batch, start_m,
-                               head, True, TMA, AMP_DIM, HEAD_DIM, BLOCK_M, BLOCK_DA, BLOCK_DP)
+        s = (q_offset + offs_m).to(tl.float32)[None, :] - pos_n[:, None]
+        q_a, q_p = _row_parts(q_base, rows, stride_qn, row_ok, True, AMP_DIM, HEAD_DIM, BLOCK_DA,
+                              BLOCK_DP)
         qk_amp, cos, phase_factor = tile_logits_and_derivatives(
-            k_a, q_a, k_p, q_p, k_sum, tl.sum(q_p.to(tl.float32), axis=1), s, row_offset,
-            negated_ramp, q_first - (key_first + (BLOCK_N - 1)),
-            q_first + (BLOCK_M - 1) - key_first, alpha, phase_scale, taylor_rho, b1, b2, b3, b4, b5,
-            b6, rho_in, rho_out, DIST_POWER, PHASE_QUAD, TRIG_POLY, TRIG_TERMS, TAYLOR_ORDER, BANDS,
-            PTX_ASM, LONG_PHASE, DOT_PRECISION, SPLIT_S, FAST_SCALARS, COS_RADIANS)
+            k_a, q_a, k_p, q_p, k_sum, tl.sum(q_p.to(tl.float32), axis=1), s, 0.0, 0.0,
+            q_first - (key_first + (BLOCK_N - 1)), q_first + (BLOCK_M - 1) - key_first, alpha,
+            phase_scale, taylor_rho, b1, b2, b3, b4, b5, b6, 0.0, 0.0, DIST_POWER, PHASE_QUAD,
+            TRIG_POLY, TAYLOR_ORDER, False, PTX_ASM, LONG_PHASE, DOT_PRECISION, 0, FAST_SCALARS,
+            COS_RADIANS)
         # padding query rows load lse = +inf, so p = 0 there
         lse2 = tl.load(lse_ptr + offs_m, mask=row_ok, other=float("inf")) * LOG2E
         p = tl.exp2(qk_amp * cos * logit_scale - lse2[None, :])
         if MASKED:
             p = tl.where(s >= 0, p, 0.0)
-        if TMA:
-            do = _desc_tile(do_desc, batch, start_m, head, 0, BLOCK_M, BLOCK_DV)
-        else:
-            do = _load_tile(do_base + rows * stride_dn + offs_dv[None, :], row_ok, offs_dv < V_DIM,
-                            True, BLOCK_DV != V_DIM)
+        do = _load_tile(do_base + rows * stride_dn + offs_dv[None, :], row_ok, offs_dv < V_DIM,
+                        True, BLOCK_DV != V_DIM)
         dv += tl.dot(p.to(do.dtype), do, input_precision=DOT_PRECISION)
         dp = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
         delta = tl.load(delta_ptr + offs_m, mask=row_ok, other=0.0)
@@ -409,23 +357,22 @@ def _dkdv_inner(dk_a, dk_p, dk_psum, dv, k_a, k_p, k_sum, v, pos_n, key_first,
 
 
 @triton.jit
-def _bwd_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV, DQ, QDescA, QDescP, DODesc,
+def _bwd_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV, DQ,
                      stride_qb, stride_qn, stride_qh, stride_kb, stride_kn, stride_kh, stride_vb,
                      stride_vn, stride_vh, stride_db, stride_dn, stride_dh, stride_dkb, stride_dkn,
                      stride_dkh, stride_dvb, stride_dvn, stride_dvh, stride_dqb, stride_dqn,
                      stride_dqh, n_q, n_k, q_offset, k_offset, kv_heads, group, logit_scale,
-                     phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6, rho_in, rho_out,
-                     amp_grad_scale, phase_grad_scale, AMP_DIM: tl.constexpr,
-                     HEAD_DIM: tl.constexpr, V_DIM: tl.constexpr, BLOCK_DA: tl.constexpr,
-                     BLOCK_DP: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr,
-                     BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, DIST_POWER: tl.constexpr,
-                     PHASE_QUAD: tl.constexpr, TRIG_POLY: tl.constexpr, TRIG_TERMS: tl.constexpr,
-                     TAYLOR_ORDER: tl.constexpr, BANDS: tl.constexpr, PTX_ASM: tl.constexpr,
+                     phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6, amp_grad_scale,
+                     phase_grad_scale, AMP_DIM: tl.constexpr, HEAD_DIM: tl.constexpr,
+                     V_DIM: tl.constexpr, BLOCK_DA: tl.constexpr, BLOCK_DP: tl.constexpr,
+                     BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     CAUSAL: tl.constexpr, DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr,
+                     TRIG_POLY: tl.constexpr, TAYLOR_ORDER: tl.constexpr, PTX_ASM: tl.constexpr,
                      LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                     WARP_SPECIALIZE: tl.constexpr, DQ_ATOMIC: tl.constexpr,
-                     DQ_TRANSPOSE: tl.constexpr, REVERSE_Q: tl.constexpr, COS_RADIANS: tl.constexpr,
-                     FAST_SCALARS: tl.constexpr, SPLIT_S: tl.constexpr, TMA: tl.constexpr):
-    """QDescA, QDescP, DODesc: TMA descriptors of Q's two parts and of dO (with TMA; else None)."""
+                     DQ_ATOMIC: tl.constexpr, DQ_TRANSPOSE: tl.constexpr,
+                     COS_RADIANS: tl.constexpr, FAST_SCALARS: tl.constexpr):
+    """One (key block, batch x kv head) a program; DQ: float32 with DQ_ATOMIC (the kernel adds
+    its dQ shares there), else unused."""
     start_n, batch, kv_head, _, offs_n, key_ok, rows, k_a, k_p, k_sum = _row_block(
         K, tl.program_id(0), tl.program_id(1), n_k, kv_heads, 1, stride_kb, stride_kn, stride_kh,
         AMP_DIM, HEAD_DIM, BLOCK_DA, BLOCK_DP, BLOCK_N)
@@ -462,21 +409,17 @@ def _bwd_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV, DQ, QDescA, QDescP, DODe
         dk_a, dk_p, dk_psum, dv = _dkdv_inner(
             dk_a, dk_p, dk_psum, dv, k_a, k_p, k_sum, v, pos_n, key_first, q_base, do_base, dq_base,
             Lse + bh * n_q, Delta + bh * n_q, stride_qn, stride_dn, stride_dqn, n_q, q_offset, lo,
-            mid, QDescA, QDescP, DODesc, batch, head, logit_scale, phase_scale, alpha, taylor_rho,
-            b1, b2, b3, b4, b5, b6, rho_in, rho_out, amp_grad_scale, phase_grad_scale, AMP_DIM,
-            HEAD_DIM, V_DIM, BLOCK_DA, BLOCK_DP, BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, DIST_POWER,
-            PHASE_QUAD, TRIG_POLY, TRIG_TERMS, TAYLOR_ORDER, BANDS, PTX_ASM, LONG_PHASE,
-            DOT_PRECISION, WARP_SPECIALIZE, DQ_ATOMIC, DQ_TRANSPOSE, False, COS_RADIANS,
-            FAST_SCALARS, SPLIT_S, TMA)
+            mid, logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6,
+            amp_grad_scale, phase_grad_scale, AMP_DIM, HEAD_DIM, V_DIM, BLOCK_DA, BLOCK_DP,
+            BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, DIST_POWER, PHASE_QUAD, TRIG_POLY, TAYLOR_ORDER,
+            PTX_ASM, LONG_PHASE, DOT_PRECISION, DQ_ATOMIC, DQ_TRANSPOSE, COS_RADIANS, FAST_SCALARS)
         dk_a, dk_p, dk_psum, dv = _dkdv_inner(
             dk_a, dk_p, dk_psum, dv, k_a, k_p, k_sum, v, pos_n, key_first, q_base, do_base, dq_base,
             Lse + bh * n_q, Delta + bh * n_q, stride_qn, stride_dn, stride_dqn, n_q, q_offset, mid,
-            n_q, QDescA, QDescP, DODesc, batch, head, logit_scale, phase_scale, alpha, taylor_rho,
-            b1, b2, b3, b4, b5, b6, rho_in, rho_out, amp_grad_scale, phase_grad_scale, AMP_DIM,
-            HEAD_DIM, V_DIM, BLOCK_DA, BLOCK_DP, BLOCK_DV, BLOCK_M, BLOCK_N, False, DIST_POWER,
-            PHASE_QUAD, TRIG_POLY, TRIG_TERMS, TAYLOR_ORDER, BANDS, PTX_ASM, LONG_PHASE,
-            DOT_PRECISION, WARP_SPECIALIZE, DQ_ATOMIC, DQ_TRANSPOSE, REVERSE_Q, COS_RADIANS,
-            FAST_SCALARS, SPLIT_S, TMA)
+            n_q, logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6,
+            amp_grad_scale, phase_grad_scale, AMP_DIM, HEAD_DIM, V_DIM, BLOCK_DA, BLOCK_DP,
+            BLOCK_DV, BLOCK_M, BLOCK_N, False, DIST_POWER, PHASE_QUAD, TRIG_POLY, TAYLOR_ORDER,
+            PTX_ASM, LONG_PHASE, DOT_PRECISION, DQ_ATOMIC, DQ_TRANSPOSE, COS_RADIANS, FAST_SCALARS)
 
     dk_base = DK + batch.to(tl.int64) * stride_dkb + kv_head.to(tl.int64) * stride_dkh
     tl.store(dk_base + rows * stride_dkn + offs_da[None, :],
@@ -496,23 +439,21 @@ def _bwd_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV, DQ, QDescA, QDescP, DODe
 
 @triton.jit
 def _dq_inner(dq_a, dq_p, dq_psum, q_a, q_p, q_sum, do, lse2, delta, pos_m, q_first,
-              k_base, v_base, stride_kn, stride_vn, n_k, k_offset, lo, hi, k_desc_a, k_desc_p,
-              v_desc, batch, kv_head, logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4,
-              b5, b6, rho_in, rho_out, AMP_DIM: tl.constexpr, HEAD_DIM: tl.constexpr,
-              V_DIM: tl.constexpr, BLOCK_DA: tl.constexpr, BLOCK_DP: tl.constexpr,
-              BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-              MASKED: tl.constexpr, CAUSAL: tl.constexpr, DIST_POWER: tl.constexpr,
-              PHASE_QUAD: tl.constexpr, TRIG_POLY: tl.constexpr, TRIG_TERMS: tl.constexpr,
-              TAYLOR_ORDER: tl.constexpr, BANDS: tl.constexpr, PTX_ASM: tl.constexpr,
-              LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
-              SPLIT_S: tl.constexpr, FAST_SCALARS: tl.constexpr, COS_RADIANS: tl.constexpr,
-              TMA: tl.constexpr):
+              k_base, v_base, stride_kn, stride_vn, n_k, k_offset, lo, hi, logit_scale,
+              phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6, AMP_DIM: tl.constexpr,
+              HEAD_DIM: tl.constexpr, V_DIM: tl.constexpr, BLOCK_DA: tl.constexpr,
+              BLOCK_DP: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr,
+              BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+              DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr, TRIG_POLY: tl.constexpr,
+              TAYLOR_ORDER: tl.constexpr, PTX_ASM: tl.constexpr, LONG_PHASE: tl.constexpr,
+              DOT_PRECISION: tl.constexpr, SPLIT_S: tl.constexpr, FAST_SCALARS: tl.constexpr,
+              COS_RADIANS: tl.constexpr):
     """dQ of one query block against key blocks [lo, hi); tiles are (queries, keys). SPLIT_S
-    (the distances as row offsets less the column ramp; 2: the far tiles' series in the column
-    term), FAST_SCALARS, COS_RADIANS and TMA: as in the forward's `_fwd_inner`."""
+    (the distances as row offsets less the column ramp), FAST_SCALARS and COS_RADIANS: as in the
+    forward's `_fwd_inner`."""
     offs_dv = tl.arange(0, BLOCK_DV)
     column_ramp = tl.arange(0, BLOCK_N).to(tl.float32)  # read only with SPLIT_S
-    for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
+    for start_n in tl.range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         key_ok = offs_n < n_k
         rows = offs_n.to(tl.int64)[:, None]
@@ -521,25 +462,22 @@ def _dq_inner(dq_a, dq_p, dq_psum, q_a, q_p, q_sum, do, lse2, delta, pos_m, q_fi
         s = _tile_distances(row_offset, column_ramp,
                             pos_m[:, None] - (k_offset + offs_n).to(tl.float32)[None, :], SPLIT_S,
                             MASKED)
-        k_a, k_p = _loop_parts(k_desc_a, k_desc_p, k_base, rows, stride_kn, key_ok, batch, start_n,
-                               kv_head, MASKED, TMA, AMP_DIM, HEAD_DIM, BLOCK_N, BLOCK_DA, BLOCK_DP)
+        k_a, k_p = _row_parts(k_base, rows, stride_kn, key_ok, MASKED, AMP_DIM, HEAD_DIM,
+                              BLOCK_DA, BLOCK_DP)
         qk_amp, cos, phase_factor = tile_logits_and_derivatives(
             q_a, k_a, q_p, k_p, q_sum, tl.sum(k_p.to(tl.float32), axis=1), s, row_offset,
             column_ramp, q_first - (key_first + (BLOCK_N - 1)), q_first + (BLOCK_M - 1) - key_first,
-            alpha, phase_scale, taylor_rho, b1, b2, b3, b4, b5, b6, rho_in, rho_out, DIST_POWER,
-            PHASE_QUAD, TRIG_POLY, TRIG_TERMS, TAYLOR_ORDER, BANDS, PTX_ASM, LONG_PHASE,
-            DOT_PRECISION, SPLIT_S, FAST_SCALARS, COS_RADIANS)
+            alpha, phase_scale, taylor_rho, b1, b2, b3, b4, b5, b6, 0.0, 0.0, DIST_POWER,
+            PHASE_QUAD, TRIG_POLY, TAYLOR_ORDER, False, PTX_ASM, LONG_PHASE, DOT_PRECISION, SPLIT_S,
+            FAST_SCALARS, COS_RADIANS)
         p = tl.exp2(qk_amp * cos * logit_scale - lse2[:, None])
         if MASKED:
             visible = key_ok[None, :]
             if CAUSAL:
                 visible = visible & (s >= 0)
             p = tl.where(visible, p, 0.0)
-        if TMA:
-            v = _desc_tile(v_desc, batch, start_n, kv_head, 0, BLOCK_N, BLOCK_DV)
-        else:
-            v = _load_tile(v_base + rows * stride_vn + offs_dv[None, :], key_ok, offs_dv < V_DIM,
-                           MASKED, BLOCK_DV != V_DIM)
+        v = _load_tile(v_base + rows * stride_vn + offs_dv[None, :], key_ok, offs_dv < V_DIM,
+                       MASKED, BLOCK_DV != V_DIM)
         dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
         ds = p * (dp - delta[:, None])
         dq_a += tl.dot((ds * cos).to(k_a.dtype), k_a, input_precision=DOT_PRECISION)
@@ -552,21 +490,20 @@ def _dq_inner(dq_a, dq_p, dq_psum, q_a, q_p, q_sum, do, lse2, delta, pos_m, q_fi
 
 
 @triton.jit
-def _bwd_dq_kernel(Q, K, V, DOut, Lse, Delta, DQ, KDescA, KDescP, VDesc,
+def _bwd_dq_kernel(Q, K, V, DOut, Lse, Delta, DQ,
                    stride_qb, stride_qn, stride_qh, stride_kb, stride_kn, stride_kh, stride_vb,
                    stride_vn, stride_vh, stride_db, stride_dn, stride_dh, stride_dqb, stride_dqn,
                    stride_dqh, n_q, n_k, q_offset, k_offset, heads, group, logit_scale, phase_scale,
-                   alpha, taylor_rho, b1, b2, b3, b4, b5, b6, rho_in, rho_out, amp_grad_scale,
-                   phase_grad_scale, AMP_DIM: tl.constexpr, HEAD_DIM: tl.constexpr,
-                   V_DIM: tl.constexpr, BLOCK_DA: tl.constexpr, BLOCK_DP: tl.constexpr,
-                   BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   CAUSAL: tl.constexpr, DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr,
-                   TRIG_POLY: tl.constexpr, TRIG_TERMS: tl.constexpr, TAYLOR_ORDER: tl.constexpr,
-                   BANDS: tl.constexpr, PTX_ASM: tl.constexpr, LONG_PHASE: tl.constexpr,
-                   DOT_PRECISION: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
-                   SPLIT_S: tl.constexpr, FAST_SCALARS: tl.constexpr, COS_RADIANS: tl.constexpr,
-                   TMA: tl.constexpr):
-    """KDescA, KDescP, VDesc: as the forward's (with TMA; else None)."""
+                   alpha, taylor_rho, b1, b2, b3, b4, b5, b6, amp_grad_scale, phase_grad_scale,
+                   AMP_DIM: tl.constexpr, HEAD_DIM: tl.constexpr, V_DIM: tl.constexpr,
+                   BLOCK_DA: tl.constexpr, BLOCK_DP: tl.constexpr, BLOCK_DV: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+                   DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr, TRIG_POLY: tl.constexpr,
+                   TAYLOR_ORDER: tl.constexpr, PTX_ASM: tl.constexpr, LONG_PHASE: tl.constexpr,
+                   DOT_PRECISION: tl.constexpr, SPLIT_S: tl.constexpr, FAST_SCALARS: tl.constexpr,
+                   COS_RADIANS: tl.constexpr):
+    """One (query block, batch x head) a program, the longest rows first where causal: dQ in
+    the order of its key blocks, the same every run (the deterministic path)."""
     block = tl.program_id(0)
     if CAUSAL:
         block = tl.num_programs(0) - 1 - block
@@ -593,18 +530,16 @@ def _bwd_dq_kernel(Q, K, V, DOut, Lse, Delta, DQ, KDescA, KDescP, VDesc,
     dq_psum = tl.zeros([BLOCK_M], dtype=tl.float32)
     dq_a, dq_p, dq_psum = _dq_inner(
         dq_a, dq_p, dq_psum, q_a, q_p, q_sum, do, lse2, delta, pos_m, q_first, k_base, v_base,
-        stride_kn, stride_vn, n_k, k_offset, 0, full, KDescA, KDescP, VDesc, batch, kv_head,
-        logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6, rho_in, rho_out,
-        AMP_DIM, HEAD_DIM, V_DIM, BLOCK_DA, BLOCK_DP, BLOCK_DV, BLOCK_M, BLOCK_N, False, CAUSAL,
-        DIST_POWER, PHASE_QUAD, TRIG_POLY, TRIG_TERMS, TAYLOR_ORDER, BANDS, PTX_ASM, LONG_PHASE,
-        DOT_PRECISION, WARP_SPECIALIZE, SPLIT_S, FAST_SCALARS, COS_RADIANS, TMA)
+        stride_kn, stride_vn, n_k, k_offset, 0, full, logit_scale, phase_scale, alpha, taylor_rho,
+        b1, b2, b3, b4, b5, b6, AMP_DIM, HEAD_DIM, V_DIM, BLOCK_DA, BLOCK_DP, BLOCK_DV, BLOCK_M,
+        BLOCK_N, False, CAUSAL, DIST_POWER, PHASE_QUAD, TRIG_POLY, TAYLOR_ORDER, PTX_ASM,
+        LONG_PHASE, DOT_PRECISION, SPLIT_S, FAST_SCALARS, COS_RADIANS)
     dq_a, dq_p, dq_psum = _dq_inner(
         dq_a, dq_p, dq_psum, q_a, q_p, q_sum, do, lse2, delta, pos_m, q_first, k_base, v_base,
-        stride_kn, stride_vn, n_k, k_offset, full, hi, KDescA, KDescP, VDesc, batch, kv_head,
-        logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6, rho_in, rho_out,
-        AMP_DIM, HEAD_DIM, V_DIM, BLOCK_DA, BLOCK_DP, BLOCK_DV, BLOCK_M, BLOCK_N, True, CAUSAL,
-        DIST_POWER, PHASE_QUAD, TRIG_POLY, TRIG_TERMS, TAYLOR_ORDER, BANDS, PTX_ASM, LONG_PHASE,
-        DOT_PRECISION, WARP_SPECIALIZE, SPLIT_S, FAST_SCALARS, COS_RADIANS, TMA)
+        stride_kn, stride_vn, n_k, k_offset, full, hi, logit_scale, phase_scale, alpha, taylor_rho,
+        b1, b2, b3, b4, b5, b6, AMP_DIM, HEAD_DIM, V_DIM, BLOCK_DA, BLOCK_DP, BLOCK_DV, BLOCK_M,
+        BLOCK_N, True, CAUSAL, DIST_POWER, PHASE_QUAD, TRIG_POLY, TAYLOR_ORDER, PTX_ASM,
+        LONG_PHASE, DOT_PRECISION, SPLIT_S, FAST_SCALARS, COS_RADIANS)
 
     dq_base = DQ + batch.to(tl.int64) * stride_dqb + head.to(tl.int64) * stride_dqh
     tl.store(dq_base + rows * stride_dqn + offs_da[None, :],

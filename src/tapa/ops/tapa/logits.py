@@ -11,26 +11,23 @@ x keys, or keys x queries in dK/dV) at signed distances s = m - n:
 Where the time goes (DESIGN.md §4): the special-function unit (MUFU) does 16 ops/clock/SM, so
 per score each exp2 / log2 / cos costs about a quarter of the matmul work at D=128. So:
 - round(t) is two float adds with the 1.5 * 2**23 trick (a conversion would go to a slow pipe);
-- d ** alpha is a degree-6 Taylor series in the relative distance around the tile's centre when
-  the tile lies far from the diagonal (error < 2e-8 relative, checked on the host), and only
-  near the diagonal exp2(alpha * log2 d) per element;
+- d ** alpha is a Taylor series in the relative distance around the tile's centre when the tile
+  lies far from the diagonal (its degree TAYLOR_ORDER and the band where it applies, `taylor_rho`,
+  set on the host for a tolerance), and only near the diagonal exp2(alpha * log2 d) per element;
 - when f(d) grows large (alpha up to its bound, long range; the host's LONG_PHASE flag), d ** alpha
   is evaluated to a few ulp by an exact exponent split and the phase is reduced twice, so that
   the kernels stay as accurate as the float32 reference for any finite phase;
-- cos/sin are odd/even polynomials after the turn reduction (FMA pipes, `TRIG_POLY`), or the
-  MUFU's cos.approx/sin.approx (GPU only); which is faster is measured, not assumed. TRIG_TERMS
-  picks the polynomials' length: sin has TRIG_TERMS terms and cos one more (`TRIG_COEFFICIENTS` holds
-  each pair's float32 evaluation error, which tests/ops checks on the host);
-- TAYLOR_ORDER is the degree of the far-tile series (the host widens or narrows the band where it
-  applies, `taylor_rho`, to keep its tolerance).
+- cos/sin are odd/even polynomials after the turn reduction (FMA pipes, `TRIG_POLY`; their float32
+  evaluation error is TRIG_POLY_ERROR, which tests/ops checks), or the MUFU's cos.approx/sin.approx
+  (GPU only).
 
 Flags (constexpr, the same names in every kernel): DIST_POWER (f = d ** alpha, else alpha * d),
-PHASE_QUAD (phi = a_P . b_P, else the sums), TRIG_POLY, TRIG_TERMS, TAYLOR_ORDER, BANDS (two more
-series bands, orders TAYLOR_ORDER -/+ 1, `_scaled_distance_weight`), PTX_ASM (MUFU's lg2.approx
-near the diagonal; GPU only), LONG_PHASE, DOT_PRECISION ("ieee" for float32 operands, else
-"tf32"). Kernel variants (off by default, `tapa.ops.tapa.launch`): SPLIT_S (the distances
-as row and column parts), FAST_SCALARS (a far tile's scalars by the MUFU), COS_RADIANS (the MUFU
-trig on the unreduced phase in radians).
+PHASE_QUAD (phi = a_P . b_P, else the sums), TRIG_POLY, TAYLOR_ORDER, BANDS (two more series bands,
+orders TAYLOR_ORDER -/+ 1, `_scaled_distance_weight`), PTX_ASM (MUFU's lg2.approx near the
+diagonal; GPU only), LONG_PHASE, DOT_PRECISION ("ieee" for float32 operands, else "tf32"), SPLIT_S
+(the distances as row and column parts; 2: the far series in the column term), FAST_SCALARS (a far
+tile's scalars by the MUFU), COS_RADIANS (the MUFU trig on the unreduced phase in radians). The
+host sets them from the kernels' config table (`tapa.ops.tapa.configs`).
 """
 
 import triton
@@ -41,9 +38,8 @@ TWO_PI = tl.constexpr(6.283185307179586)
 # (ties to even), on the FMA pipes.
 ROUND_MAGIC = tl.constexpr(12582912.0)
 
-# Least-squares fits on Chebyshev nodes over |u| <= 1/4: sin(2 pi u) = u * S(u^2) and
-# cos(2 pi u) = C(u^2). The default pair (TRIG_TERMS = 6: S0..S5, C0..C6) evaluates to < 2.2e-7 in
-# float32; the shorter pairs (S<n>_k, C<n>_k for TRIG_TERMS = n) are near-minimax (Lawson) fits.
+# Least-squares fits on Chebyshev nodes over |u| <= 1/4: sin(2 pi u) = u * S(u^2) with S0..S5 and
+# cos(2 pi u) = C(u^2) with C0..C6.
 S0 = tl.constexpr(6.283185306485776)
 S1 = tl.constexpr(-41.34170192921982)
 S2 = tl.constexpr(81.605209381538)
@@ -57,42 +53,11 @@ C3 = tl.constexpr(-85.4567882051106)
 C4 = tl.constexpr(60.243312641375056)
 C5 = tl.constexpr(-26.39496046109827)
 C6 = tl.constexpr(7.536663068315142)
-S5_0 = tl.constexpr(6.283185160090517)
-S5_1 = tl.constexpr(-41.34165503159368)
-S5_2 = tl.constexpr(81.60100408231098)
-S5_3 = tl.constexpr(-76.54978247208814)
-S5_4 = tl.constexpr(39.53670726702226)
-C5_0 = tl.constexpr(0.999999999780909)
-C5_1 = tl.constexpr(-19.73920854899617)
-C5_2 = tl.constexpr(64.93934663691448)
-C5_3 = tl.constexpr(-85.45357189891747)
-C5_4 = tl.constexpr(60.14401945212292)
-C5_5 = tl.constexpr(-24.982263194331253)
-S4_0 = tl.constexpr(6.283164044420753)
-S4_1 = tl.constexpr(-41.3371423834651)
-S4_2 = tl.constexpr(81.3407692431977)
-S4_3 = tl.constexpr(-70.9934363118566)
-C4_0 = tl.constexpr(0.9999999535200732)
-C4_1 = tl.constexpr(-19.7391714461453)
-C4_2 = tl.constexpr(64.93459128752038)
-C4_3 = tl.constexpr(-85.2403444412387)
-C4_4 = tl.constexpr(56.24248097859275)
-S3_0 = tl.constexpr(6.281280084030835)
-S3_1 = tl.constexpr(-41.09524308858073)
-S3_2 = tl.constexpr(73.58551946611965)
-C3_0 = tl.constexpr(0.9999933027386705)
-C3_1 = tl.constexpr(-19.7357530192206)
-C3_2 = tl.constexpr(64.66057196883821)
-C3_3 = tl.constexpr(-78.21641356485915)
-
-# TRIG_TERMS -> (sin coefficients, cos coefficients, bound on the float32 evaluation error of
-# either over |u| <= 1/4). The host reads this table; tests/ops recomputes the bounds.
-TRIG_COEFFICIENTS = {
-    6: ((S0, S1, S2, S3, S4, S5), (C0, C1, C2, C3, C4, C5, C6), 2.5e-7),
-    5: ((S5_0, S5_1, S5_2, S5_3, S5_4), (C5_0, C5_1, C5_2, C5_3, C5_4, C5_5), 2.5e-7),
-    4: ((S4_0, S4_1, S4_2, S4_3), (C4_0, C4_1, C4_2, C4_3, C4_4), 8e-7),
-    3: ((S3_0, S3_1, S3_2), (C3_0, C3_1, C3_2, C3_3), 7e-5),
-}
+SIN_COEFFICIENTS = (S0, S1, S2, S3, S4, S5)
+COS_COEFFICIENTS = (C0, C1, C2, C3, C4, C5, C6)
+# A bound on the float32 evaluation error of either polynomial over |u| <= 1/4 (tests/ops
+# recomputes it).
+TRIG_POLY_ERROR = 2.5e-7
 
 
 @triton.jit
@@ -117,9 +82,9 @@ def _phase_product(x, fs, LONG_PHASE: tl.constexpr, PTX_ASM: tl.constexpr):
     `x * fs - round` into FMAs on the exact product. Below 2**22 that only makes r more exact, but
     for a large product the first reduction then leaves r = x * fs - fl(x * fs), up to half an ulp
     of t, and the second reduction of such an r can leave an integer as large as 2**24. The
-    polynomials overflow on it (NaN); the MUFU returns garbage. Seen on the H200 at
-    distance="linear", alpha = 2**72; results/kernel-h200/NOTES.md, Run 3. An explicit `mul.rn` is
-    opaque to LLVM and never fused by ptxas, so both reductions see the rounded t.
+    polynomials overflow on it (NaN); the MUFU returns garbage (seen on the H200 at
+    distance="linear", alpha = 2**72). An explicit `mul.rn` is opaque to LLVM and never fused by
+    ptxas, so both reductions see the rounded t.
     """
     if LONG_PHASE and PTX_ASM:
         return tl.inline_asm_elementwise("mul.rn.f32 $0, $1, $2;", "=r,r,r", [x, fs],
@@ -147,35 +112,17 @@ def _exact_pow(d, alpha):
 
 
 @triton.jit
-def _sin_poly(u, TERMS: tl.constexpr):
-    """sin(2 pi u) for |u| <= 1/4, by the odd polynomial of TERMS terms."""
+def _sin_poly(u):
+    """sin(2 pi u) for |u| <= 1/4, by the odd polynomial S."""
     w = u * u
-    if TERMS == 6:
-        s = S0 + w * (S1 + w * (S2 + w * (S3 + w * (S4 + w * S5))))
-    elif TERMS == 5:
-        s = S5_0 + w * (S5_1 + w * (S5_2 + w * (S5_3 + w * S5_4)))
-    elif TERMS == 4:
-        s = S4_0 + w * (S4_1 + w * (S4_2 + w * S4_3))
-    else:
-        tl.static_assert(TERMS == 3, "TRIG_TERMS must be 3, 4, 5 or 6")
-        s = S3_0 + w * (S3_1 + w * S3_2)
-    return u * s
+    return u * (S0 + w * (S1 + w * (S2 + w * (S3 + w * (S4 + w * S5)))))
 
 
 @triton.jit
-def _cos_poly(u, TERMS: tl.constexpr):
-    """cos(2 pi u) for |u| <= 1/4, by the even polynomial of TERMS + 1 terms."""
+def _cos_poly(u):
+    """cos(2 pi u) for |u| <= 1/4, by the even polynomial C."""
     w = u * u
-    if TERMS == 6:
-        c = C0 + w * (C1 + w * (C2 + w * (C3 + w * (C4 + w * (C5 + w * C6)))))
-    elif TERMS == 5:
-        c = C5_0 + w * (C5_1 + w * (C5_2 + w * (C5_3 + w * (C5_4 + w * C5_5))))
-    elif TERMS == 4:
-        c = C4_0 + w * (C4_1 + w * (C4_2 + w * (C4_3 + w * C4_4)))
-    else:
-        tl.static_assert(TERMS == 3, "TRIG_TERMS must be 3, 4, 5 or 6")
-        c = C3_0 + w * (C3_1 + w * (C3_2 + w * C3_3))
-    return c
+    return C0 + w * (C1 + w * (C2 + w * (C3 + w * (C4 + w * (C5 + w * C6)))))
 
 
 @triton.jit
@@ -193,21 +140,21 @@ def _mufu_sin(x):
 
 
 @triton.jit
-def _cos_turns(r, TRIG_POLY: tl.constexpr, TRIG_TERMS: tl.constexpr):
+def _cos_turns(r, TRIG_POLY: tl.constexpr):
     """cos(2 pi r) for r in [-1/2, 1/2]."""
     if TRIG_POLY:
-        return _sin_poly(0.25 - tl.abs(r), TRIG_TERMS)  # cos(2 pi r) = sin(2 pi (1/4 - |r|))
+        return _sin_poly(0.25 - tl.abs(r))  # cos(2 pi r) = sin(2 pi (1/4 - |r|))
     else:
         return _mufu_cos(r * TWO_PI)
 
 
 @triton.jit
-def _sincos_turns(r, TRIG_POLY: tl.constexpr, TRIG_TERMS: tl.constexpr):
+def _sincos_turns(r, TRIG_POLY: tl.constexpr):
     """(cos(2 pi r), sin(2 pi r)) for r in [-1/2, 1/2]."""
     if TRIG_POLY:
         u = 0.25 - tl.abs(r)
-        sin_abs = _cos_poly(u, TRIG_TERMS)  # sin(2 pi |r|) = cos(2 pi (|r| - 1/4))
-        return _sin_poly(u, TRIG_TERMS), tl.where(r < 0, -sin_abs, sin_abs)
+        sin_abs = _cos_poly(u)  # sin(2 pi |r|) = cos(2 pi (|r| - 1/4))
+        return _sin_poly(u), tl.where(r < 0, -sin_abs, sin_abs)
     else:
         x = r * TWO_PI
         return _mufu_cos(x), _mufu_sin(x)
@@ -243,35 +190,23 @@ def _rcp(x, PTX_ASM: tl.constexpr):
 
 
 @triton.jit
-def _column_series(a, col, scale, p0, b1, b2, b3, TAYLOR_ORDER: tl.constexpr, RAMP: tl.constexpr):
+def _column_series(a, col, scale, p0, b1, b2, b3, TAYLOR_ORDER: tl.constexpr):
     """p0 * (1 + sum_k b_k u**k) for u = a[:, None] + scale * col[None, :] (a per row, col per
     column), as a polynomial in b = scale * col whose coefficients are per-row vectors:
     A_j(a) = sum_{k>=j} C(k, j) c_k a**(k-j) with c_0 = p0, c_k = p0 * b_k. Per element that is
     one add and TAYLOR_ORDER - 1 multiply-adds, against the u form's add and TAYLOR_ORDER
-    multiply-adds.
-
-    Without RAMP, b is built as a per-tile column vector; with RAMP (col loop-invariant, e.g. the
-    column ramp) the polynomial is taken in col itself, scale**j folded into A_j, so that no
-    per-tile vector is built (offline-census-9.md). |u| stays within the tile's band either way,
-    so nothing cancels. Orders 1..3."""
+    multiply-adds. |u| stays within the tile's band, so nothing cancels. Orders 1..3."""
     tl.static_assert((TAYLOR_ORDER >= 1) & (TAYLOR_ORDER <= 3),
-                     "the column-term series (fwd_row_series) takes TAYLOR_ORDER 1..3")
-    b = col
-    if not RAMP:
-        b = col * scale
+                     "the column-term series (SPLIT_S 2) takes TAYLOR_ORDER 1..3")
+    b = col * scale
     c1 = p0 * b1
     if TAYLOR_ORDER == 1:
         a0 = c1 * a + p0
-        if RAMP:
-            c1 = c1 * scale
         fs = a0[:, None] + (c1 * b)[None, :]
     elif TAYLOR_ORDER == 2:
         c2 = p0 * b2
         a1 = (2.0 * c2) * a + c1
         a0 = (c2 * a + c1) * a + p0
-        if RAMP:
-            a1 = a1 * scale
-            c2 = c2 * (scale * scale)
         fs = (a1[:, None] + (c2 * b)[None, :]) * b[None, :] + a0[:, None]
     else:
         c2 = p0 * b2
@@ -279,10 +214,6 @@ def _column_series(a, col, scale, p0, b1, b2, b3, TAYLOR_ORDER: tl.constexpr, RA
         a2 = (3.0 * c3) * a + c2
         a1 = ((3.0 * c3) * a + 2.0 * c2) * a + c1
         a0 = ((c3 * a + c2) * a + c1) * a + p0
-        if RAMP:
-            a1 = a1 * scale
-            a2 = a2 * (scale * scale)
-            c3 = c3 * (scale * scale * scale)
         fs = ((a2[:, None] + (c3 * b)[None, :]) * b[None, :] + a1[:, None]) * b[None, :] + a0[:, None]
     return fs
 
@@ -303,9 +234,8 @@ def _far_series(s, s_rows, s_cols, centre, d0, alpha, phase_scale, b1, b2, b3, b
         p0 = _exact_pow(d0, alpha) * phase_scale
     else:
         p0 = tl.exp2(alpha * log2_d0) * phase_scale
-    if SPLIT_S >= 2:  # the series in the column term (3: on the ramp): `_column_series`
-        fs = _column_series(s_rows * to_u - 1.0, s_cols, -to_u, p0, b1, b2, b3,
-                            TAYLOR_ORDER, SPLIT_S == 3)
+    if SPLIT_S >= 2:  # the series in the column term: `_column_series`
+        fs = _column_series(s_rows * to_u - 1.0, s_cols, -to_u, p0, b1, b2, b3, TAYLOR_ORDER)
     else:
         if SPLIT_S:  # u = s * to_u - 1 = (s_rows * to_u - 1) - s_cols * to_u
             u = (s_rows * to_u - 1.0)[:, None] + s_cols[None, :] * (-to_u)
@@ -368,8 +298,7 @@ def _scaled_distance_weight(s, s_rows, s_cols, s_lo, s_hi, alpha, phase_scale, t
 
     SPLIT_S: s is given as s_rows[:, None] - s_cols[None, :] (s itself is not read), so that u is
     one multiply-add per element; SPLIT_S == 2: the far tile's series is evaluated in the column
-    term with per-row coefficients (`_column_series`), one multiply-add per element less; 3: the
-    same on the column ramp s_cols itself (the tile's 1 / d0 in the coefficients). FAST_SCALARS:
+    term with per-row coefficients (`_column_series`), one multiply-add per element less. FAST_SCALARS:
     the far tile's log2(d0) and 1 / d0 by the MUFU's approximations (GPU only), not libdevice's
     log2f and an IEEE division.
 
@@ -445,9 +374,8 @@ def _tile_amplitude_and_phase(a_amp, b_amp, a_phase, b_phase, a_phase_sum, b_pha
 def tile_logits(a_amp, b_amp, a_phase, b_phase, a_phase_sum, b_phase_sum, s, s_rows, s_cols, s_lo, s_hi,
                 alpha, phase_scale, taylor_rho, b1, b2, b3, b4, b5, b6, rho_in, rho_out,
                 DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr, TRIG_POLY: tl.constexpr,
-                TRIG_TERMS: tl.constexpr, TAYLOR_ORDER: tl.constexpr, BANDS: tl.constexpr,
-                PTX_ASM: tl.constexpr, LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                SPLIT_S: tl.constexpr, FAST_SCALARS: tl.constexpr, COS_RADIANS: tl.constexpr):
+                TAYLOR_ORDER: tl.constexpr, BANDS: tl.constexpr, PTX_ASM: tl.constexpr,
+                LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr, SPLIT_S: tl.constexpr, FAST_SCALARS: tl.constexpr, COS_RADIANS: tl.constexpr):
     """TAPA logits of the tile times sqrt(d_A): rows a_* (M, .) against rows b_* (N, .) -> (M, N).
 
     a_amp/b_amp and a_phase/b_phase are the amplitude and phase column tiles (they may be the
@@ -468,7 +396,7 @@ def tile_logits(a_amp, b_amp, a_phase, b_phase, a_phase_sum, b_phase_sum, s, s_r
     if COS_RADIANS:
         cos = _mufu_cos(r)
     else:
-        cos = _cos_turns(r, TRIG_POLY, TRIG_TERMS)
+        cos = _cos_turns(r, TRIG_POLY)
     return qk_amp * cos
 
 
@@ -477,8 +405,7 @@ def tile_logits_and_derivatives(a_amp, b_amp, a_phase, b_phase, a_phase_sum, b_p
                                 s_cols, s_lo, s_hi, alpha, phase_scale, taylor_rho, b1, b2, b3, b4,
                                 b5, b6, rho_in, rho_out, DIST_POWER: tl.constexpr,
                                 PHASE_QUAD: tl.constexpr, TRIG_POLY: tl.constexpr,
-                                TRIG_TERMS: tl.constexpr, TAYLOR_ORDER: tl.constexpr,
-                                BANDS: tl.constexpr, PTX_ASM: tl.constexpr,
+                                TAYLOR_ORDER: tl.constexpr, BANDS: tl.constexpr, PTX_ASM: tl.constexpr,
                                 LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr,
                                 SPLIT_S: tl.constexpr, FAST_SCALARS: tl.constexpr,
                                 COS_RADIANS: tl.constexpr):
@@ -496,5 +423,5 @@ def tile_logits_and_derivatives(a_amp, b_amp, a_phase, b_phase, a_phase_sum, b_p
     if COS_RADIANS:
         cos, sin = _mufu_cos(r), _mufu_sin(r)
     else:
-        cos, sin = _sincos_turns(r, TRIG_POLY, TRIG_TERMS)
+        cos, sin = _sincos_turns(r, TRIG_POLY)
     return qk_amp, cos, qk_amp * sin * fs
