@@ -17,6 +17,11 @@ already each document's own), and RoPE positions restart at 0 at each document's
 real token and skip masked tokens; padded keys are hidden, and a query always sees its own slot so
 padded rows stay finite (their outputs are never used).
 
+Context parallelism (training only): each rank holds a share of every row, at global positions
+(`AttentionContext.parallel`, set by the trainer); the layer hands its queries, keys and values
+to that object, which fetches the other ranks' keys and calls `Attention.attend_span` per local
+chunk with the chunk's global offsets. The module knows no process group.
+
 In TAPA layers the phase rows of W_q and W_k are parameters of their own (`wq_phase`, `wk_phase`),
 so that training can give them their own learning rate; the forward is the same single projection.
 Checkpoints written before the split (one `wq`/`wk` of all rows) load unchanged.
@@ -115,8 +120,17 @@ class AttentionContext:
     positions: (B, start + seq_len) position of every slot.
     key_mask: (B, start + seq_len) bool, False at padded slots; None when nothing is padded.
     left_pad: (B,) int32 leading padded slots, when key_mask is pure left padding.
-    uniform: every row's positions are its slots.
+    uniform: every row's positions are the same: its slots, or a context-parallel shard's.
     documents: packed documents that must not see each other (`Documents`), or None.
+    parallel: this rank's share of the rows under context parallelism, or None. Set by a trainer
+    (`tapa.train.context_parallel.ContextShard`); the model only calls it:
+        .positions (N,) int64, the global positions of the N local tokens of every row;
+        .length, the whole row's length (RoPE frequencies that follow the length use it);
+        .attend(q, k, v, span, window) -> out: the local queries' attention given the local
+            keys, where span(q, k, v, q_offset, k_offset) is the layer's causal attention of
+            queries at global positions q_offset.. against keys at k_offset.. (window: the local
+            layers' window, None for global layers);
+        .mean_loss(total, count) -> the mean loss over every rank's tokens.
     """
 
     start: int
@@ -127,15 +141,30 @@ class AttentionContext:
     uniform: bool = True
     tables: dict = field(default_factory=dict)  # RoPE cos/sin of this pass, per (local, method)
     documents: Documents | None = None
+    parallel: object | None = None
 
     @classmethod
     def build(cls, batch: int, start: int, seq_len: int, device, *, attention_mask=None,
               position_ids=None, cfg: ModelConfig | None = None,
-              documents: Documents | None = None) -> "AttentionContext":
+              documents: Documents | None = None, parallel=None) -> "AttentionContext":
         """attention_mask (B, start + seq_len) of 0/1 marks padding. position_ids (B, seq_len), if
         given, rotate RoPE layers; where TAPA layers exist they must agree with the positions the
         mask implies (TAPA distances come from the mask). documents: packed documents of these
-        tokens (training and scoring only: no cache, no padding mask, no position_ids)."""
+        tokens (training and scoring only: no cache, no padding mask, no position_ids).
+        parallel: a context-parallel shard (see the class docstring; training only: none of the
+        others)."""
+        if parallel is not None:
+            if start or attention_mask is not None or position_ids is not None:
+                raise ValueError("context parallelism takes whole rows (no KV cache, "
+                                 "attention_mask or position_ids)")
+            if documents is not None:
+                raise ValueError("context parallelism does not support document masking "
+                                 "(document_ids / --doc-mask) yet")
+            if len(parallel.positions) != seq_len:
+                raise ValueError(f"the context-parallel shard holds {len(parallel.positions)} tokens "
+                                 f"of each row, but input_ids has {seq_len}")
+            positions = parallel.positions.to(device).expand(batch, seq_len)
+            return cls(0, seq_len, positions, parallel=parallel)
         if documents is not None:
             if start or attention_mask is not None or position_ids is not None:
                 raise ValueError("document masking takes whole rows of packed documents: no KV "
@@ -182,7 +211,8 @@ class AttentionContext:
         key = (local, cfg.rope_method, cfg.rope_scale)
         if key not in self.tables:
             if self.uniform:  # the length is known on the host: no device sync
-                pairs = [_cos_sin(cfg, local, self.query_positions[0], self.start + self.seq_len)]
+                length = self.parallel.length if self.parallel is not None else self.start + self.seq_len
+                pairs = [_cos_sin(cfg, local, self.query_positions[0], length)]
             else:
                 pairs = [_cos_sin(cfg, local, row, int(row.max()) + 1) for row in self.query_positions]
             self.tables[key] = (torch.cat([cos for cos, _ in pairs]), torch.cat([sin for _, sin in pairs]))
@@ -356,6 +386,11 @@ class Attention(nn.Module):
             q, k = ctx.rotate(q, self.cfg, self.local), ctx.rotate(k, self.cfg, self.local)
         elif self.family == "tapa":
             q = self._apply_phase_matrix(q)
+        if ctx.parallel is not None:  # context parallelism: keys of other ranks, by global position
+            if cache is not None:
+                raise ValueError("context parallelism takes no KV cache")
+            out = ctx.parallel.attend(q, k, v, self.attend_span, self.window)
+            return self.wo(out.reshape(*x.shape[:2], -1))
         key_slots = 0
         if cache is not None:
             k, v, key_slots = cache.update(self.layer, k, v, ctx.start)
@@ -363,6 +398,23 @@ class Attention(nn.Module):
             raise ValueError(f"start position {ctx.start} needs a KV cache")
         out = self.attend(q, k, v, key_slots, ctx)
         return self.wo(out.reshape(*x.shape[:2], -1))
+
+    def attend_span(self, q, k, v, q_offset: int, k_offset: int):
+        """This layer's causal attention, unpadded and in one document, of queries q (B, Nq, H, D)
+        at positions q_offset.. against keys k, v (B, Nk, Hk, D) at positions k_offset..; the keys
+        end no earlier than the queries' last position (later ones are hidden)."""
+        cfg = self.cfg
+        if self.local:
+            return local_attention(q, k, v, self.window, q_offset=q_offset, k_offset=k_offset)
+        if self.family == "tapa":
+            return tapa_attention(q, k, v, causal=True, q_offset=q_offset, k_offset=k_offset,
+                                  impl=cfg.attn_impl, theta=cfg.theta, alpha=cfg.alpha,
+                                  distance=cfg.distance, phase=cfg.phase)
+        if q_offset == k_offset and q.shape[1] == k.shape[1]:
+            return _softmax(q, k, v, is_causal=True)
+        query = torch.arange(q_offset, q_offset + q.shape[1], device=q.device)
+        key = torch.arange(k_offset, k_offset + k.shape[1], device=q.device)
+        return _softmax(q, k, v, mask=(key[None, :] <= query[:, None])[None])
 
     # --- each kind's attention: q (B, Nq, H, D) at slots ctx.start..; keys at key_slots -------
     def _tapa(self, q, k, v, key_slots, ctx: AttentionContext):

@@ -3,7 +3,8 @@ global layers, RoPE in a sliding window in local layers (`ModelConfig.layer_patt
 
 Pre-norm blocks (RMSNorm -> attention -> residual, RMSNorm -> SwiGLU -> residual), GQA, optional
 tied embeddings. Attention lives in `tapa.model.attention`, the KV cache in `tapa.model.cache`.
-The model knows nothing about parallelism.
+The model knows nothing about parallelism beyond an opaque context-parallel shard a trainer
+may pass (`forward(context_parallel=)`, see `tapa.model.attention.AttentionContext`).
 """
 
 from __future__ import annotations
@@ -63,11 +64,9 @@ def _cross_entropy_sum(hidden, weight, targets):
     return F.cross_entropy(logits, targets, ignore_index=-100, reduction="sum")
 
 
-def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                          chunk: int) -> torch.Tensor:
-    """Mean cross-entropy (float32, or float64 for float64 inputs) of the logits hidden @ weight.T against targets (-100:
-    ignored), `chunk` tokens at a time: under autograd each chunk's logits are recomputed in the
-    backward pass, so no more than one chunk's (chunk, vocab) logits ever exist."""
+def chunked_cross_entropy_sum(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                              chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sum of the cross-entropies, number of scored targets) of `chunked_cross_entropy`."""
     hidden, targets = hidden.flatten(0, -2), targets.flatten()
     total = hidden.new_zeros((), dtype=torch.promote_types(hidden.dtype, torch.float32))
     grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
@@ -75,7 +74,16 @@ def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: t
         args = (hidden[start:start + chunk], weight, targets[start:start + chunk])
         total = total + (checkpoint(_cross_entropy_sum, *args, use_reentrant=False) if grad
                          else _cross_entropy_sum(*args))
-    return total / (targets != -100).sum().clamp_min(1)
+    return total, (targets != -100).sum()
+
+
+def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                          chunk: int) -> torch.Tensor:
+    """Mean cross-entropy (float32, or float64 for float64 inputs) of the logits hidden @ weight.T against targets (-100:
+    ignored), `chunk` tokens at a time: under autograd each chunk's logits are recomputed in the
+    backward pass, so no more than one chunk's (chunk, vocab) logits ever exist."""
+    total, count = chunked_cross_entropy_sum(hidden, weight, targets, chunk)
+    return total / count.clamp_min(1)
 
 
 class TapaLM(nn.Module):
@@ -118,7 +126,7 @@ class TapaLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, start_pos: int = 0, kv_cache: KVCache | None = None,
                 attention_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
                 document_ids: torch.Tensor | Documents | None = None,
-                targets: torch.Tensor | None = None):
+                targets: torch.Tensor | None = None, context_parallel=None):
         """Logits (B, N, vocab) of input_ids (B, N) at slots start_pos ..
 
         kv_cache: a `KVCache` (`new_kv_cache`) holding the first start_pos slots; it gains these.
@@ -128,6 +136,9 @@ class TapaLM(nn.Module):
         never crosses a document, and RoPE positions restart at each one. targets (B, N): return
         the mean cross-entropy (float32; -100 ignored) instead of the logits, computed
         `loss_chunk_tokens` at a time (`chunked_cross_entropy`).
+        context_parallel: this rank's share of the rows under context parallelism (training; see
+        `AttentionContext.parallel`): input_ids and targets are then that share's tokens, and the
+        loss is the mean over every rank's.
         """
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be (batch, seqlen), got shape {tuple(input_ids.shape)}")
@@ -137,8 +148,12 @@ class TapaLM(nn.Module):
             document_ids = Documents.from_ids(document_ids.to(input_ids.device))
         ctx = AttentionContext.build(input_ids.shape[0], start_pos, input_ids.shape[1], input_ids.device,
                                      attention_mask=attention_mask, position_ids=position_ids, cfg=self.config,
-                                     documents=document_ids)
+                                     documents=document_ids, parallel=context_parallel)
         hidden = self.norm(self.blocks(self.embed(input_ids), ctx, kv_cache))
+        if targets is not None and context_parallel is not None:
+            total, count = chunked_cross_entropy_sum(hidden, self.lm_head.weight, targets,
+                                                     self.loss_chunk_tokens)
+            return context_parallel.mean_loss(total, count)
         if targets is not None:
             return chunked_cross_entropy(hidden, self.lm_head.weight, targets, self.loss_chunk_tokens)
         return self.lm_head(hidden)

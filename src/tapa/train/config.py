@@ -39,7 +39,7 @@ CONTINUAL_MUTABLE = ("rope_base", "rope_scale", "original_seq_len", "yarn_beta_f
 
 # TrainConfig fields a resumed run may change without changing the loss trajectory.
 RESUME_MUTABLE = ("name", "run_dir", "steps", "stop_after", "eval_every", "save_every", "keep_checkpoints",
-                  "log_every", "progress", "compile", "deterministic", "device", "parallel", "micro_batch_size",
+                  "log_every", "progress", "compile", "deterministic", "device", "parallel", "cp", "micro_batch_size",
                   "resume", "plot")
 
 
@@ -92,6 +92,10 @@ class TrainConfig:
                                      "deterministic version warns")
     parallel: str = documented("auto", "data parallelism under torchrun; auto: ddp with more than "
                                    "one process, else none")
+    cp: int = documented(1, "context parallelism: each row is cut over this many processes (of "
+                            "torchrun's, a multiple of cp; the rest is data parallelism), each "
+                            "holding 2 of its 2 x cp equal chunks; seq_len must be a multiple of "
+                            "2 x cp. No --doc-mask")
     device: str = documented("auto", "torch device; auto: cuda:<local rank> if CUDA is available, "
                                  "else cpu")
     log_every: int = documented(10, "write a metrics record (mean training loss since the previous "
@@ -124,7 +128,7 @@ class TrainConfig:
 
     def validate(self) -> None:
         positive = ("seq_len", "batch_size", "steps", "eval_batches", "keep_checkpoints",
-                    "log_every")
+                    "log_every", "cp")
         for name in positive:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
@@ -161,6 +165,11 @@ class TrainConfig:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
         if self.parallel not in PARALLEL_MODES:
             raise ValueError(f"parallel must be one of {PARALLEL_MODES}, got {self.parallel!r}")
+        if self.cp > 1 and self.seq_len % (2 * self.cp):
+            raise ValueError(f"seq_len ({self.seq_len}) must be a multiple of 2 x cp = {2 * self.cp}: "
+                             "context parallelism cuts each row into 2 x cp equal chunks")
+        if self.cp > 1 and self.doc_mask:
+            raise ValueError("context parallelism (cp > 1) does not support doc_mask yet")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
