@@ -8,6 +8,7 @@ from CP 2 on CP 1 and from CP 1 on CP 2."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -217,3 +218,90 @@ def test_four_processes_context_and_data_by_ddp_and_fsdp2():
         jobs += [dict(kind=kind, case=case, dtype=torch.float64, cp=2) for case in ("tapa", "hybrid")]
     jobs += [dict(kind="plain", case="hybrid-wide", dtype=torch.float32, cp=2)]
     _spawn(4, jobs)
+
+
+# ---------------------------------------------------------------------------------------------
+# end to end: tapa train --cp 2 under torchrun, checkpoints across CP sizes
+
+# a hybrid whose window (8) crosses the chunks (8 tokens at seq_len 32 and CP 2)
+E2E_MODEL = dict(n_layers=4, layer_pattern="LLLG", local_window=8)
+E2E_TOLERANCE = 1e-5  # float32 training: sums in another order move the last bits
+ABORT = "terminate called without an active exception"  # see test_train_distributed.py
+
+
+def _configs(run_dir, cache_dir, **train):
+    from trainkit import small_configs
+
+    return small_configs(run_dir, cache_dir, model=E2E_MODEL, **train)
+
+
+def _torchrun(nproc: int, args: list[str]) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc_per_node", str(nproc), "-m", "tapa.cli", "train", *args]
+    for _ in range(2):  # one retry of gloo's rare abort, as test_train_distributed.py does
+        result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+        if result.returncode == 0 or ABORT not in result.stderr:
+            break
+        if "--resume" not in command:
+            command.append("--resume")
+    if result.returncode != 0:
+        raise AssertionError(f"torchrun failed ({result.returncode}):\n{result.stderr[-20000:]}")
+
+
+def _cli_args(train_cfg, model_cfg, data_cfg) -> list[str]:
+    args = ["--run-dir", train_cfg.run_dir, "--cache-dir", data_cfg.cache_dir,
+            "--vocab-size", str(data_cfg.vocab_size), "--max-train-bytes", str(data_cfg.max_train_bytes)]
+    for field in ("seq_len", "batch_size", "steps", "lr", "warmup_steps", "eval_every",
+                  "eval_batches", "save_every", "log_every", "device"):
+        args += [f"--{field.replace('_', '-')}", str(getattr(train_cfg, field))]
+    for field in ("dim", "n_layers", "n_heads", "phase_init_scale", "layer_pattern", "local_window"):
+        args += [f"--{field.replace('_', '-')}", str(getattr(model_cfg, field))]
+    return args + ["--recipe", "tiny", "--name", train_cfg.name, "--no-progress", "--no-plot"]
+
+
+def _close(a, b):
+    return len(a) == len(b) and all(abs(x - y) <= E2E_TOLERANCE for x, y in zip(a, b))
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory, cache_dir):
+    """The reference: one process, 6 steps, checkpoints at 3 and 6."""
+    from tapa.train.trainer import train
+
+    run_dir = tmp_path_factory.mktemp("runs") / "single"
+    torch.set_num_threads(1)
+    train(*_configs(run_dir, cache_dir))
+    return run_dir
+
+
+@pytest.mark.slow
+def test_tapa_train_cp2_matches_one_process_and_resumes_on_cp1(single, cache_dir, tmp_path):
+    from trainkit import losses, records
+
+    from tapa.train.trainer import train
+
+    saved = tmp_path / "cp2"
+    _torchrun(2, _cli_args(*_configs(saved, cache_dir)) + ["--cp", "2", "--stop-after", "3"])
+    assert _close(losses(saved), losses(single)[:3]), (losses(saved), losses(single))
+    run_config = json.loads((saved / "config.json").read_text())
+    assert (run_config["world_size"], run_config["context_parallel"]) == (2, 2)
+    val = [r["val_loss"] for r in records(saved)]
+    assert abs(val[2] - records(single)[2]["val_loss"]) <= E2E_TOLERANCE
+
+    on_one = tmp_path / "resume-cp1"
+    shutil.copytree(saved, on_one)
+    train(*_configs(on_one, cache_dir, cp=1, resume=True))
+    assert _close(losses(on_one), losses(single)), (losses(on_one), losses(single))
+
+
+@pytest.mark.slow
+def test_a_cp1_checkpoint_resumes_on_cp2(single, cache_dir, tmp_path):
+    from trainkit import losses
+
+    from tapa.train.trainer import train
+
+    run = tmp_path / "cp1"
+    train(*_configs(run, cache_dir, stop_after=3))
+    _torchrun(2, ["--run-dir", str(run), "--resume", "--no-progress", "--cp", "2"])
+    assert _close(losses(run), losses(single)), (losses(run), losses(single))

@@ -10,6 +10,13 @@ One optimizer step:
 Every sequence has seq_len targets, so the mean of the ranks' and micro-batches' means is the mean
 over the global batch, whatever the number of processes.
 
+Context parallelism (cp > 1, `tapa.train.context_parallel`): the processes form a (data x context)
+mesh of W / cp data groups of cp ranks; the ranks of a data group read the same rows, each keeps
+two of every row's 2 cp chunks, and the model's loss is already the mean over every rank's tokens.
+The data-parallel wrapper (DDP / FSDP2) spans all W ranks. Batches, the data plan and checkpoints
+depend on the number of data groups only through the batch's split, so a run saved at one cp
+resumes at another.
+
 Logged records ("loss" is the mean training loss over the steps since the previous scheduled
 record; a resumed run carries that window over in its checkpoint, so it logs the numbers of an
 uninterrupted run):
@@ -35,6 +42,7 @@ from tapa.data import Corpus, DataConfig, build_corpus
 from tapa.model import Documents, ModelConfig, TapaLM, is_phase_parameter
 from tapa.train import saving as ckpt
 from tapa.train.config import TrainConfig, check_continual, default_run_dir
+from tapa.train.context_parallel import ContextParallel
 from tapa.train.distributed import (DistInfo, barrier, broadcast_object, mean_across_ranks,
                                     setup_distributed, teardown)
 from tapa.train.loader import BatchLoader, validation_windows
@@ -82,15 +90,16 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
 
 
 def _micro_batch_size(cfg: TrainConfig, world_size: int) -> tuple[int, int]:
-    """(micro_batch_size, grad_accum) for this world size."""
+    """(micro_batch_size, grad_accum) for this world size (of data-parallel groups under CP)."""
+    groups = "processes" if cfg.cp == 1 else f"data-parallel groups (processes / cp {cfg.cp})"
     if cfg.batch_size % world_size:
         raise ValueError(f"batch_size ({cfg.batch_size}) must be divisible by the number of "
-                         f"processes ({world_size})")
+                         f"{groups} ({world_size})")
     local = cfg.batch_size // world_size
     micro = cfg.micro_batch_size or local
     if local % micro:
         raise ValueError(f"micro_batch_size ({micro}) must divide the per-process batch "
-                         f"({cfg.batch_size} / {world_size} processes = {local})")
+                         f"({cfg.batch_size} / {world_size} {groups} = {local})")
     return micro, local // micro
 
 
@@ -211,6 +220,9 @@ class _Run:
     micro: int
     grad_accum: int
     autocast: object
+    cp: ContextParallel | None  # the (data x context) mesh when cp > 1
+    data_rank: int  # this rank's data-parallel group, of data_groups (rank and world size without CP)
+    data_groups: int
     n_params: int
     start_step: int
     loss_window: dict
@@ -222,8 +234,15 @@ def _setup(train_cfg: TrainConfig, model_cfg: ModelConfig | None, data_cfg: Data
     """The data, the run directory, the model (wrapped for the parallel mode), the optimizer and
     the state a resumed run restores; rank 0 writes config.json."""
     mode = resolve_parallel(train_cfg.parallel, info)
-    micro, grad_accum = _micro_batch_size(train_cfg, info.world_size)
     device = info.device
+    cp = None
+    if train_cfg.cp > 1:
+        if not info.active or info.world_size % train_cfg.cp:
+            raise ValueError(f"--cp {train_cfg.cp} needs a multiple of {train_cfg.cp} processes "
+                             f"under torchrun (--nproc-per-node), got {info.world_size}")
+        cp = ContextParallel(train_cfg.cp, device.type)
+    data_rank, data_groups = (cp.dp_rank, cp.dp) if cp is not None else (info.rank, info.world_size)
+    micro, grad_accum = _micro_batch_size(train_cfg, data_groups)
     bf16 = train_cfg.precision == "bf16" or (train_cfg.precision == "auto" and device.type == "cuda")
 
     model_cfg, init_checkpoint, init_weights = _continual_start(train_cfg, model_cfg)
@@ -238,8 +257,8 @@ def _setup(train_cfg: TrainConfig, model_cfg: ModelConfig | None, data_cfg: Data
                              f"{model_cfg.vocab_size}; continue on data with the same tokenizer")
         model_cfg = dataclasses.replace(model_cfg, vocab_size=corpus.vocab_size)
     loader = BatchLoader(corpus.tokens("train"), seq_len=train_cfg.seq_len,
-                         batch_size=train_cfg.batch_size, seed=train_cfg.seed, rank=info.rank,
-                         world_size=info.world_size, passkey_fraction=train_cfg.passkey_fraction,
+                         batch_size=train_cfg.batch_size, seed=train_cfg.seed, rank=data_rank,
+                         world_size=data_groups, passkey_fraction=train_cfg.passkey_fraction,
                          encode=corpus.encode if train_cfg.passkey_fraction > 0 else None)
     val_windows = validation_windows(corpus.tokens("val"), train_cfg.seq_len,
                                      train_cfg.eval_batches * train_cfg.batch_size)
@@ -287,7 +306,8 @@ def _setup(train_cfg: TrainConfig, model_cfg: ModelConfig | None, data_cfg: Data
         run_config = {
             "model": model_cfg.to_dict(), "data": data_cfg.to_dict(), "train": train_cfg.to_dict(),
             "corpus": corpus.manifest, "data_plan": plan, "num_parameters": n_params,
-            "world_size": info.world_size, "parallel": mode, "precision": "bf16" if bf16 else "fp32",
+            "world_size": info.world_size, "parallel": mode, "context_parallel": train_cfg.cp,
+            "precision": "bf16" if bf16 else "fp32",
             "device": str(device),
             "init_from": (str(init_checkpoint) if init_checkpoint is not None
                           else previous.get("init_from")),
@@ -301,16 +321,23 @@ def _setup(train_cfg: TrainConfig, model_cfg: ModelConfig | None, data_cfg: Data
                   f"{plan['tokens_per_step']:,}) = {plan['epochs']:.2f} epochs", flush=True)
     autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else nullcontext())
     return _Run(train_cfg, model_cfg, info, run_dir, corpus, loader, val_windows, plan, wrapped,
-                optimizer, micro, grad_accum, autocast, n_params, start_step, loss_window, log)
+                optimizer, micro, grad_accum, autocast, cp, data_rank, data_groups, n_params,
+                start_step, loss_window, log)
 
 
 def _forward_loss(run: _Run, batch: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy (float32) of a (rows, seq_len + 1) batch of token windows."""
-    inputs = batch[:, :-1]
+    """Mean next-token cross-entropy (float32) of a (rows, seq_len + 1) batch of token windows;
+    under CP this rank scores its share of the rows, and the loss is the mean over every rank's
+    tokens (the same on every rank)."""
+    inputs, targets = batch[:, :-1], batch[:, 1:]
+    if run.cp is not None:
+        inputs, targets, shard = run.cp.shard(inputs, targets)
+        with run.autocast:
+            return run.wrapped(inputs, targets=targets, context_parallel=shard)
     documents = (Documents.from_tokens(inputs, run.corpus.eot_id) if run.train_cfg.doc_mask
                  else None)
     with run.autocast:
-        return run.wrapped(inputs, document_ids=documents, targets=batch[:, 1:])
+        return run.wrapped(inputs, document_ids=documents, targets=targets)
 
 
 def _step(run: _Run, step: int) -> tuple[torch.Tensor, torch.Tensor, float]:
@@ -334,8 +361,8 @@ def _step(run: _Run, step: int) -> tuple[torch.Tensor, torch.Tensor, float]:
 def _evaluate(run: _Run) -> float:
     """Mean validation loss over the fixed validation windows, shared across ranks."""
     run.wrapped.eval()
-    share = len(run.val_windows) // run.info.world_size
-    mine = torch.from_numpy(run.val_windows[run.info.rank * share:(run.info.rank + 1) * share])
+    share = len(run.val_windows) // run.data_groups
+    mine = torch.from_numpy(run.val_windows[run.data_rank * share:(run.data_rank + 1) * share])
     total = torch.zeros((), device=run.info.device)
     with torch.no_grad():
         for chunk in mine.split(run.micro):
