@@ -1,6 +1,12 @@
 """Data parallelism applied from outside the model (the model definition knows nothing of it):
 DDP, or FSDP2 (`torch.distributed.fsdp.fully_shard`, one unit per decoder block plus the root).
-Also optional per-block torch.compile."""
+Also optional per-block torch.compile.
+
+Under context parallelism (`tapa.train.context_parallel`, --cp) the wrapper spans every rank, of
+the data and the context axes alike: each rank holds the whole model, and its gradients are
+averaged over all of them (the CP loss's backward scales each rank's share so that this average
+is the one-process gradient). FSDP2 shards over all ranks too, as torchtitan shards over its
+flattened data x context mesh."""
 
 from __future__ import annotations
 
