@@ -3,8 +3,9 @@
 The interpreter (which runs the other kernel tests on CPU) does not run the compiler, so this
 catches what only a real compile rejects: globals in jit code, dot shapes, types, inline PTX.
 It covers the shared tile-logits helper through the decode kernel (`tile_logits`, every flag of
-it set both ways somewhere) and the fused dK/dV kernel (`tile_logits_and_derivatives`); the
-forward and dQ kernels call the same helpers (compiling them too would double the time).
+it set both ways somewhere), the fused dK/dV and dQ kernels (`tile_logits_and_derivatives`, their
+MUFU paths), and the forward's own paths (bands, the column-term series, TMA tiles). The shipped
+configs' kernels, compiled as launched, are lab/kernels/kernel_fingerprint.py's.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ COMPILE_SCRIPT = """
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from tapa.ops.tapa import decode_kernel, kernels as triton_kernels
+from tapa.ops.tapa import decode_kernel, kernels
 
 FP32_POINTERS = {"Lse", "Delta", "DLse", "LSE", "PART", "PART_LSE"}
 INT_POINTERS = {"SEQLENS", "STARTS"}
@@ -58,22 +59,21 @@ def compile_for_hopper(kernel, constexprs, dtype, num_warps, num_stages=2, out_d
                    options={"num_warps": num_warps, "num_stages": num_stages})
 
 
-def logit_flags(dtype, power, quadratic, trig_poly, long_phase, trig_terms=6, taylor_order=6, bands=False):
-    return dict(DIST_POWER=power, PHASE_QUAD=quadratic, TRIG_POLY=trig_poly, TRIG_TERMS=trig_terms,
-                TAYLOR_ORDER=taylor_order, BANDS=bands, PTX_ASM=True, LONG_PHASE=long_phase,
-                DOT_PRECISION="ieee" if dtype == "fp32" else "tf32")
+def logit_flags(dtype, power, quadratic, trig_poly, long_phase, taylor_order=6):
+    return dict(DIST_POWER=power, PHASE_QUAD=quadratic, TRIG_POLY=trig_poly, TAYLOR_ORDER=taylor_order,
+                PTX_ASM=True, LONG_PHASE=long_phase, DOT_PRECISION="ieee" if dtype == "fp32" else "tf32")
 
 
 decode_variants = [  # dtype, final, power, quadratic, trig poly, long phase, starts, BLOCK_N, warps, stages,
-    # trig terms, taylor order
-    ("bf16", False, True, True, True, False, True, 64, 4, 2, 6, 6),
-    ("bf16", True, False, False, False, True, False, 128, 8, 3, 6, 6),
-    ("fp16", False, True, False, True, True, True, 32, 4, 3, 3, 2),
-    ("fp32", True, True, True, False, False, False, 64, 4, 2, 5, 4),
+    # taylor order
+    ("bf16", False, True, True, True, False, True, 64, 4, 2, 6),
+    ("bf16", True, False, False, False, True, False, 128, 8, 3, 6),
+    ("fp16", False, True, False, True, True, True, 32, 4, 3, 2),
+    ("fp32", True, True, True, False, False, False, 64, 4, 2, 4),
 ]
-for (dtype, final, power, quadratic, trig_poly, long_phase, starts, block_n, warps, stages, terms,
+for (dtype, final, power, quadratic, trig_poly, long_phase, starts, block_n, warps, stages,
      order) in decode_variants:
-    flags = logit_flags(dtype, power, quadratic, trig_poly, long_phase, terms, order)
+    flags = logit_flags(dtype, power, quadratic, trig_poly, long_phase, order)
     constexprs = dict(HAS_STARTS=starts, FINAL=final, **flags,
                       BLOCK_M=16, BLOCK_N=block_n, BLOCK_D=128, BLOCK_DV=128)
     compile_for_hopper(decode_kernel._split_kernel, constexprs, dtype, warps, stages,
@@ -81,23 +81,23 @@ for (dtype, final, power, quadratic, trig_poly, long_phase, starts, block_n, war
 compile_for_hopper(decode_kernel._merge_kernel, dict(BLOCK_S=128, BLOCK_DV=128), "bf16", 8)
 
 fused = dict(AMP_DIM=32, HEAD_DIM=64, V_DIM=64, BLOCK_DA=32, BLOCK_DP=32, BLOCK_DV=64, CAUSAL=True)
-compile_for_hopper(triton_kernels._bwd_dkdv_kernel,
-                   dict(fused, **logit_flags("bf16", True, False, True, False, 4, 3), BLOCK_M=32, BLOCK_N=128,
-                        DQ_ATOMIC=True, DQ_TRANSPOSE=False, REVERSE_Q=False, COS_RADIANS=False, FAST_SCALARS=False, SPLIT_S=0,
-                        WARP_SPECIALIZE=False, TMA=False), "bf16", 8, 2)
-compile_for_hopper(triton_kernels._bwd_dkdv_kernel,  # dQ^T = K^T dS (wgmma with M = the columns)
+compile_for_hopper(kernels._bwd_dkdv_kernel,
+                   dict(fused, **logit_flags("bf16", True, False, True, False, 3), BLOCK_M=32, BLOCK_N=128,
+                        DQ_ATOMIC=True, DQ_TRANSPOSE=False, COS_RADIANS=False, FAST_SCALARS=False),
+                   "bf16", 8, 2)
+compile_for_hopper(kernels._bwd_dkdv_kernel,  # dQ^T = K^T dS (wgmma with M = the columns)
                    dict(fused, **logit_flags("bf16", True, True, False, False), BLOCK_M=32, BLOCK_N=128,
-                        DQ_ATOMIC=True, DQ_TRANSPOSE=True, REVERSE_Q=True, COS_RADIANS=True, FAST_SCALARS=True, SPLIT_S=1,
-                        WARP_SPECIALIZE=False, TMA=True), "bf16", 8, 2,  # Q and dO tiles by TMA
-                   descriptors=dict(QDescA="tensordesc<bf16[1,32,1,32]>", QDescP="tensordesc<bf16[1,32,1,32]>",
-                                    DODesc="tensordesc<bf16[1,32,1,64]>"))
-compile_for_hopper(triton_kernels._bwd_dq_kernel,  # the dQ kernel's MUFU paths (PTX, GPU only); the
-                   # row series (SPLIT_S=2) takes Taylor orders 1..3
-                   dict(fused, **logit_flags("bf16", True, True, False, False, 6, 2, True), BLOCK_M=64, BLOCK_N=32,
-                        SPLIT_S=2, COS_RADIANS=True, FAST_SCALARS=True, WARP_SPECIALIZE=False, TMA=True),
-                   "bf16", 4, 2, descriptors=dict(KDescA="tensordesc<bf16[1,32,1,32]>",  # K and V by TMA
-                                                  KDescP="tensordesc<bf16[1,32,1,32]>",
-                                                  VDesc="tensordesc<bf16[1,32,1,64]>"))
+                        DQ_ATOMIC=True, DQ_TRANSPOSE=True, COS_RADIANS=True, FAST_SCALARS=True),
+                   "bf16", 8, 2)
+compile_for_hopper(kernels._bwd_dq_kernel,  # the dQ kernel's MUFU paths (PTX, GPU only)
+                   dict(fused, **logit_flags("bf16", True, True, False, False, 2), BLOCK_M=64, BLOCK_N=32,
+                        SPLIT_S=1, COS_RADIANS=True, FAST_SCALARS=True), "bf16", 4, 2)
+compile_for_hopper(kernels._fwd_kernel,  # the forward's bands, column-term series and TMA tiles
+                   dict(fused, **logit_flags("bf16", True, True, False, False, 2), BLOCK_M=64, BLOCK_N=64,
+                        SPLIT_S=2, FAST_SCALARS=True, COS_RADIANS=True, TMA=True, BANDS=True),
+                   "bf16", 4, 2, descriptors=dict(KDescA="tensordesc<bf16[1,64,1,32]>",
+                                                  KDescP="tensordesc<bf16[1,64,1,32]>",
+                                                  VDesc="tensordesc<bf16[1,64,1,64]>"))
 print("compiled for sm_90")
 """
 
@@ -107,6 +107,7 @@ def _ptxas_available() -> bool:
     return spec is not None and (Path(spec.origin).parent / "backends" / "nvidia" / "bin" / "ptxas").is_file()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available() or not _ptxas_available(),
                     reason="CPU-only check with triton's bundled ptxas")
 def test_kernels_compile_for_hopper():
@@ -122,13 +123,14 @@ import sys
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from tapa.ops.tapa import kernels as triton_kernels, launch as triton_launch
+from tapa.ops.tapa import kernels
 
-kernel = triton_kernels._fwd_kernel
+kernel = kernels._fwd_kernel
 constexprs = dict(AMP_DIM=16, HEAD_DIM=32, V_DIM=32, BLOCK_DA=16, BLOCK_DP=16, BLOCK_DV=32, BLOCK_M=64,
-                  BLOCK_N=32, CAUSAL=True, DIST_POWER=False, PHASE_QUAD=True, TRIG_POLY=True, TRIG_TERMS=6,
+                  BLOCK_N=32, CAUSAL=True, DIST_POWER=False, PHASE_QUAD=True, TRIG_POLY=True,
                   TAYLOR_ORDER=6, PTX_ASM=True, LONG_PHASE=sys.argv[1] == "1", DOT_PRECISION="ieee",
-                  WARP_SPECIALIZE=False, **triton_launch.fwd_flags())
+                  SPLIT_S=0, FAST_SCALARS=False, COS_RADIANS=False, TMA=False, BANDS=False,
+                  KDescA=None, KDescP=None, VDesc=None)
 signature = {name: "constexpr" if name in constexprs else "*fp32" if name[0].isupper()
              else "i32" if name.startswith(("stride", "n_", "q_off", "k_off", "heads", "group")) else "fp32"
              for name in kernel.arg_names}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -149,9 +151,8 @@ def test_a_decoding_loop_checks_each_call_signature_once(monkeypatch):
     for bad in (0, -1, 2.0, True):  # a float 2.0 equals 2 (cached above): still refused
         with pytest.raises(ValueError, match="num_splits"):
             decode_kernel.tapa_decode_attention(q, k, v, lengths, cache_starts=starts, num_splits=bad)
-    from tapa.ops.tapa import launch  # a plan made under other kernel settings is not reused
-    calls = len(checks)
-    monkeypatch.setattr(triton_launch, "TRIG_TERMS", 4)
+    calls = len(checks)  # a plan made under other decode configs is not reused
+    monkeypatch.setattr(decode_kernel, "DECODE", replace(decode_kernel.DECODE, taylor_order=4))
     decode_kernel.tapa_decode_attention(q, k, v, lengths, cache_starts=starts, num_splits=5)
     assert len(checks) == calls + 1
 
@@ -194,8 +195,6 @@ def test_later_steps_launch_the_compiled_kernels_directly(monkeypatch):
     """From the third step of a signature (the first tunes, the second keeps what Triton compiled)
     the split and merge kernels launch without Triton's JIT, with the JIT's results; a caller
     tensor whose pointer alignment differs from the compiled one goes back through the JIT."""
-    if not decode_kernel.DIRECT_LAUNCH:
-        pytest.skip(f"{decode_kernel.DIRECT_LAUNCH_ENV}=0")
     q, k, v, lengths, _ = random_case(2, 1, 8, 2, 64, 3000, torch.bfloat16, seed=6)
     decode_kernel._PLANS.clear()
     for _ in range(2):

@@ -387,6 +387,7 @@ _MEMORY_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_32k_tokens_forward_in_bounded_memory():
     """A 32768-token causal forward on CPU (~5-20 s on one thread) in a fresh process.
 
