@@ -1,27 +1,28 @@
 """`tapa train --deterministic`: torch's deterministic algorithms for the run only, which also
-sends TAPA's dQ to its ordered kernel (`triton_launch.dq_by_atomics`), recorded in config.json and
+sends TAPA's dQ to its ordered kernel (`tapa.ops.tapa.launch.dq_by_atomics`), recorded in config.json and
 restored when the run ends or fails."""
 
 import json
 import os
+from dataclasses import replace
 
 import pytest
 import torch
 from trainkit import small_configs, one_thread  # noqa: F401 (autouse fixture)
 
-from tapa.ops.tapa import launch as triton_launch
+from tapa.ops.tapa import configs, launch
 from tapa.train import trainer
 
 
 def _record_mode(monkeypatch, seen: list, fail: bool = False):
     """Wrap make_optimizer (called once the model is built) to note the mode the run trains in."""
     real = trainer.make_optimizer
-    atomic = triton_launch.LaunchConfigs(None, None, None, dq_atomic=True)
+    atomic = replace(configs.INTERPRETER, dq_atomic=True)
 
     def spy(*args, **kwargs):
         seen.append((torch.are_deterministic_algorithms_enabled(),
                      torch.is_deterministic_algorithms_warn_only_enabled(),
-                     triton_launch.dq_by_atomics(atomic)))
+                     launch.dq_by_atomics(atomic)))
         if fail:
             raise RuntimeError("stop here")
         return real(*args, **kwargs)
