@@ -277,7 +277,7 @@ def single(tmp_path_factory, cache_dir):
     return run_dir
 
 
-@pytest.mark.slow
+# each end-to-end test: one torchrun of 2 processes and one in-process run, ~7 s on 2 cores
 def test_tapa_train_cp2_matches_one_process_and_resumes_on_cp1(single, cache_dir, tmp_path):
     from trainkit import losses, records
 
@@ -297,7 +297,6 @@ def test_tapa_train_cp2_matches_one_process_and_resumes_on_cp1(single, cache_dir
     assert _close(losses(on_one), losses(single)), (losses(on_one), losses(single))
 
 
-@pytest.mark.slow
 def test_a_cp1_checkpoint_resumes_on_cp2(single, cache_dir, tmp_path):
     from trainkit import losses
 
