@@ -424,6 +424,11 @@ def _train(train_cfg: TrainConfig, model_cfg: ModelConfig | None, data_cfg: Data
             now = time.perf_counter()  # the .item() above waited for the GPU
             tokens_per_s = timed_steps * tokens_per_step / (now - last_time)
             val_loss = _evaluate(run) if evaluate_now else None
+            if val_loss is not None and not math.isfinite(val_loss):  # never logged, never saved
+                raise NonFiniteError(
+                    f"training stopped: the validation loss is not finite ({val_loss}) at step {done}; "
+                    "no checkpoint of this step was written. Resume from the last checkpoint with a "
+                    "lower --lr or a longer --warmup-steps")
             record = {"step": done, "tokens": done * tokens_per_step,
                       "epochs": done * train_cfg.batch_size / run.loader.sampler.windows_per_epoch,
                       "loss": mean_loss, "lr": lr, "grad_norm": float(grad_norm),
