@@ -136,3 +136,86 @@ def test_bad_arguments_name_what_is_wrong(change, message):
                 max_seqlen_k=5, alpha=0.1)
     with pytest.raises(ValueError, match=message):
         tapa_attention_varlen(**change(args))
+
+
+# --- the fused kernels (the interpreter on CPU in float32/float16; CUDA where present) --------
+
+triton = pytest.importorskip("triton")
+KERNEL_CASES = {
+    "ragged": [(5, 5), (1, 1), (40, 40), (0, 0), (9, 9), (33, 33)],
+    "prefill": [(9, 20), (3, 37), (16, 16)],
+    "more_queries": [(7, 3), (4, 0), (21, 5)],
+}
+
+
+def _device():
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _kernel_case(case, causal, dtype, head_dim=32, seed=0):
+    lengths = KERNEL_CASES[case]
+    q, k, v, cu_q, cu_k = _pack(lengths, heads=4, kv_heads=2, head_dim=head_dim, v_dim=head_dim,
+                                dtype=torch.float64, seed=seed)
+    device = _device()
+    q, k, v = (t.to(device) for t in (q, k, v))
+    cu_q, cu_k = cu_q.to(device), cu_k.to(device)
+    max_q, max_k = max(a for a, _ in lengths), max(b for _, b in lengths)
+
+    def fused(q, k, v):
+        return tapa_attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal=causal, alpha=0.3,
+                                     return_lse=True, impl="triton")
+
+    def exact(q, k, v):
+        return naive_tapa_attention_varlen(q, k, v, cu_q, cu_k, causal=causal, alpha=0.3,
+                                           return_lse=True)
+
+    def same_dtype(q, k, v):
+        return tapa_attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal=causal, alpha=0.3,
+                                     return_lse=True, impl="reference")
+
+    low = [t.to(dtype) for t in (q, k, v)]
+    return _grads(fused, *low), _grads(exact, q, k, v), _grads(same_dtype, *low)
+
+
+@pytest.mark.parametrize("case", sorted(KERNEL_CASES))
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_fused_varlen_matches_float64(case, causal, dtype):
+    """Outputs, lse and every gradient against float64: within 2x (the project's bar) the
+    same-dtype reference's error (and float32-grade in float32); queries that see no key get 0
+    and -inf exactly."""
+    if dtype == torch.float16 and not torch.cuda.is_available() and case != "ragged":
+        pytest.skip("one float16 case is enough under the interpreter")
+    got, want, same = _kernel_case(case, causal, dtype)
+    assert torch.equal(torch.isinf(got[1]), torch.isinf(want[1]))
+    blind = torch.isinf(want[1]).all(0)
+    assert torch.all(got[0][blind] == 0)
+    finite = torch.isfinite(want[1])
+    for name, a, b, c in zip(("out", "lse", "dq", "dk", "dv"), got, want, same):
+        if name == "lse":
+            a, b, c = a[finite], b[finite], c[finite]
+        err, bar = _rel(a.double(), b), _rel(c.double(), b)
+        assert err <= max(2 * bar, 1e-6 if dtype == torch.float32 else 0), (name, err, bar)
+
+
+def test_fused_varlen_equals_the_dense_kernel_on_equal_lengths():
+    """Equal-length sequences packed: the varlen kernels compute what the dense ones do on the
+    (B, N) batch (the same tiles, the same order: equal to float32 rounding)."""
+    from tapa import tapa_attention
+
+    device, gen = _device(), torch.Generator().manual_seed(5)
+    batch, length = 3, 37
+    q, k, v = (torch.randn(batch, length, 4, 32, generator=gen).to(device).requires_grad_()
+               for _ in range(3))
+    dense, dense_lse = tapa_attention(q, k, v, return_lse=True, impl="triton")
+    dense.sum().backward()
+    dense_grads = [t.grad.clone() for t in (q, k, v)]
+    flat = [t.detach().reshape(batch * length, 4, 32).requires_grad_() for t in (q, k, v)]
+    cu = torch.arange(0, (batch + 1) * length, length, dtype=torch.int32, device=device)
+    packed, packed_lse = tapa_attention_varlen(*flat, cu, cu, length, length, return_lse=True,
+                                               impl="triton")
+    packed.sum().backward()
+    assert _rel(packed.double(), dense.reshape(batch * length, 4, 32).double()) < 1e-6
+    assert _rel(packed_lse.double(), dense_lse.permute(1, 0, 2).reshape(4, -1).double()) < 1e-6
+    for a, b in zip(flat, dense_grads):
+        assert _rel(a.grad.double(), b.reshape(a.shape).double()) < 1e-6

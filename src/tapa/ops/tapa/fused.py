@@ -114,3 +114,73 @@ def tapa_attention_triton(q, k, v, *, theta, alpha, distance, phase, causal, q_o
     else:
         out, lse = _WithConfigs.apply(q, k, v, configs, *params)
     return (out, lse) if return_lse else out
+
+
+# ---------------------------------------------------------------------------------------------
+# Packed sequences (varlen)
+
+
+@torch.library.custom_op("tapa::fused_varlen_fwd", mutates_args=())
+def _varlen_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                    cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, amp_dim: int,
+                    alpha: float, distance: str, phase: str,
+                    causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    varlen = launch.Varlen(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    return launch.forward(q, k, v, amp_dim=amp_dim, alpha=alpha, distance=distance, phase=phase,
+                          causal=causal, q_offset=0, k_offset=0, varlen=varlen)
+
+
+@_varlen_forward.register_fake
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, amp_dim, alpha, distance,
+      phase, causal):
+    total_q, heads, _ = q.shape
+    return (q.new_empty((total_q, heads, v.shape[-1])),
+            q.new_empty((heads, total_q), dtype=torch.float32))
+
+
+@torch.library.custom_op("tapa::fused_varlen_bwd", mutates_args=())
+def _varlen_backward(dout: torch.Tensor, dlse: Optional[torch.Tensor], q: torch.Tensor,
+                     k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                     cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, max_seqlen_q: int,
+                     max_seqlen_k: int, amp_dim: int, alpha: float, distance: str, phase: str,
+                     causal: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    varlen = launch.Varlen(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    return launch.backward(dout, dlse, q, k, v, out, lse, amp_dim=amp_dim, alpha=alpha,
+                           distance=distance, phase=phase, causal=causal, q_offset=0, k_offset=0,
+                           varlen=varlen)
+
+
+@_varlen_backward.register_fake
+def _(dout, dlse, q, k, v, out, lse, *params):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _varlen_setup_context(ctx, inputs, output):
+    q, k, v, cu_q, cu_k, *params = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
+    ctx.params = params
+
+
+def _varlen_grads(ctx, dout, dlse):
+    q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+    if dout is None:
+        dout = torch.zeros_like(out)
+    dq, dk, dv = _varlen_backward(dout, dlse, q, k, v, out, lse, cu_q, cu_k, *ctx.params)
+    return (dq, dk, dv, None, None) + (None,) * len(ctx.params)
+
+
+torch.library.register_autograd("tapa::fused_varlen_fwd", _varlen_grads,
+                                setup_context=_varlen_setup_context)
+
+
+def tapa_attention_varlen_triton(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                 *, theta, alpha, distance, phase, causal, return_lse):
+    """The fused kernel behind `tapa.ops.tapa.varlen.tapa_attention_varlen` (arguments checked
+    there): out (total_q, H, Dv) and lse (H, total_q)."""
+    launch.check_supported(q, v)
+    amp_dim, _ = split_dims(q.shape[-1], theta)
+    out, lse = _varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q),
+                               int(max_seqlen_k), amp_dim, float(alpha), distance, phase,
+                               bool(causal))
+    return (out, lse) if return_lse else out

@@ -6,7 +6,15 @@ tile's logits come from `tapa.ops.tapa.logits` (`tile_logits` in the forward,
 run an online softmax in base 2 (FlashAttention style) over them, never holding an N x N buffer.
 Causal tiles that are entirely visible skip the mask; tiles entirely in the future are never
 visited. GQA: a dK/dV program loops over the query heads of its group, so its dK/dV need no
-atomics. The constexprs each kernel takes beyond the shapes are the ones the config table sets
+atomics.
+
+VARLEN (packed sequences, FlashAttention's varlen form): the tensors are (1, total, H, D) views
+of the packed rows and the grid's batch index is a sequence's. Each program reads its sequence's
+rows from CuQ and CuK (int32 offsets), shifts its base pointers there (the host passes batch
+strides of 0), and aligns the sequence's queries bottom-right (q_offset = Lk - Lq, k_offset = 0).
+n_q then carries total_q, the row stride of the (H, total_q) lse and delta. Programs past their
+sequence's end return at once. Without VARLEN the host passes CuQ = CuK = None, which Triton
+folds away, so the dense kernels compile as before. The constexprs each kernel takes beyond the shapes are the ones the config table sets
 (`tapa.ops.tapa.configs`), turned into flags by `tapa.ops.tapa.launch`.
 """
 
@@ -58,6 +66,14 @@ def _finite_or_zero(m):
     """A softmax shift: a row that has seen no visible key yet keeps max -inf and is shifted by 0
     (no inf - inf)."""
     return tl.where(m == float("-inf"), 0.0, m)
+
+
+@triton.jit
+def _sequence(CuQ, CuK, seq):
+    """(first query row, queries, first key row, keys) of packed sequence `seq`."""
+    q_start = tl.load(CuQ + seq)
+    k_start = tl.load(CuK + seq)
+    return q_start, tl.load(CuQ + seq + 1) - q_start, k_start, tl.load(CuK + seq + 1) - k_start
 
 
 @triton.jit
@@ -123,7 +139,7 @@ def _key_range(start_m, n_q, n_k, q_offset, k_offset, BLOCK_M: tl.constexpr, BLO
 @triton.jit
 def _fwd_inner(acc, m_i, l_i, q_a, q_p, q_sum, pos_m, q_first,
                k_base, v_base, stride_kn, stride_vn, n_k, k_offset, lo, hi, k_desc_a, k_desc_p,
-               v_desc, batch, kv_head, logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4,
+               v_desc, batch, desc_row0, kv_head, logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4,
                b5, b6, rho_in, rho_out, AMP_DIM: tl.constexpr, HEAD_DIM: tl.constexpr,
                V_DIM: tl.constexpr, BLOCK_DA: tl.constexpr, BLOCK_DP: tl.constexpr,
                BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -138,7 +154,8 @@ def _fwd_inner(acc, m_i, l_i, q_a, q_p, q_sum, pos_m, q_first,
     integers), and with 2 the far tiles' series in the column term. FAST_SCALARS: a far tile's
     log2(d0) and 1 / d0 from the MUFU. COS_RADIANS: the MUFU cos on the unreduced phase in radians
     (the host folds 2 pi into phase_scale). TMA: the K and V tiles by their TMA descriptors (one
-    thread issues each tile's copy), else by pointers. BANDS: the far series in three bands of
+    thread issues each tile's copy; their rows start at desc_row0 of batch `batch`), else by
+    pointers. BANDS: the far series in three bands of
     orders (`tapa.ops.tapa.logits._scaled_distance_weight`)."""
     offs_dv = tl.arange(0, BLOCK_DV)
     column_ramp = tl.arange(0, BLOCK_N).to(tl.float32)  # read only with SPLIT_S
@@ -152,8 +169,9 @@ def _fwd_inner(acc, m_i, l_i, q_a, q_p, q_sum, pos_m, q_first,
                             pos_m[:, None] - (k_offset + offs_n).to(tl.float32)[None, :], SPLIT_S,
                             MASKED)
         if TMA:
-            k_p = _desc_tile(k_desc_p, batch, start_n, kv_head, AMP_DIM, BLOCK_N, BLOCK_DP)
-            k_a = _desc_tile(k_desc_a, batch, start_n, kv_head, 0, BLOCK_N, BLOCK_DA)
+            k_p = _desc_tile(k_desc_p, batch, desc_row0 + start_n, kv_head, AMP_DIM, BLOCK_N,
+                             BLOCK_DP)
+            k_a = _desc_tile(k_desc_a, batch, desc_row0 + start_n, kv_head, 0, BLOCK_N, BLOCK_DA)
         else:
             k_a, k_p = _row_parts(k_base, rows, stride_kn, key_ok, MASKED, AMP_DIM, HEAD_DIM,
                                   BLOCK_DA, BLOCK_DP)
@@ -173,7 +191,7 @@ def _fwd_inner(acc, m_i, l_i, q_a, q_p, q_sum, pos_m, q_first,
         rescale = tl.exp2(m_i - _finite_or_zero(m_new))
         p = tl.exp2(logit * logit_scale - _finite_or_zero(m_new)[:, None])
         if TMA:
-            v = _desc_tile(v_desc, batch, start_n, kv_head, 0, BLOCK_N, BLOCK_DV)
+            v = _desc_tile(v_desc, batch, desc_row0 + start_n, kv_head, 0, BLOCK_N, BLOCK_DV)
         else:
             v = _load_tile(v_base + rows * stride_vn + offs_dv[None, :], key_ok, offs_dv < V_DIM,
                            MASKED, BLOCK_DV != V_DIM)
@@ -185,7 +203,7 @@ def _fwd_inner(acc, m_i, l_i, q_a, q_p, q_sum, pos_m, q_first,
 
 
 @triton.jit
-def _fwd_kernel(Q, K, V, Out, Lse, KDescA, KDescP, VDesc,
+def _fwd_kernel(Q, K, V, Out, Lse, CuQ, CuK, KDescA, KDescP, VDesc,
                 stride_qb, stride_qn, stride_qh, stride_kb, stride_kn, stride_kh, stride_vb,
                 stride_vn, stride_vh, stride_ob, stride_on, stride_oh, n_q, n_k, q_offset, k_offset,
                 heads, group, n_bh, logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6,
@@ -196,7 +214,7 @@ def _fwd_kernel(Q, K, V, Out, Lse, KDescA, KDescP, VDesc,
                 TRIG_POLY: tl.constexpr, TAYLOR_ORDER: tl.constexpr, BANDS: tl.constexpr,
                 PTX_ASM: tl.constexpr, LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr,
                 SPLIT_S: tl.constexpr, FAST_SCALARS: tl.constexpr, COS_RADIANS: tl.constexpr,
-                TMA: tl.constexpr):
+                TMA: tl.constexpr, VARLEN: tl.constexpr):
     """One (query block, batch x head) tile a program, the grid (query blocks, batch x heads);
     causal: the longest rows first, so that the last wave is short. KDescA, KDescP, VDesc: TMA
     descriptors of K's two parts and of V (with TMA; else None). n_bh: batch x heads, the grid's
@@ -207,9 +225,26 @@ def _fwd_kernel(Q, K, V, Out, Lse, KDescA, KDescP, VDesc,
     bh = tl.program_id(1)
     if CAUSAL:
         block = n_blocks - 1 - block
+    if VARLEN:
+        n_total = n_q
+        q_start, n_q, k_start, n_k = _sequence(CuQ, CuK, bh // heads)
+        if block * BLOCK_M >= n_q:
+            return
+        Q += q_start.to(tl.int64) * stride_qn
+        Out += q_start.to(tl.int64) * stride_on
+        K += k_start.to(tl.int64) * stride_kn
+        V += k_start.to(tl.int64) * stride_vn
+        q_offset = n_k - n_q
+        k_offset = 0
     start_m, batch, head, kv_head, offs_m, row_ok, rows, q_a, q_p, q_sum = _row_block(
         Q, block, bh, n_q, heads, group, stride_qb, stride_qn, stride_qh, AMP_DIM, HEAD_DIM,
         BLOCK_DA, BLOCK_DP, BLOCK_M)
+    if VARLEN:  # the TMA descriptors see the whole (1, total, H, D) tensor
+        desc_batch = 0
+        desc_row0 = k_start
+    else:
+        desc_batch = batch
+        desc_row0 = 0
     offs_dv = tl.arange(0, BLOCK_DV)
     pos_m = (q_offset + offs_m).to(tl.float32)
     q_first = (q_offset + start_m).to(tl.float32)
@@ -217,20 +252,23 @@ def _fwd_kernel(Q, K, V, Out, Lse, KDescA, KDescP, VDesc,
     v_base = V + batch.to(tl.int64) * stride_vb + kv_head.to(tl.int64) * stride_vh
 
     full, hi = _key_range(start_m, n_q, n_k, q_offset, k_offset, BLOCK_M, BLOCK_N, CAUSAL)
+    if VARLEN:  # with more queries than keys the first ones sit before every key
+        full = tl.maximum(full, 0)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc, m_i, l_i = _fwd_inner(
         acc, m_i, l_i, q_a, q_p, q_sum, pos_m, q_first, k_base, v_base, stride_kn, stride_vn,
-        n_k, k_offset, 0, full, KDescA, KDescP, VDesc, batch, kv_head, logit_scale, phase_scale,
+        n_k, k_offset, 0, full, KDescA, KDescP, VDesc, desc_batch, desc_row0, kv_head, logit_scale,
+        phase_scale,
         alpha, taylor_rho, b1, b2, b3, b4, b5, b6, rho_in, rho_out, AMP_DIM, HEAD_DIM, V_DIM,
         BLOCK_DA, BLOCK_DP, BLOCK_DV, BLOCK_M, BLOCK_N, False, CAUSAL, DIST_POWER, PHASE_QUAD,
         TRIG_POLY, TAYLOR_ORDER, BANDS, PTX_ASM, LONG_PHASE, DOT_PRECISION, SPLIT_S, FAST_SCALARS,
         COS_RADIANS, TMA)
     acc, m_i, l_i = _fwd_inner(
         acc, m_i, l_i, q_a, q_p, q_sum, pos_m, q_first, k_base, v_base, stride_kn, stride_vn,
-        n_k, k_offset, full, hi, KDescA, KDescP, VDesc, batch, kv_head, logit_scale,
-        phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6, rho_in, rho_out, AMP_DIM,
+        n_k, k_offset, full, hi, KDescA, KDescP, VDesc, desc_batch, desc_row0, kv_head,
+        logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6, rho_in, rho_out, AMP_DIM,
         HEAD_DIM, V_DIM, BLOCK_DA, BLOCK_DP, BLOCK_DV, BLOCK_M, BLOCK_N, True, CAUSAL,
         DIST_POWER, PHASE_QUAD, TRIG_POLY, TAYLOR_ORDER, BANDS, PTX_ASM, LONG_PHASE,
         DOT_PRECISION, SPLIT_S, FAST_SCALARS, COS_RADIANS, TMA)
@@ -240,7 +278,10 @@ def _fwd_kernel(Q, K, V, Out, Lse, KDescA, KDescP, VDesc,
     tl.store(o_base + rows * stride_on + offs_dv[None, :], out.to(Out.dtype.element_ty),
              mask=row_ok[:, None] & (offs_dv < V_DIM)[None, :])
     lse = (m_i + tl.log2(l_safe)) * LN2
-    tl.store(Lse + bh.to(tl.int64) * n_q + offs_m, lse, mask=row_ok)
+    if VARLEN:  # the lse is (H, total_q)
+        tl.store(Lse + head.to(tl.int64) * n_total + q_start + offs_m, lse, mask=row_ok)
+    else:
+        tl.store(Lse + bh.to(tl.int64) * n_q + offs_m, lse, mask=row_ok)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -357,7 +398,7 @@ def _dkdv_inner(dk_a, dk_p, dk_psum, dv, k_a, k_p, k_sum, v, pos_n, key_first,
 
 
 @triton.jit
-def _bwd_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV, DQ,
+def _bwd_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV, DQ, CuQ, CuK,
                      stride_qb, stride_qn, stride_qh, stride_kb, stride_kn, stride_kh, stride_vb,
                      stride_vn, stride_vh, stride_db, stride_dn, stride_dh, stride_dkb, stride_dkn,
                      stride_dkh, stride_dvb, stride_dvn, stride_dvh, stride_dqb, stride_dqn,
@@ -370,9 +411,23 @@ def _bwd_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV, DQ,
                      TRIG_POLY: tl.constexpr, TAYLOR_ORDER: tl.constexpr, PTX_ASM: tl.constexpr,
                      LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr,
                      DQ_ATOMIC: tl.constexpr, DQ_TRANSPOSE: tl.constexpr,
-                     COS_RADIANS: tl.constexpr, FAST_SCALARS: tl.constexpr):
+                     COS_RADIANS: tl.constexpr, FAST_SCALARS: tl.constexpr, VARLEN: tl.constexpr):
     """One (key block, batch x kv head) a program; DQ: float32 with DQ_ATOMIC (the kernel adds
     its dQ shares there), else unused."""
+    if VARLEN:
+        n_total = n_q
+        q_start, n_q, k_start, n_k = _sequence(CuQ, CuK, tl.program_id(1) // kv_heads)
+        if tl.program_id(0) * BLOCK_N >= n_k:
+            return
+        Q += q_start.to(tl.int64) * stride_qn
+        DOut += q_start.to(tl.int64) * stride_dn
+        DQ += q_start.to(tl.int64) * stride_dqn
+        K += k_start.to(tl.int64) * stride_kn
+        V += k_start.to(tl.int64) * stride_vn
+        DK += k_start.to(tl.int64) * stride_dkn
+        DV += k_start.to(tl.int64) * stride_dvn
+        q_offset = n_k - n_q
+        k_offset = 0
     start_n, batch, kv_head, _, offs_n, key_ok, rows, k_a, k_p, k_sum = _row_block(
         K, tl.program_id(0), tl.program_id(1), n_k, kv_heads, 1, stride_kb, stride_kn, stride_kh,
         AMP_DIM, HEAD_DIM, BLOCK_DA, BLOCK_DP, BLOCK_N)
@@ -406,16 +461,20 @@ def _bwd_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV, DQ,
         q_base = Q + batch.to(tl.int64) * stride_qb + head.to(tl.int64) * stride_qh
         do_base = DOut + batch.to(tl.int64) * stride_db + head.to(tl.int64) * stride_dh
         dq_base = DQ + batch.to(tl.int64) * stride_dqb + head.to(tl.int64) * stride_dqh
+        if VARLEN:  # lse and delta are (H, total_q)
+            row0 = head.to(tl.int64) * n_total + q_start
+        else:
+            row0 = bh * n_q
         dk_a, dk_p, dk_psum, dv = _dkdv_inner(
             dk_a, dk_p, dk_psum, dv, k_a, k_p, k_sum, v, pos_n, key_first, q_base, do_base, dq_base,
-            Lse + bh * n_q, Delta + bh * n_q, stride_qn, stride_dn, stride_dqn, n_q, q_offset, lo,
+            Lse + row0, Delta + row0, stride_qn, stride_dn, stride_dqn, n_q, q_offset, lo,
             mid, logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6,
             amp_grad_scale, phase_grad_scale, AMP_DIM, HEAD_DIM, V_DIM, BLOCK_DA, BLOCK_DP,
             BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, DIST_POWER, PHASE_QUAD, TRIG_POLY, TAYLOR_ORDER,
             PTX_ASM, LONG_PHASE, DOT_PRECISION, DQ_ATOMIC, DQ_TRANSPOSE, COS_RADIANS, FAST_SCALARS)
         dk_a, dk_p, dk_psum, dv = _dkdv_inner(
             dk_a, dk_p, dk_psum, dv, k_a, k_p, k_sum, v, pos_n, key_first, q_base, do_base, dq_base,
-            Lse + bh * n_q, Delta + bh * n_q, stride_qn, stride_dn, stride_dqn, n_q, q_offset, mid,
+            Lse + row0, Delta + row0, stride_qn, stride_dn, stride_dqn, n_q, q_offset, mid,
             n_q, logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6,
             amp_grad_scale, phase_grad_scale, AMP_DIM, HEAD_DIM, V_DIM, BLOCK_DA, BLOCK_DP,
             BLOCK_DV, BLOCK_M, BLOCK_N, False, DIST_POWER, PHASE_QUAD, TRIG_POLY, TAYLOR_ORDER,
@@ -490,7 +549,7 @@ def _dq_inner(dq_a, dq_p, dq_psum, q_a, q_p, q_sum, do, lse2, delta, pos_m, q_fi
 
 
 @triton.jit
-def _bwd_dq_kernel(Q, K, V, DOut, Lse, Delta, DQ,
+def _bwd_dq_kernel(Q, K, V, DOut, Lse, Delta, DQ, CuQ, CuK,
                    stride_qb, stride_qn, stride_qh, stride_kb, stride_kn, stride_kh, stride_vb,
                    stride_vn, stride_vh, stride_db, stride_dn, stride_dh, stride_dqb, stride_dqn,
                    stride_dqh, n_q, n_k, q_offset, k_offset, heads, group, logit_scale, phase_scale,
@@ -501,12 +560,24 @@ def _bwd_dq_kernel(Q, K, V, DOut, Lse, Delta, DQ,
                    DIST_POWER: tl.constexpr, PHASE_QUAD: tl.constexpr, TRIG_POLY: tl.constexpr,
                    TAYLOR_ORDER: tl.constexpr, PTX_ASM: tl.constexpr, LONG_PHASE: tl.constexpr,
                    DOT_PRECISION: tl.constexpr, SPLIT_S: tl.constexpr, FAST_SCALARS: tl.constexpr,
-                   COS_RADIANS: tl.constexpr):
+                   COS_RADIANS: tl.constexpr, VARLEN: tl.constexpr):
     """One (query block, batch x head) a program, the longest rows first where causal: dQ in
     the order of its key blocks, the same every run (the deterministic path)."""
     block = tl.program_id(0)
     if CAUSAL:
         block = tl.num_programs(0) - 1 - block
+    if VARLEN:
+        n_total = n_q
+        q_start, n_q, k_start, n_k = _sequence(CuQ, CuK, tl.program_id(1) // heads)
+        if block * BLOCK_M >= n_q:
+            return
+        Q += q_start.to(tl.int64) * stride_qn
+        DOut += q_start.to(tl.int64) * stride_dn
+        DQ += q_start.to(tl.int64) * stride_dqn
+        K += k_start.to(tl.int64) * stride_kn
+        V += k_start.to(tl.int64) * stride_vn
+        q_offset = n_k - n_q
+        k_offset = 0
     start_m, batch, head, kv_head, offs_m, row_ok, rows, q_a, q_p, q_sum = _row_block(
         Q, block, tl.program_id(1), n_q, heads, group, stride_qb, stride_qn, stride_qh, AMP_DIM,
         HEAD_DIM, BLOCK_DA, BLOCK_DP, BLOCK_M)
@@ -516,7 +587,10 @@ def _bwd_dq_kernel(Q, K, V, DOut, Lse, Delta, DQ,
     do = _load_tile(DOut + batch.to(tl.int64) * stride_db + head.to(tl.int64) * stride_dh
                     + rows * stride_dn + offs_dv[None, :], row_ok, offs_dv < V_DIM, True,
                     BLOCK_DV != V_DIM)
-    row_index = tl.program_id(1).to(tl.int64) * n_q + offs_m
+    if VARLEN:  # lse and delta are (H, total_q)
+        row_index = head.to(tl.int64) * n_total + q_start + offs_m
+    else:
+        row_index = tl.program_id(1).to(tl.int64) * n_q + offs_m
     lse2 = tl.load(Lse + row_index, mask=row_ok, other=0.0) * LOG2E
     delta = tl.load(Delta + row_index, mask=row_ok, other=0.0)
     pos_m = (q_offset + offs_m).to(tl.float32)
@@ -525,6 +599,8 @@ def _bwd_dq_kernel(Q, K, V, DOut, Lse, Delta, DQ,
     v_base = V + batch.to(tl.int64) * stride_vb + kv_head.to(tl.int64) * stride_vh
 
     full, hi = _key_range(start_m, n_q, n_k, q_offset, k_offset, BLOCK_M, BLOCK_N, CAUSAL)
+    if VARLEN:
+        full = tl.maximum(full, 0)
     dq_a = tl.zeros([BLOCK_M, BLOCK_DA], dtype=tl.float32)
     dq_p = tl.zeros([BLOCK_M, BLOCK_DP], dtype=tl.float32)
     dq_psum = tl.zeros([BLOCK_M], dtype=tl.float32)

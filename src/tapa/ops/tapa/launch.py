@@ -8,6 +8,7 @@ passes as `configs` (tests, research). Autograd and the torch custom op around t
 
 import functools
 import math
+from typing import NamedTuple
 
 import torch
 import triton
@@ -173,18 +174,23 @@ def with_radians(scalars: list, grad_scales: list | None = None) -> tuple[list, 
 
 
 def _common_args(q, k, v, amp_dim, alpha, distance, phase, causal, q_offset, k_offset,
-                 configs: KernelConfigs):
+                 configs: KernelConfigs, varlen=None):
     """[logit_scale, phase_scale, alpha, taylor_rho, b1..b6] and the constexprs every fused
-    kernel takes."""
+    kernel takes (VARLEN among them)."""
     head_dim, v_dim = q.shape[-1], v.shape[-1]
     phase_dim = head_dim - amp_dim
-    max_distance = max(abs(q_offset + q.shape[1] - 1 - k_offset), abs(k_offset + k.shape[1] - 1 - q_offset))
+    if varlen is None:
+        max_distance = max(abs(q_offset + q.shape[1] - 1 - k_offset),
+                           abs(k_offset + k.shape[1] - 1 - q_offset))
+    else:  # bottom-right alignment: no distance passes the longer side of a sequence
+        max_distance = max(varlen.max_seqlen_q, varlen.max_seqlen_k, 1) - 1
     scalars, flags = logits_args(alpha=alpha, distance=distance, phase=phase, phase_dim=phase_dim,
                                  dtype=q.dtype, max_distance=max_distance,
                                  trig_poly=configs.trig_poly, taylor_order=configs.taylor_order,
                                  taylor_tolerance=configs.taylor_tolerance)
     constexprs = dict(AMP_DIM=amp_dim, HEAD_DIM=head_dim, V_DIM=v_dim, BLOCK_DA=_pow2(amp_dim),
-                      BLOCK_DP=_pow2(phase_dim), BLOCK_DV=_pow2(v_dim), CAUSAL=causal, **flags)
+                      BLOCK_DP=_pow2(phase_dim), BLOCK_DV=_pow2(v_dim), CAUSAL=causal,
+                      VARLEN=varlen is not None, **flags)
     return [math.log2(math.e) / math.sqrt(amp_dim), *scalars], constexprs
 
 
@@ -282,8 +288,29 @@ def _loop_descriptors(flags: dict, qk: torch.Tensor, vo: torch.Tensor, block_row
 # Launches
 
 
-def _row_strides(t: torch.Tensor):
-    return t.stride(0), t.stride(1), t.stride(2)
+class Varlen(NamedTuple):
+    """Packed sequences (`tapa.ops.tapa.varlen`): int32 offsets (B + 1,) of the queries' and the
+    keys' rows, and the longest of each."""
+
+    cu_seqlens_q: torch.Tensor
+    cu_seqlens_k: torch.Tensor
+    max_seqlen_q: int
+    max_seqlen_k: int
+
+    @property
+    def sequences(self) -> int:
+        return self.cu_seqlens_q.numel() - 1
+
+
+def _row_strides(t: torch.Tensor, varlen=None):
+    """(batch, row, head) strides; packed sequences index their rows from their own offsets, so
+    their batch stride is 0."""
+    return (0 if varlen is not None else t.stride(0)), t.stride(1), t.stride(2)
+
+
+def _sequence_args(varlen) -> tuple:
+    """The kernels' CuQ and CuK: the offsets, or None (folded away) for dense calls."""
+    return (None, None) if varlen is None else (varlen.cu_seqlens_q, varlen.cu_seqlens_k)
 
 
 def _contiguous_last(t: torch.Tensor) -> torch.Tensor:
@@ -291,41 +318,54 @@ def _contiguous_last(t: torch.Tensor) -> torch.Tensor:
 
 
 def forward(q, k, v, *, amp_dim, alpha, distance, phase, causal, q_offset, k_offset,
-            configs: KernelConfigs | None = None):
+            configs: KernelConfigs | None = None, varlen: Varlen | None = None):
     """Fused forward: out (B, Nq, H, Dv) in q's dtype and lse (B, H, Nq) float32 (natural log).
-    configs: the row to launch with (default: the table's for these inputs)."""
+    configs: the row to launch with (default: the table's for these inputs). varlen: packed
+    sequences, q (total_q, H, D) and k, v (total_k, Hk, D): out (total_q, H, Dv), lse
+    (H, total_q); the offsets are ignored (each sequence is aligned bottom-right)."""
     check_supported(q, v)
     q, k, v = (_contiguous_last(t) for t in (q, k, v))
+    if varlen is not None:
+        q, k, v = (t.unsqueeze(0) for t in (q, k, v))
     batch, n_q, heads, _ = q.shape
     n_k, kv_heads = k.shape[1], k.shape[2]
     configs = configs or configs_for(q, v)
-    tile = configs.forward_tile(n_k)
+    tile = configs.forward_tile(n_k if varlen is None else varlen.max_seqlen_k)
     out = torch.empty((batch, n_q, heads, v.shape[-1]), dtype=q.dtype, device=q.device)
     lse = torch.empty((batch, heads, n_q), dtype=torch.float32, device=q.device)
     scalars, constexprs = _common_args(q, k, v, amp_dim, alpha, distance, phase, causal, q_offset,
-                                       k_offset, configs)
+                                       k_offset, configs, varlen)
     constexprs.update(fwd_flags(configs, constexprs))
     if constexprs["COS_RADIANS"]:
         scalars, _ = with_radians(scalars)
     radii = (band_radii(alpha, configs.taylor_order, configs.taylor_tolerance)
              if configs.far_bands else [0.0, 0.0])
     descriptors = _loop_descriptors(constexprs, k, v, tile.block_n, amp_dim)
-    grid = (triton.cdiv(n_q, tile.block_m), batch * heads)
+    if varlen is None:
+        grid = (triton.cdiv(n_q, tile.block_m), batch * heads)
+    else:
+        grid = (triton.cdiv(max(varlen.max_seqlen_q, 1), tile.block_m), varlen.sequences * heads)
     compiled = kernels._fwd_kernel[grid](
-        q, k, v, out, lse, *descriptors, *_row_strides(q), *_row_strides(k), *_row_strides(v),
-        *_row_strides(out), n_q, n_k, q_offset, k_offset, heads, heads // kv_heads, batch * heads,
-        *scalars, *radii, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, **tile.launch_options(), **constexprs)
+        q, k, v, out, lse, *_sequence_args(varlen), *descriptors, *_row_strides(q, varlen),
+        *_row_strides(k, varlen), *_row_strides(v, varlen), *_row_strides(out, varlen), n_q, n_k,
+        q_offset, k_offset, heads, heads // kv_heads, grid[1], *scalars, *radii,
+        BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, **tile.launch_options(), **constexprs)
     _remember("fwd", tile, constexprs, compiled)
+    if varlen is not None:
+        return out[0], lse[0]
     return out, lse
 
 
 def backward(dout, dlse, q, k, v, out, lse, *, amp_dim, alpha, distance, phase, causal, q_offset,
-             k_offset, configs: KernelConfigs | None = None):
+             k_offset, configs: KernelConfigs | None = None, varlen: Varlen | None = None):
     """Fused backward: (dq, dk, dv) for the gradients dout of out and dlse (or None) of lse.
-    configs: as `forward`'s."""
+    configs, varlen: as `forward`'s (with varlen every tensor in its packed layout)."""
     q, k, v, out, dout = (_contiguous_last(t) for t in (q, k, v, out, dout))
     if dlse is not None:  # the kernel indexes it as a dense (B, H, Nq); autograd may hand an expand
         dlse = dlse.contiguous()
+    if varlen is not None:
+        q, k, v, out, dout, lse = (t.unsqueeze(0) for t in (q, k, v, out, dout, lse))
+        dlse = None if dlse is None else dlse.unsqueeze(0)
     batch, n_q, heads, _ = q.shape
     n_k, kv_heads = k.shape[1], k.shape[2]
     v_dim = v.shape[-1]
@@ -337,7 +377,7 @@ def backward(dout, dlse, q, k, v, out, lse, *, amp_dim, alpha, distance, phase, 
         *_row_strides(dout), n_q, heads, V_DIM=v_dim, BLOCK_DV=_pow2(v_dim),
         BLOCK_M=preprocess_rows, HAS_DLSE=dlse is not None)
     scalars, constexprs = _common_args(q, k, v, amp_dim, alpha, distance, phase, causal, q_offset,
-                                       k_offset, configs)
+                                       k_offset, configs, varlen)
     grad_scales = [1 / math.sqrt(amp_dim), -2 * math.pi / math.sqrt(amp_dim)]
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     dkdv = dkdv_flags(configs, constexprs)
@@ -349,23 +389,37 @@ def backward(dout, dlse, q, k, v, out, lse, *, amp_dim, alpha, distance, phase, 
           else torch.empty_like(q))
 
     tile = configs.dkdv
-    compiled = kernels._bwd_dkdv_kernel[(triton.cdiv(n_k, tile.block_n), batch * kv_heads)](
-        q, k, v, dout, lse, delta, dk, dv, dq, *_row_strides(q), *_row_strides(k),
-        *_row_strides(v), *_row_strides(dout), *_row_strides(dk), *_row_strides(dv),
-        *_row_strides(dq), n_q, n_k, q_offset, k_offset, kv_heads, heads // kv_heads, *dkdv_scalars,
+    if varlen is None:
+        grid = (triton.cdiv(n_k, tile.block_n), batch * kv_heads)
+    else:
+        grid = (triton.cdiv(max(varlen.max_seqlen_k, 1), tile.block_n), varlen.sequences * kv_heads)
+    compiled = kernels._bwd_dkdv_kernel[grid](
+        q, k, v, dout, lse, delta, dk, dv, dq, *_sequence_args(varlen), *_row_strides(q, varlen),
+        *_row_strides(k, varlen), *_row_strides(v, varlen), *_row_strides(dout, varlen),
+        *_row_strides(dk, varlen), *_row_strides(dv, varlen), *_row_strides(dq, varlen), n_q, n_k, q_offset, k_offset, kv_heads, heads // kv_heads, *dkdv_scalars,
         *dkdv_grad_scales, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, **tile.launch_options(),
         **constexprs, **dkdv)
     _remember(dkdv_kernel_name(dkdv), tile, {**constexprs, **dkdv}, compiled)
     if dq_atomic:
-        return dq.to(q.dtype), dk, dv
+        return _unpacked(varlen, dq.to(q.dtype), dk, dv)
     tile = configs.dq
     dq_own = dq_flags(configs, constexprs)
     if dq_own["COS_RADIANS"]:
         scalars, grad_scales = with_radians(scalars, grad_scales)
-    compiled = kernels._bwd_dq_kernel[(triton.cdiv(n_q, tile.block_m), batch * heads)](
-        q, k, v, dout, lse, delta, dq, *_row_strides(q), *_row_strides(k), *_row_strides(v),
-        *_row_strides(dout), *_row_strides(dq), n_q, n_k, q_offset, k_offset, heads,
+    if varlen is None:
+        grid = (triton.cdiv(n_q, tile.block_m), batch * heads)
+    else:
+        grid = (triton.cdiv(max(varlen.max_seqlen_q, 1), tile.block_m), varlen.sequences * heads)
+    compiled = kernels._bwd_dq_kernel[grid](
+        q, k, v, dout, lse, delta, dq, *_sequence_args(varlen), *_row_strides(q, varlen),
+        *_row_strides(k, varlen), *_row_strides(v, varlen), *_row_strides(dout, varlen),
+        *_row_strides(dq, varlen), n_q, n_k, q_offset, k_offset, heads,
         heads // kv_heads, *scalars, *grad_scales, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
         **tile.launch_options(), **constexprs, **dq_own)
     _remember("dq", tile, {**constexprs, **dq_own}, compiled)
-    return dq, dk, dv
+    return _unpacked(varlen, dq, dk, dv)
+
+
+def _unpacked(varlen, *tensors):
+    """Gradients in the caller's layout: packed (total, H, D) for varlen calls."""
+    return tensors if varlen is None else tuple(t[0] for t in tensors)
