@@ -16,8 +16,9 @@ killed leaves its temporary directory behind; the next build removes it. An entr
 manifest (deleted by hand) is rebuilt.
 
 The first time a process reads a split, its file is checked against the manifest's sha256 and its
-largest id against the vocabulary (about a second per 100M tokens), so a corrupted cache is an
-error naming what to delete, never a silently wrong run.
+largest id against the vocabulary (about a second per 100M tokens), and the tokenizer's files
+against theirs when it is loaded, so a corrupted cache is an error naming what to delete, never a
+silently wrong run. `Corpus.verify` checks it all at once (`tapa data build` before "reused").
 """
 
 from __future__ import annotations
@@ -117,9 +118,27 @@ class Corpus:
                              f"ids; {remedy}")
         _VERIFIED_FILES.add(key)
 
+    def verify(self) -> None:
+        """Check every split and the tokenizer against the manifest; ValueError naming what to delete."""
+        for split in SPLITS:
+            self.tokens(split)
+        self.verify_tokenizer()
+
+    def verify_tokenizer(self) -> None:
+        """The tokenizer files against the sha256 in the manifest (every file of the tokenizer/
+        folder since it lists them; tokenizer.json for older caches)."""
+        meta = self.manifest["tokenizer"]
+        expected = meta.get("files") or ({"tokenizer.json": meta["sha256"]} if meta.get("sha256") else {})
+        for name, digest in expected.items():
+            path = self.tokenizer_dir / name
+            if not path.is_file() or file_sha256(path) != digest:
+                raise ValueError(f"{path} is missing or does not match the sha256 in its {MANIFEST}; the token "
+                                 f"cache is corrupt: delete {self.directory} and run again to rebuild it")
+
     @property
     def tokenizer(self):
         if self._tokenizer is None:
+            self.verify_tokenizer()
             self._tokenizer = load_tokenizer(self.tokenizer_dir)
         return self._tokenizer
 
@@ -372,6 +391,7 @@ def _build_into(staging: Path, cfg: DataConfig, source: Source, progress: bool) 
             **tokenizer_info,
             "vocab_size": vocab_size,
             "sha256": file_sha256(tokenizer_dir / "tokenizer.json"),
+            "files": {path.name: file_sha256(path) for path in sorted(tokenizer_dir.iterdir()) if path.is_file()},
             "eot_token": eot_token,
             "eot_id": eot_id,
         },

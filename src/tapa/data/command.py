@@ -112,6 +112,8 @@ def run(args: argparse.Namespace) -> int:
     if args.action == "build":
         started = time.perf_counter()
         corpus = build_corpus(cfg, progress=not args.quiet)
+        if not corpus.built:  # "reused" only for a cache that checks out (sha256 of every file)
+            corpus.verify()
         elapsed = time.perf_counter() - started
         print(describe(corpus.manifest, corpus.directory))
         print(f"\n{'built' if corpus.built else 'reused the cache'} in {elapsed:.1f} s")

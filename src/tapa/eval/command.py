@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from typing import Iterator
 
-from tapa._paths import RUN_CONFIG, is_run_dir, run_dirs_inside
+from tapa._paths import RUN_CONFIG, check_output_dir, is_run_dir, run_dirs_inside
 from tapa.eval.evaluate import (DEFAULT_DEPTHS, DEFAULT_MULTIPLES, EvalOptions, check_data_source, data_name,
                                  evaluate_run)
-from tapa.eval.report import check_results_dir, perplexity_table, task_tables, write_results
+from tapa.eval.report import RESULT_FILES, RESULTS_JSON, perplexity_table, task_tables, write_results
 from tapa.eval.scaling import ROPE_FAMILY
 from tapa.eval.tasks import TASKS, TaskSettings, default_trials, parse_tasks, trials_for_half_width
 
@@ -129,11 +132,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def resolve_device(name: str):
+    """--device as a torch.device; ValueError (one line) for a name torch does not know, or a
+    device this machine does not have (cuda without CUDA, cuda:3 on two GPUs)."""
     import torch
 
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError) as err:
+        raise ValueError(f"--device {name!r} is not a device name (auto, cpu, cuda, cuda:1, ...)") from err
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"--device {name!r}: CUDA is not available on this machine; "
+                             "pass --device cpu (or auto)")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ValueError(f"--device {name!r}: this machine has {torch.cuda.device_count()} CUDA "
+                             f"device(s), cuda:0 to cuda:{torch.cuda.device_count() - 1}")
+    elif device.type != "cpu":
+        backend = getattr(torch, device.type, None)
+        if not (hasattr(backend, "is_available") and backend.is_available()):
+            raise ValueError(f"--device {name!r}: no {device.type} device on this machine; "
+                             "pass --device cpu (or auto)")
+    return device
 
 
 def expand_runs(paths: list[str]) -> list[Path]:
@@ -173,6 +194,85 @@ def checkpoint_of(run_dir: Path, checkpoint: str | None) -> Path:
                 else "")
         raise ValueError(f"--checkpoint {checkpoint!r} is not a checkpoint of {str(run_dir)!r}{hint}")
     return resolved
+
+
+PIN_PREFIX = ".pin-"  # RUN/checkpoints/.pin-<host>-<pid>-<random>: a checkpoint eval is reading
+
+
+def _remove_stale_pins(root: Path) -> None:
+    """The snapshots of evaluations on this host whose process is gone (a kill leaves them)."""
+    import socket
+
+    from tapa.data.cache import _process_alive
+
+    host = socket.gethostname()
+    for path in root.glob(f"{PIN_PREFIX}*"):
+        parts = path.name[len(PIN_PREFIX):].rsplit("-", 2)
+        if len(parts) == 3 and parts[0] == host and parts[1].isdigit() and not _process_alive(int(parts[1])):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _link_snapshot(checkpoint: Path) -> Path | None:
+    """Hard links to the files of `checkpoint` in a sibling folder, so that a trainer pruning it
+    (shutil.rmtree) cannot take them away mid-read. None where links cannot be made (a read-only
+    run, a filesystem without them): then the checkpoint is read in place. FileNotFoundError if
+    the checkpoint, or one of its files, is already gone."""
+    import errno
+    import os
+    import socket
+    import uuid
+
+    from tapa.model.loading import STATE, read_json
+
+    _remove_stale_pins(checkpoint.parent)
+    snapshot = checkpoint.parent / f"{PIN_PREFIX}{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        snapshot.mkdir()
+    except OSError:
+        return None
+    try:
+        os.link(checkpoint / STATE, snapshot / STATE)  # first: it lists the files it vouches for
+        for name in read_json(snapshot / STATE, "checkpoint state").get("sha256", {}):
+            os.link(checkpoint / name, snapshot / name)
+    except FileNotFoundError:
+        shutil.rmtree(snapshot, ignore_errors=True)
+        raise
+    except OSError as err:
+        shutil.rmtree(snapshot, ignore_errors=True)
+        if err.errno in (errno.EXDEV, errno.EPERM, errno.EACCES, errno.EROFS, errno.EMLINK,
+                         errno.ENOTSUP, errno.ENOSPC):
+            return None
+        raise
+    return snapshot
+
+
+@contextmanager
+def pinned_checkpoint(run_dir: Path, checkpoint: Path, *, explicit: bool) -> Iterator[Path]:
+    """`checkpoint` as a path a running trainer cannot prune while it is read (a hard-link snapshot,
+    removed afterwards). A checkpoint pruned before it could be pinned is replaced by the run's
+    newest, with a note; with --checkpoint (explicit) that is an error instead."""
+    from tapa.model.loading import resolve_checkpoint
+
+    for _ in range(5):
+        try:
+            snapshot = _link_snapshot(checkpoint)
+            break
+        except FileNotFoundError:
+            if explicit:
+                raise ValueError(f"--checkpoint {str(checkpoint)!r} was removed before it could be read "
+                                 "(pruned by a running trainer?); choose a newer checkpoint") from None
+            newer = resolve_checkpoint(run_dir)
+            print(f"tapa eval: note: {checkpoint.name} of {run_dir} was removed before it could be read "
+                  f"(pruned by a running trainer); evaluating {newer.name} instead", file=sys.stderr)
+            checkpoint = newer
+    else:
+        raise ValueError(f"the checkpoints of {str(run_dir)!r} were pruned faster than they could be read; "
+                         "evaluate after training, or train with a larger --keep-checkpoints")
+    try:
+        yield snapshot or checkpoint
+    finally:
+        if snapshot is not None:
+            shutil.rmtree(snapshot, ignore_errors=True)
 
 
 def training_tokens(checkpoint: Path) -> int | None:
@@ -259,23 +359,43 @@ def check_eval_pe(eval_pe, checkpoints: list[Path]) -> None:
                          f"({', '.join(ROPE_FAMILY)}); the runs given are {', '.join(encodings)}")
 
 
+# the folders of a run that hold its evaluations (RUN/eval, RUN/eval-<name of --data>)
+EVAL_SUBDIRS = ("eval", "eval-*")
+
+
+def check_eval_dir(out_dir: Path, run_dir: Path, *, overwrite: bool) -> Path:
+    """The output rule of tapa._paths for results: inside a run directory, only the evaluated run's
+    own RUN/eval* folders."""
+    own = Path(out_dir).expanduser().resolve().parent == Path(run_dir).resolve()
+    return check_output_dir(out_dir, outputs=RESULT_FILES, marker=RESULTS_JSON, overwrite=overwrite,
+                            command="tapa eval", run_subdirs=EVAL_SUBDIRS if own else ())
+
+
 def run(args: argparse.Namespace) -> int:
+    with ExitStack() as pins:
+        return _run(args, pins)
+
+
+def _run(args: argparse.Namespace, pins: ExitStack) -> int:
     options = options_from_args(args)
+    device = resolve_device(args.device)
     runs = expand_runs(args.runs)
     if args.checkpoint and len(runs) > 1:
         raise ValueError("--checkpoint applies to a single RUN_DIR")
     if args.out and len(runs) > 1:
         raise ValueError("--out applies to a single RUN_DIR; use 'tapa report' to merge runs")
-    # everything a user can get wrong is checked before the first (possibly long) evaluation
-    checkpoints = [checkpoint_of(run_dir, args.checkpoint) for run_dir in runs]
+    # everything a user can get wrong is checked before the first (possibly long) evaluation;
+    # every checkpoint is pinned first, so that a trainer still writing the run cannot prune it
+    checkpoints = [pins.enter_context(pinned_checkpoint(run_dir, checkpoint_of(run_dir, args.checkpoint),
+                                                        explicit=bool(args.checkpoint)))
+                   for run_dir in runs]
     check_eval_pe(options.eval_pe, checkpoints)
     if options.data:  # before the model loads: a missing or empty source is a one-line error now
         check_data_source(options.data, options.text_field or "text")
     default_dir = "eval" if not options.data else f"eval-{data_name(options.data)}"
     out_dirs = [Path(args.out) if args.out else run_dir / default_dir for run_dir in runs]
-    for out_dir in out_dirs:
-        check_results_dir(out_dir, overwrite=args.overwrite, command="tapa eval")
-    device = resolve_device(args.device)
+    for run_dir, out_dir in zip(runs, out_dirs):
+        check_eval_dir(out_dir, run_dir, overwrite=args.overwrite)
     for run_dir, checkpoint, out_dir in zip(runs, checkpoints, out_dirs):
         results = evaluate_run(run_dir, options, device=device, checkpoint=checkpoint)
         tokens = training_tokens(checkpoint)

@@ -236,6 +236,7 @@ def eval_tokens(run_config: dict, options: EvalOptions):
         return tokens, corpus, {"source": corpus.manifest["source"].get("source"), "name": "corpus",
                                 "split": options.split, "tokens": int(tokens.size), "run_corpus": True}
     run_corpus = run_tokenizer_corpus(run_config, options.progress)
+    run_corpus.verify_tokenizer()  # its files tokenize --data: they must be the ones the run recorded
     run_data = DataConfig.from_dict(run_config["data"])
     all_text = options.split == "all"
     cfg = DataConfig(source=options.data, cache_dir=run_data.cache_dir,
@@ -285,16 +286,29 @@ def check_enough_tokens(n_tokens: int, lengths, data: dict) -> None:
                          "or more text")
 
 
+def check_finite_weights(model: torch.nn.Module, what: str) -> None:
+    """ValueError naming the first parameters that hold nan or inf (a diverged checkpoint)."""
+    bad = [name for name, tensor in model.state_dict().items()
+           if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())]
+    if bad:
+        shown = ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
+        raise ValueError(f"{what} holds weights that are not finite (nan or inf in {shown}): the run "
+                         "diverged before it was saved; use an earlier checkpoint")
+
+
 def evaluate_run(run_dir: str | Path, options: EvalOptions, *, device: str | torch.device = "cpu",
                  checkpoint: str | Path | None = None) -> dict:
     """Evaluate the latest checkpoint of `run_dir` (or `checkpoint`) on the run's held-out split,
-    or on options.data tokenized with the run's tokenizer."""
-    from tapa.model.loading import load_model
+    or on options.data tokenized with the run's tokenizer. A checkpoint whose weights are not
+    finite is a ValueError."""
+    from tapa.model.loading import load_model, read_state, resolve_checkpoint
 
     run_dir = Path(run_dir)
     if not (run_dir / "config.json").is_file():
         raise ValueError(f"run_dir {str(run_dir)!r} is not a training run (no config.json)")
     model, model_cfg, run_config = load_model(checkpoint or run_dir, device=device)
+    step = read_state(resolve_checkpoint(checkpoint or run_dir), verify=False).get("step")
+    check_finite_weights(model, f"the checkpoint of step {step} of {str(run_dir)!r}")
     train_len = int(run_config["train"]["seq_len"])
     tokens, corpus, data = eval_tokens(run_config, options)
     lengths = options.lengths or lengths_from_multiples(train_len, options.multiples)

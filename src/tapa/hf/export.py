@@ -5,8 +5,11 @@ reloaded and checked to give logits identical to the training checkpoint's TapaL
 tokenizer (found through the run's data config, checked by sha256) is saved next to it as a
 PreTrainedTokenizerFast, so AutoTokenizer, generate() and lm-eval work on the directory alone; a
 tokenizer that cannot be found is an error, unless --no-tokenizer says to export the model alone.
-OUT_DIR follows the rule of `tapa._paths`: never a run directory, never over files of other
-programs without --overwrite, and a re-export replaces every file of the earlier one.
+OUT_DIR follows the rule of `tapa._paths`: never a run directory or a path inside one (a step
+folder), never over files of other programs without --overwrite, and a re-export replaces every
+file of the earlier one, as does running an export again after it was killed half-way. A
+checkpoint whose weights are not finite is refused. The export's tapa_checksums.json lets
+`TapaForCausalLM.from_pretrained` check model.safetensors on every load.
 
 It reads checkpoints through `tapa.model.loading` (`load_model`) and tokenizers through
 `tapa.data`.
@@ -52,11 +55,19 @@ def run_tokenizer(run_config: dict) -> Path:
 
 
 def given_tokenizer(tokenizer: str | Path) -> Path:
-    """tokenizer.json of a tokenizer directory, or the file itself."""
-    path = Path(tokenizer)
+    """tokenizer.json of a tokenizer directory, or the file itself, checked to load as one."""
+    from tapa.data.tokenizer import load_tokenizer
+
+    path = Path(tokenizer).expanduser()
     path = path / "tokenizer.json" if path.is_dir() else path
     if not path.is_file():
         raise ValueError(f"tokenizer {str(tokenizer)!r}: no tokenizer.json there")
+    try:
+        load_tokenizer(path)
+    except ValueError as err:
+        raise ValueError(f"--tokenizer {str(tokenizer)!r} is not a tokenizer: {str(path)!r} does not load as a "
+                         f"tokenizers tokenizer.json ({err.__cause__ or err}); pass a tokenizer directory "
+                         "or its tokenizer.json") from err
     return path
 
 
@@ -88,11 +99,18 @@ def export_checkpoint(path: str | Path, out_dir: str | Path, *, tokenizer: str |
         raise ValueError("--tokenizer and --no-tokenizer contradict each other")
     out_dir = check_output_dir(out_dir, outputs=EXPORT_FILES, marker=EXPORT_MARKER, overwrite=overwrite,
                                command="tapa export")
+    given = given_tokenizer(tokenizer) if tokenizer is not None else None  # before the model loads
     checkpoint = resolve_checkpoint(path)
     lm, model_cfg, run_config = load_model(checkpoint)
+    bad = [name for name, t in lm.state_dict().items()
+           if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    if bad:
+        raise ValueError(f"checkpoint {str(checkpoint)!r} holds weights that are not finite (nan or inf in "
+                         f"{', '.join(bad[:3])}): the run diverged before it was saved; export an earlier "
+                         "checkpoint")
     tokenizer_json = None
     if with_tokenizer:
-        tokenizer_json = given_tokenizer(tokenizer) if tokenizer is not None else run_tokenizer(run_config)
+        tokenizer_json = given if given is not None else run_tokenizer(run_config)
     tokenizer_meta = run_config.get("corpus", {}).get("tokenizer", {})
     eot_id = tokenizer_meta.get("eot_id")
     with replacing_outputs(out_dir, EXPORT_FILES) as out_dir:

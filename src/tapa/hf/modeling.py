@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from tapa._optional import require
 from tapa.hf.configuration import TapaConfig, write_remote_code
-from tapa.hf.writer import PREFIX
+from tapa.hf.writer import CHECKSUMS, PREFIX, write_checksums
+from tapa.hf.writer import verify_checksums as verify_checksums_of
 from tapa.model import AttentionContext, TapaLM, upgrade_state_dict
 
 transformers = require("transformers")
@@ -123,11 +125,17 @@ class TapaForCausalLM(PreTrainedModel, GenerationMixin):
         return model.to(next(lm.parameters()).dtype)
 
     @classmethod
-    def from_pretrained(cls, *args, **kwargs):
+    def from_pretrained(cls, *args, verify_checksums: bool = True, **kwargs):
         """transformers' from_pretrained, but missing, unexpected or mis-shaped weights are a
-        ValueError instead of a warning (a TAPA checkpoint never has optional weights)."""
+        ValueError instead of a warning (a TAPA checkpoint never has optional weights), and so are
+        weight files of a local directory that do not match the sha256 its tapa_checksums.json
+        (written by tapa export / convert / save_pretrained) records; verify_checksums=False skips
+        that check."""
         want_info = kwargs.pop("output_loading_info", False)
         where = args[0] if args else kwargs.get("pretrained_model_name_or_path", "")
+        local = Path(str(where), kwargs.get("subfolder") or "")
+        if verify_checksums and local.is_dir():
+            verify_checksums_of(local)
         try:
             model, info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
         except RuntimeError as err:  # transformers refuses mis-shaped weights: load again to list them
@@ -153,6 +161,10 @@ class TapaForCausalLM(PreTrainedModel, GenerationMixin):
     def save_pretrained(self, save_directory, *args, **kwargs):
         super().save_pretrained(save_directory, *args, **kwargs)
         write_remote_code(save_directory)
+        if any(Path(save_directory).glob("*.safetensors")):  # never a stale tapa_checksums.json
+            write_checksums(save_directory)
+        else:
+            (Path(save_directory) / CHECKSUMS).unlink(missing_ok=True)
 
     def create_masks_for_generate(self, config=None, inputs_embeds=None, attention_mask=None, **kwargs):
         """generate's hook for static caches: keep its 2D 0/1 mask (the attention builds its own)."""
