@@ -8,15 +8,13 @@ FLOPs: 4 * B * H * N^2 * D, halved when causal; backward 2.5x the forward (DESIG
 Times are triton.testing.do_bench medians. Peak memory is the fwd+bwd high-water mark above
 the inputs. Also runnable as `python -m tapa.bench.attention`.
 
-Kernel variants (`--variants`, `tapa.bench.attention_variants`) are checked and timed next to the
-default kernel in the same cases; `--combine-best` times the combination of the winners, and
-`--kernel-report` writes each compiled kernel's registers, spills and instruction census.
+The kernels run with the config table's rows (`tapa.ops.tapa.configs`); timing other configs is the
+lab's (lab/kernels/attention_variants.py, which calls the functions here with explicit configs).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import itertools
 import platform
@@ -26,12 +24,17 @@ from pathlib import Path
 import torch
 
 from tapa._paths import write_csv
-from tapa.bench.kernel_report import first_line
 from tapa.ops import tapa_attention
 from tapa.ops.tapa.reference import chunked_tapa_attention, naive_tapa_attention
 
 PASSES = ("fwd", "bwd", "fwd+bwd")
 FLOP_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwd+bwd": 3.5}
+
+
+def first_line(err: BaseException, limit: int = 200) -> str:
+    """An exception's first message line, cut to `limit` characters (its type when it has none)."""
+    lines = str(err).splitlines()
+    return lines[0][:limit] if lines else type(err).__name__
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -48,24 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="N of the bf16 accuracy check against float64")
     parser.add_argument("--long-range-len", type=int, default=65536,
                         help="N of the long-range accuracy check (0 skips it)")
-    parser.add_argument("--trig", choices=("poly", "mufu"), default=None,
-                        help="cos/sin on the FMA pipes or on the MUFU (default: the kernel's)")
-    parser.add_argument("--sweep", action="store_true",
-                        help="afterwards, time kernel variants at D=128 causal N=16k")
     parser.add_argument("--skip-checks", action="store_true")
-    parser.add_argument("--variants", nargs="+", default=[], metavar="[LABEL:]SPEC",
-                        help="kernel variants to check and time next to the default, SPEC as "
-                             "triton_launch.parse_variant reads it, e.g. dq-kernel:dq_atomic=0")
-    parser.add_argument("--combine-best", action="store_true",
-                        help="afterwards, combine the variants that beat the default (at the "
-                             "largest N) and time that combination")
-    parser.add_argument("--combine-head-dims", type=int, nargs="+", default=None,
-                        help="head dims at which the combination is timed (default: --head-dims)")
-    parser.add_argument("--compile-jobs", type=int, default=0,
-                        help="compile the default and every variant first in this many processes")
-    parser.add_argument("--kernel-report", action="store_true",
-                        help="write attention_kernels.csv/.md (registers, spills, SASS census) "
-                             "and the SASS of the default kernels")
     parser.add_argument("--out", type=Path, default=Path("runs/bench/attention"),
                         help="output directory (default: %(default)s)")
 
@@ -91,40 +77,36 @@ def _rel(a, b):
     return float((a - b).norm() / b.norm())
 
 
-@contextlib.contextmanager
-def _variant_configs(head_dim, dtype, variant):
-    """The kernels inside `variant` (LaunchConfigs fields to change) over the defaults of
-    head_dim and dtype."""
-    from tapa.ops.tapa import launch as triton_launch
+def tapa_kernel(configs=None):
+    """The fused op as f(q, k, v, **tapa_attention's arguments): `tapa_attention(impl="triton")`,
+    or with configs (a `tapa.ops.tapa.configs.KernelConfigs`) the kernels launched with that row."""
+    if configs is None:
+        return lambda *a, **kw: tapa_attention(*a, impl="triton", **kw)
+    from tapa.ops.tapa.fused import tapa_attention_triton
 
-    base = triton_launch.default_configs(head_dim, head_dim, dtype)
-    with triton_launch.override_configs(triton_launch.with_variant(base, variant)):
-        yield
+    def call(q, k, v, *, theta=0.5, alpha=0.1, distance="power", phase="quadratic", causal=True,
+             q_offset=0, k_offset=0, return_lse=False):
+        return tapa_attention_triton(q, k, v, theta=theta, alpha=alpha, distance=distance,
+                                     phase=phase, causal=causal, q_offset=q_offset,
+                                     k_offset=k_offset, return_lse=return_lse, configs=configs)
+
+    return call
 
 
 def accuracy_errors(n, head_dim, *, causal, dtype=torch.bfloat16, heads=4, kv_heads=4, theta=0.5,
-                    distance="power", phase="quadratic", seed=0, variant=None):
+                    distance="power", phase="quadratic", seed=0, configs=None):
     """Relative RMSE vs float64 of the kernel and of the same-dtype chunked reference, for out,
     dq, dk, dv and lse (lse is float32 for every input dtype, so its ratio is no half-precision bar).
 
-    variant: LaunchConfigs fields to change (e.g. dict(trig_poly=False)), or None.
+    configs: the kernels' row (default: the config table's for these inputs).
     """
-    if variant:
-        with _variant_configs(head_dim, dtype, variant):
-            rows = accuracy_errors(n, head_dim, causal=causal, dtype=dtype, heads=heads,
-                                   kv_heads=kv_heads, theta=theta, distance=distance,
-                                   phase=phase, seed=seed)
-        for row in rows:
-            row["check"] += f" {variant}"
-        return rows
     q = _random((1, n, heads, head_dim), dtype, seed)
     k = _random((1, n, kv_heads, head_dim), dtype, seed + 1)
     v = _random((1, n, kv_heads, head_dim), dtype, seed + 2)
     dout = _random((1, n, heads, head_dim), dtype, seed + 3)
     kw = dict(causal=causal, theta=theta, distance=distance, phase=phase)
     exact = _outputs_and_grads(naive_tapa_attention, q.double(), k.double(), v.double(), dout, **kw)
-    fused = _outputs_and_grads(lambda *a, **x: tapa_attention(*a, impl="triton", **x), q, k, v,
-                               dout, **kw)
+    fused = _outputs_and_grads(tapa_kernel(configs), q, k, v, dout, **kw)
     same = _outputs_and_grads(chunked_tapa_attention, q, k, v, dout, **kw)
     rows = []
     for name in ("out", "dq", "dk", "dv", "lse"):
@@ -137,20 +119,16 @@ def accuracy_errors(n, head_dim, *, causal, dtype=torch.bfloat16, heads=4, kv_he
 
 
 def long_range_errors(n, *, distance="power", dtype=torch.bfloat16, heads=2, head_dim=128,
-                      rows=256, seed=0, variant=None):
+                      rows=256, seed=0, configs=None):
     """Output error vs float64 of the first `rows` queries (keys within `rows`) and of the last
     `rows` (keys up to n away), for the kernel and the same-dtype chunked reference; causal.
 
-    variant: LaunchConfigs fields to change for the kernel (as in accuracy_errors), or None."""
-    if variant:
-        with _variant_configs(head_dim, dtype, variant):
-            return long_range_errors(n, distance=distance, dtype=dtype, heads=heads,
-                                     head_dim=head_dim, rows=rows, seed=seed)
+    configs: the kernels' row (as in accuracy_errors)."""
     q = _random((1, n, heads, head_dim), dtype, seed)
     k = _random((1, n, heads, head_dim), dtype, seed + 1)
     v = _random((1, n, heads, head_dim), dtype, seed + 2)
     with torch.no_grad():
-        fused = tapa_attention(q, k, v, distance=distance, impl="triton")
+        fused = tapa_kernel(configs)(q, k, v, distance=distance)
         errors = {}
         for label, start in (("near", 0), ("far", n - rows)):
             q_rows = q[:, start:start + rows]
@@ -195,7 +173,7 @@ def _impls(theta):
 def _time_one(fn, q, k, v, dout, causal):
     """{pass: ms} and the fwd+bwd peak memory (MiB above the inputs) of one implementation.
 
-    A pass that fails (a kernel variant that does not compile or fit) is NaN and is reported on
+    A pass that fails (e.g. configs that do not compile or fit) is NaN and is reported on
     stderr; the forward failing fails all of them (RuntimeError, as before).
     """
     from triton.testing import do_bench
@@ -220,7 +198,7 @@ def _time_one(fn, q, k, v, dout, causal):
         fn(q, k, v, causal).backward(dout)
         torch.cuda.synchronize()
         peak = (torch.cuda.max_memory_allocated() - base) / 2**20
-    except Exception as err:  # noqa: BLE001  (a backward variant that fails: keep the forward)
+    except Exception as err:  # noqa: BLE001  (a backward that fails: keep the forward)
         print(f"  backward failed: {first_line(err)}",
               file=sys.stderr)
     for t in grads:
@@ -229,14 +207,12 @@ def _time_one(fn, q, k, v, dout, causal):
 
 
 def timing_rows(seq_lens, head_dims, causal_modes, tokens, heads, theta, reference_len,
-                progress=True, on_case=None, variants=None):
+                progress=True, on_case=None, extra_impls=None):
     """Rows of every (head dim, causal, N) case: TAPA, the anchors, the reference at
-    reference_len, and each variant ({label: LaunchConfigs changes}) as impl 'tapa:<label>'
-    with its ratio to the default kernel (x_tapa)."""
+    reference_len, and each of extra_impls ({name: f(q, k, v, causal)}, timed after the others
+    in the same case, e.g. the lab's kernel configs) with its ratio to the default kernel
+    (x_tapa)."""
     from tqdm import tqdm
-
-    from tapa.bench.attention_variants import variant_configs
-    from tapa.ops.tapa import launch as triton_launch
 
     impls = _impls(theta)
     cases = list(itertools.product(head_dims, causal_modes, seq_lens))
@@ -258,14 +234,11 @@ def timing_rows(seq_lens, head_dims, causal_modes, tokens, heads, theta, referen
             except RuntimeError as err:  # an anchor backend that refuses this shape
                 print(f"  {name} N={n} D={head_dim} causal={causal}: {err}".splitlines()[0],
                       file=sys.stderr)
-        for label, changes in (variants or {}).items():
+        for name, fn in (extra_impls or {}).items():
             try:
-                # the backward runs inside too
-                with triton_launch.override_configs(variant_configs(changes, head_dim)):
-                    measured[f"tapa:{label}"] = _time_one(impls["tapa"], q, k, v, dout, causal)
-            except Exception as err:  # noqa: BLE001  (a variant that does not compile or fit)
-                print(f"  variant {label} N={n} D={head_dim}: failed: "
-                      f"{first_line(err)}", file=sys.stderr)
+                measured[name] = _time_one(fn, q, k, v, dout, causal)
+            except Exception as err:  # noqa: BLE001  (e.g. configs that do not compile or fit)
+                print(f"  {name} N={n} D={head_dim}: failed: {first_line(err)}", file=sys.stderr)
         for name, (times, peak) in measured.items():
             for pass_name in PASSES:
                 ms = times[pass_name]
@@ -286,70 +259,21 @@ def timing_rows(seq_lens, head_dims, causal_modes, tokens, heads, theta, referen
     return rows
 
 
-def sweep(n=16384, head_dim=128, tokens=65536, heads=16):
-    """Print fwd and bwd times of kernel variants (D=128, causal, bf16) next to SDPA flash."""
-    from triton.testing import do_bench
-
-    from tapa.ops.tapa import launch as tl_
-    from tapa.ops.tapa.launch import KernelConfig as K, LaunchConfigs
-
-    batch = tokens // n
-    q, k, v, dout = (_random((batch, n, heads, head_dim), torch.bfloat16, s) for s in range(4))
-    for t in (q, k, v):
-        t.requires_grad_(True)
-    base = tl_.default_configs(head_dim, head_dim, torch.bfloat16)
-    flops = 4 * batch * heads * n * n * head_dim / 2
-    # attempt 1 measured the block sizes (NOTES.md); this compares the remaining choices
-    candidates = [("fwd", {}), ("fwd", dict(trig_poly=False)), ("bwd", {}),
-                  ("bwd", dict(dq_atomic=True)), ("bwd", dict(trig_poly=False)),
-                  ("bwd", dict(dq=K(128, 32, 8, 2)))]
-    print(f"sweep: N={n} B={batch} H={heads} D={head_dim} causal bf16; default {base}")
-    flash = _anchor("FLASH_ATTENTION")
-    fwd_ms = do_bench(lambda: flash(q, k, v, True), return_mode="median")
-    out = flash(q, k, v, True)
-    bwd_ms = do_bench(lambda: out.backward(dout, retain_graph=True), grad_to_none=[q, k, v],
-                      return_mode="median")
-    del out
-    print(f"  sdpa_flash fwd {fwd_ms:.3f} ms, bwd {bwd_ms:.3f} ms", flush=True)
-    for what, change in candidates:
-        configs = LaunchConfigs(**{**dict(fwd=base.fwd, dkdv=base.dkdv, dq=base.dq), **change})
-        try:
-            with tl_.override_configs(configs):
-                fn = lambda: tapa_attention(q, k, v, impl="triton")  # noqa: E731
-                if what == "fwd":
-                    ms = do_bench(fn, return_mode="median")
-                else:
-                    out = fn()
-                    ms = do_bench(lambda: out.backward(dout, retain_graph=True),
-                                  grad_to_none=[q, k, v], return_mode="median")
-                    del out
-            factor = 1.0 if what == "fwd" else 2.5
-            print(f"  {what:3s} {change}: {ms:8.3f} ms "
-                  f"{flops * factor / ms / 1e9:6.1f} TFLOP/s", flush=True)
-        except Exception as err:  # a candidate that does not compile or fit
-            print(f"  {what} {change}: failed: {first_line(err)}", flush=True)
-
-
 # ---------------------------------------------------------------------------------------------
 # Output
 
 
-def _first_rounds(rows):
-    """The rows without a case's second round (time_combination re-times the default; the second
-    round shows only in the variants table)."""
-    first = {(r["head_dim"], r["causal"], r["n"]) for r in rows if r.get("round", 1) == 1}
-    return [r for r in rows if r.get("round", 1) == 1 or (r["head_dim"], r["causal"], r["n"]) not in first]
-
-
-def _long_range_cells(e):
+def long_range_cells(e):
     return (f"{e['near_kernel']:.3e} | {e['near_reference']:.3e} | {e['far_kernel']:.3e} | "
             f"{e['far_reference']:.3e} | {e['far_kernel'] / e['far_reference']:.2f}")
 
 
-def _markdown(rows, error_rows, long_range, header, variants_md="", variant_long_range=None):
+def markdown(rows, error_rows, long_range, header, sections=()):
+    """The report: header, any further sections (markdown blocks, e.g. the lab's), the accuracy
+    and long-range tables, then TAPA's timings by head dim and causal mode and the anchors'."""
     lines = [header, ""]
-    if variants_md:
-        lines += [variants_md, ""]
+    for section in filter(None, sections):
+        lines += [section, ""]
     if error_rows:
         lines += ["## Accuracy: relative RMSE vs float64 (same bf16 inputs)", "",
                   "| check | tensor | kernel | same-dtype reference | ratio |",
@@ -361,18 +285,9 @@ def _markdown(rows, error_rows, long_range, header, variants_md="", variant_long
         lines += ["## Long range (causal, output of the first and last 256 rows)", "",
                   "| distance | D | near kernel | near reference | far kernel | far reference | far ratio |",
                   "|---|---|---|---|---|---|---|"]
-        lines += [f"| {distance} | {head_dim} | {_long_range_cells(e)} |"
+        lines += [f"| {distance} | {head_dim} | {long_range_cells(e)} |"
                   for (distance, head_dim), e in long_range.items()]
         lines.append("")
-    if variant_long_range:
-        lines += ["## Long range, variants (power distance, causal, output of the first and last "
-                  "256 rows)", "",
-                  "| variant | D | near kernel | near reference | far kernel | far reference "
-                  "| far ratio |", "|---|---|---|---|---|---|---|"]
-        lines += [f"| {label} | {head_dim} | {_long_range_cells(e)} |"
-                  for (label, head_dim), e in variant_long_range.items()]
-        lines.append("")
-    rows = _first_rounds(rows)
     tapa_rows = [r for r in rows if r["impl"] == "tapa"]
     for head_dim, causal in sorted({(r["head_dim"], r["causal"]) for r in tapa_rows},
                                    key=lambda x: (-x[0], not x[1])):
@@ -423,95 +338,78 @@ def _plot(rows, path):
     fig.savefig(path, dpi=120)
 
 
-def run(args) -> int:
-    if not torch.cuda.is_available():
-        raise SystemExit("tapa bench attention needs a CUDA GPU")
+def header(args) -> str:
+    """The report's title and the run's command, date, GPU and versions."""
     import triton
 
-    from tapa.bench import attention_variants
-
-    if args.trig is not None:
-        from tapa.ops.tapa import launch as triton_launch
-
-        triton_launch.TRIG_POLY = args.trig == "poly"
-    variants = attention_variants.parse(args.variants)  # a bad spec stops here, before any work
-    gpu = torch.cuda.get_device_name()
     argv = sys.argv[:]
     if argv and argv[0].endswith("attention.py"):  # launched with python -m
         argv[0] = "python -m tapa.bench.attention"
-    header = (f"# TAPA fused attention benchmark\n\n- command: `{' '.join(argv)}`\n"
-              f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}\n"
-              f"- GPU: {gpu}; torch {torch.__version__}; triton {triton.__version__}; "
-              f"python {platform.python_version()}\n"
-              f"- heads {args.heads}, batch*N = {args.tokens}, theta {args.theta}, bf16; "
-              f"times are do_bench medians")
-    print(header, flush=True)
-    modes = {"both": (True, False), "causal": (True,), "noncausal": (False,)}[args.causal]
-    if args.compile_jobs:
-        attention_variants.precompile(variants, args.head_dims, modes, args.heads, args.theta,
-                                      args.compile_jobs)
-    error_rows, long_range, variant_long_range = [], {}, {}
-    if not args.skip_checks and not variants:  # with variants the default is checked among them
-        for head_dim, causal in ((d, c) for d in args.head_dims for c in (True, False)):
-            error_rows += accuracy_errors(args.check_len, head_dim, causal=causal, theta=args.theta)
-        error_rows += accuracy_errors(args.check_len, 128, causal=True, heads=8, kv_heads=2,
-                                      distance="linear", phase="linear", theta=args.theta)
-        error_rows += accuracy_errors(args.check_len // 2 + 37, 128, causal=True,
-                                      dtype=torch.float16, theta=0.75)
-        for variant in (dict(trig_poly=False), dict(dq_atomic=True)):  # the non-default paths
-            error_rows += accuracy_errors(args.check_len, 128, causal=True, variant=variant)
+    return (f"# TAPA fused attention benchmark\n\n- command: `{' '.join(argv)}`\n"
+            f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}\n"
+            f"- GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; "
+            f"triton {triton.__version__}; python {platform.python_version()}\n"
+            f"- heads {args.heads}, batch*N = {args.tokens}, theta {args.theta}, bf16; "
+            f"times are do_bench medians")
+
+
+CAUSAL_MODES = {"both": (True, False), "causal": (True,), "noncausal": (False,)}
+
+
+def default_checks(args) -> list[dict]:
+    """The bf16 float64 checks of the kernels as they ship: at each timed head dim causal and not,
+    GQA with the linear variants, float16 at theta 0.75 and a ragged length, and the deterministic
+    mode's path (at D=128 the dQ kernel instead of the atomic dQ)."""
+    rows = []
+    for head_dim, causal in ((d, c) for d in args.head_dims for c in (True, False)):
+        rows += accuracy_errors(args.check_len, head_dim, causal=causal, theta=args.theta)
+    rows += accuracy_errors(args.check_len, 128, causal=True, heads=8, kv_heads=2,
+                            distance="linear", phase="linear", theta=args.theta)
+    rows += accuracy_errors(args.check_len // 2 + 37, 128, causal=True, dtype=torch.float16,
+                            theta=0.75)
+    was = (torch.are_deterministic_algorithms_enabled(),
+           torch.is_deterministic_algorithms_warn_only_enabled())
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        deterministic = accuracy_errors(args.check_len, 128, causal=True, theta=args.theta)
+    finally:
+        torch.use_deterministic_algorithms(was[0], warn_only=was[1])
+    for row in deterministic:
+        row["check"] += " deterministic"
+    return rows + deterministic
+
+
+def run(args) -> int:
+    if not torch.cuda.is_available():
+        raise SystemExit("tapa bench attention needs a CUDA GPU")
+    head = header(args)
+    print(head, flush=True)
+    modes = CAUSAL_MODES[args.causal]
+    error_rows, long_range = [], {}
+    if not args.skip_checks:
+        error_rows = default_checks(args)
         for r in error_rows:
             print(f"  {r['check']} {r['tensor']}: kernel {r['kernel']:.3e} reference "
                   f"{r['reference']:.3e} ratio {r['ratio']:.2f}", flush=True)
-    if not args.skip_checks:
         if args.long_range_len:  # at every timed head dim: each has its own tiles and defaults
             for head_dim in args.head_dims:
                 for distance in ("power", "linear"):
                     errors = long_range_errors(args.long_range_len, distance=distance, head_dim=head_dim)
                     long_range[(distance, head_dim)] = errors
                     print(f"  long range {distance} D={head_dim}: {errors}", flush=True)
-            for label, changes in variants.items():  # the far tiles' series is the power distance's
-                for head_dim in args.head_dims:
-                    errors = long_range_errors(args.long_range_len, head_dim=head_dim,
-                                               variant=changes)
-                    variant_long_range[(label, head_dim)] = errors
-                    print(f"  long range {label} D={head_dim}: {errors}", flush=True)
-    variant_errors = []
-    if variants and not args.skip_checks:
-        variant_errors = attention_variants.accuracy_rows({"default": {}, **variants}, args.check_len,
-                                                          args.head_dims, args.theta, args.heads, modes)
     args.out.mkdir(parents=True, exist_ok=True)
-    write_csv(args.out / "attention_errors.csv", error_rows + variant_errors)
-    state = dict(variants=variants, combined=None)
+    write_csv(args.out / "attention_errors.csv", error_rows)
 
     def write(rows):
         write_csv(args.out / "attention.csv", rows)
-        variants_md = attention_variants.markdown(rows, state["variants"], variant_errors,
-                                                  state["combined"])
-        (args.out / "attention.md").write_text(_markdown(rows, error_rows, long_range, header,
-                                                         variants_md, variant_long_range))
+        (args.out / "attention.md").write_text(markdown(rows, error_rows, long_range, head))
 
     write([])
     rows = timing_rows(args.seq_lens, args.head_dims, modes, args.tokens, args.heads, args.theta,
-                       args.reference_len, on_case=write, variants=variants)
-    if args.kernel_report:  # now, and again at the end: a run cut short keeps the first
-        attention_variants.write_kernel_report(args.out, quiet=True)
-    if args.combine_best and variants:
-        rows = attention_variants.time_combination(
-            rows, variants, variant_errors, state, args, modes,
-            on_case=lambda more: write(rows + more))
-        write(rows)
-        write_csv(args.out / "attention_errors.csv", error_rows + variant_errors)
+                       args.reference_len, on_case=write)
     if rows:
-        _plot([r for r in _first_rounds(rows) if not r["impl"].startswith("tapa:")],
-              args.out / "attention_tflops.png")
-    if args.kernel_report:
-        attention_variants.write_kernel_report(args.out)
-    print(_markdown(rows, error_rows, long_range, header, variant_long_range=variant_long_range))
-    if variants:
-        print(attention_variants.markdown(rows, state["variants"], variant_errors, state["combined"]))
-    if args.sweep:
-        sweep(tokens=args.tokens, heads=args.heads)
+        _plot(rows, args.out / "attention_tflops.png")
+    print(markdown(rows, error_rows, long_range, head))
     return 0
 
 

@@ -1,6 +1,6 @@
 """Per-score SASS census of a fused kernel's loops, offline (sm_90, no GPU).
 
-Compiles the default bf16 causal kernels as `tapa.bench.kernel_report.offline_rows` does (the
+Compiles the shipped bf16 causal kernels as `lab.kernels.kernel_report.offline_rows` does (the
 launcher's specialization), optionally writes the SASS, and for each loop of the chosen kernel
 (`--kernel`: the forward, by default, the dK/dV or the dQ kernel; the unmasked tiles, then the
 masked ones, or for the dK/dV kernel the masked ones first) splits the body into the part both tile paths share and the
@@ -8,10 +8,10 @@ two arms of the far/near branch (the arm with the MUFU.LG2s is the near one). It
 instruction classes of each part per iteration and per score of a thread (BLOCK_M * BLOCK_N /
 (32 * num_warps) scores). Counts are static: each instruction of one iteration once.
 
-    PYTHONPATH=src python scripts/fwd_loop_census.py --head-dim 64 --sass-dir /tmp/sass
-    PYTHONPATH=src python scripts/fwd_loop_census.py --head-dim 64 --variant fwd_split_s=1
-    PYTHONPATH=src python scripts/fwd_loop_census.py --head-dim 64 --kernel dq
-    PYTHONPATH=src python scripts/fwd_loop_census.py --head-dim 64 --variant far_bands=1 --paths
+    PYTHONPATH=src python3 -m lab.kernels.fwd_loop_census --head-dim 64 --sass-dir /tmp/sass
+    PYTHONPATH=src python3 -m lab.kernels.fwd_loop_census --head-dim 64 --variant fwd_split_s=1
+    PYTHONPATH=src python3 -m lab.kernels.fwd_loop_census --head-dim 64 --kernel dq
+    PYTHONPATH=src python3 -m lab.kernels.fwd_loop_census --head-dim 64 --paths
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ import collections
 import re
 from pathlib import Path
 
-from tapa.bench import kernel_report
+from lab.kernels import kernel_report
+from lab.kernels.variants import parse_variant, variant_configs
 
 CLASSES = (
     ("fp32 arith", {"FFMA", "FMUL", "FADD"}),
@@ -156,15 +157,13 @@ def main() -> int:
                         help="the kernel whose loops are counted (dkdv: whichever dK/dV kernel the "
                         "configs launch, with or without the atomic dQ)")
     parser.add_argument("--sass-dir", type=Path, default=None, help="write each kernel's SASS here")
-    parser.add_argument("--variant", default="", help="a kernel variant spec (TAPA_KERNEL_VARIANT's "
-                        "form) instead of the defaults")
+    parser.add_argument("--variant", default="", help="a kernel variant spec (lab.kernels.variants' "
+                        "form) applied to the table's row")
     parser.add_argument("--paths", action="store_true", help="also each loop's paths through one "
                         "iteration (instructions, FFMA, MUFU.LG2 per path; for nested arms)")
     args = parser.parse_args()
-    from tapa.ops.tapa.launch import parse_variant
-
-    changes = parse_variant(args.variant)
-    rows = kernel_report.offline_rows({args.variant or "default": changes}, args.head_dim, keep_sass=True)
+    configs = variant_configs(parse_variant(args.variant), args.head_dim)
+    rows = kernel_report.offline_rows({args.variant or "default": configs}, args.head_dim, keep_sass=True)
     for row in rows:
         if not row["kernel"].startswith(args.kernel) or "error" in row:
             continue

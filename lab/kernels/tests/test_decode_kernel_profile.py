@@ -1,9 +1,9 @@
-"""scripts/decode_kernel_profile.py: the kernel kinds it sums, and its whole run on CPU (--smoke)."""
+"""lab/kernels/decode_kernel_profile.py: the kernel kinds it sums, and its whole run on CPU (--smoke)."""
 
 import pytest
 from helpers import ROOT, load_file
 
-SCRIPT = ROOT / "scripts" / "decode_kernel_profile.py"
+SCRIPT = ROOT / "lab" / "kernels" / "decode_kernel_profile.py"
 
 
 @pytest.fixture(scope="module")

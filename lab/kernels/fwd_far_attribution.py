@@ -2,8 +2,8 @@
 (results/kernel-h200/offline-census-9.md). A development tool: a rule-based def-use tagging whose
 rules are listed in that file, not a general SASS analyser.
 
-    PYTHONPATH=src python scripts/fwd_loop_census.py --head-dim 64 --sass-dir /tmp/census9
-    python3 scripts/fwd_far_attribution.py /tmp/census9/fwd_D64_64x64-4-2-r168.sass [list]
+    PYTHONPATH=src python3 -m lab.kernels.fwd_loop_census --head-dim 64 --sass-dir /tmp/census9
+    python3 lab/kernels/fwd_far_attribution.py /tmp/census9/fwd_D64_64x64-4-2-r168.sass [list]
 
 prints the group counts (per iteration and per score, 32 scores a thread for a 64x64 tile of 4
 warps) and, with `list`, every instruction with its tag.
@@ -13,10 +13,10 @@ import re
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT / "scripts"), str(ROOT / "src")]
-from fwd_loop_census import loops  # noqa: E402
-from tapa.bench.kernel_report import sass_instructions  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT), str(ROOT / "src")]
+from lab.kernels.fwd_loop_census import loops  # noqa: E402
+from lab.kernels.kernel_report import sass_instructions  # noqa: E402
 
 ins = sass_instructions(open(sys.argv[1]).read())
 loop = loops(ins)[0]                       # loop 1: unmasked tiles

@@ -3,7 +3,7 @@ CPU profiler: every aten event, the ops the model's Python calls directly, and t
 would launch work on a GPU (not views, not casts that copy nothing). A proxy for a GPU step's kernel
 launches, where each costs a few microseconds inside a CUDA graph and more eagerly.
 
-    python3 scripts/decode_op_count.py rope tapa tapa:LLLG:256 [--stub-tapa]
+    PYTHONPATH=src python3 lab/kernels/decode_op_count.py rope tapa tapa:LLLG:256 [--stub-tapa]
 
 On CPU the global TAPA layers run the reference op, not the split-KV kernel; --stub-tapa replaces
 their attention by one allocation, so that a TAPA row counts the rest of the step (on CUDA add the

@@ -1,9 +1,14 @@
-"""Kernel variants in `tapa bench attention --variants`: checked against float64 first, then timed
-next to the default kernel and the SDPA anchors in the same cases.
+"""Kernel configs other than the table's, checked against float64 first, then timed next to the
+shipped kernels and the SDPA anchors in the same cases (`tapa bench attention`'s cases and
+tables, with the configs passed explicitly to each launch).
+
+    PYTHONPATH=src python3 -m lab.kernels.attention_variants --variants dq-kernel:dq_atomic=0 \
+        [--combine-best] [--kernel-report] [tapa bench attention's options]
 
 A variant is `LABEL:SPEC` (or a bare SPEC, its own label) with SPEC as
-`tapa.ops.tapa.launch.parse_variant` reads it, e.g. `dq-kernel:dq_atomic=0` or
-`big-dkdv:dkdv=64x128/8/2,dq_atomic=1`. Nothing here changes a default.
+`lab.kernels.variants.parse_variant` reads it, e.g. `dq-kernel:dq_atomic=0` or
+`big-dkdv:dkdv=64x128/8/2,dq_atomic=1`, applied to the table's GPU row at each head dim. Nothing
+here changes the table.
 
 - `precompile`: Triton compiles each variant's kernels once per process, serially, which dominates a
   short GPU call; compiling them first in several processes fills Triton's on-disk cache, and the
@@ -18,6 +23,7 @@ A variant is `LABEL:SPEC` (or a bare SPEC, its own label) with SPEC as
 
 from __future__ import annotations
 
+import argparse
 import math
 import sys
 from dataclasses import replace
@@ -25,28 +31,29 @@ from pathlib import Path
 
 import torch
 
+from lab.kernels.variants import parse_variant, variant_configs, variant_text
 from tapa._paths import write_csv
-from tapa.bench.kernel_report import first_line
+from tapa.bench import attention
+from tapa.bench.attention import first_line
 
 BAR = 1.5  # kernel error <= BAR x the same-dtype reference's (issue 13), on out and gradients
 GATED = ("out", "dq", "dk", "dv")
 MIN_GAIN = 0.01
-GROUPS = ((("fwd", "fwd_long", "fwd_split_s", "fwd_fast_scalars", "fwd_row_series", "fwd_ramp_series",
-            "fwd_dot_rowsum", "fwd_cos_radians", "fwd_tma",
-            "fwd_lazy_rescale", "fwd_persistent", "far_bands"), "fwd"),
-          (("dkdv", "dq", "dq_atomic", "dq_transpose", "dkdv_reverse", "dkdv_cos_radians",
-            "dq_cos_radians", "bwd_fast_scalars", "dq_split_s", "dq_row_series",
-            "dkdv_split_s", "dkdv_tma", "dq_tma", "bwd_bands"), "bwd"),
-          (("trig_poly", "trig_terms"), "fwd+bwd"), (("taylor_order", "taylor_tolerance"), "fwd+bwd"))
+# (the cos in radians is the MUFU trig's: with trig_poly, so that a combination stays one the
+# kernels take)
+GROUPS = ((("fwd", "fwd_long", "fwd_long_from", "fwd_split_s", "fwd_fast_scalars", "fwd_tma",
+            "far_bands"), "fwd"),
+          (("dkdv", "dq", "dq_atomic", "dq_transpose", "bwd_fast_scalars", "dq_split_s"), "bwd"),
+          (("trig_poly", "fwd_cos_radians", "dkdv_cos_radians", "dq_cos_radians"), "fwd+bwd"),
+          (("taylor_order", "taylor_tolerance"), "fwd+bwd"))
 COMBINED = "best"
 CELLS = (("fwd", "ms"), ("fwd", "x_tapa"), ("bwd", "ms"), ("bwd", "x_tapa"), ("fwd+bwd", "ms"),
          ("fwd+bwd", "x_tapa"), ("fwd+bwd", "x_sdpa_flash"), ("fwd+bwd", "x_sdpa_cudnn"))
 
 
 def parse(items: list[str]) -> dict[str, dict]:
-    """{label: LaunchConfigs changes} from ['LABEL:SPEC' or 'SPEC', ...]; ValueError on a bad one."""
-    from tapa.ops.tapa import launch as triton_launch
-
+    """{label: KernelConfigs changes} from ['LABEL:SPEC' or 'SPEC', ...]; ValueError on a bad one
+    (a spec the rows' checks refuse, at D=64 or D=128, too)."""
     variants: dict[str, dict] = {}
     for item in items:
         label, sep, spec = item.partition(":")
@@ -55,16 +62,21 @@ def parse(items: list[str]) -> dict[str, dict]:
         if not label or label in variants or label in (COMBINED, "default"):
             raise ValueError(f"--variants {item!r}: labels must be unique, non-empty, and neither "
                              f"{COMBINED!r} nor 'default'")
-        variants[label] = triton_launch.parse_variant(spec)
+        variants[label] = parse_variant(spec)
+        for head_dim in (64, 128):
+            variant_configs(variants[label], head_dim)
     return variants
 
 
-def variant_configs(changes: dict, head_dim: int):
-    """The bf16 launch configs of a variant: the default's at head_dim with `changes` applied."""
-    from tapa.ops.tapa import launch as triton_launch
+def variant_impl(changes: dict, theta: float):
+    """f(q, k, v, causal) of the kernels with the variant's configs at q's head dim (bf16); the
+    function's `changes` attribute names them."""
+    def fn(q, k, v, causal):
+        configs = variant_configs(changes, q.shape[-1], q.dtype)
+        return attention.tapa_kernel(configs)(q, k, v, theta=theta, causal=causal)
 
-    return triton_launch.with_variant(
-        triton_launch.default_configs(head_dim, head_dim, torch.bfloat16), changes)
+    fn.changes = changes
+    return fn
 
 
 # ---------------------------------------------------------------------------------------------
@@ -75,20 +87,16 @@ def _compile_task(task) -> str | None:
     """Run fwd+bwd of one variant on small inputs (compiling its kernels); the error, or None."""
     changes, head_dim, modes, heads, theta = task
     try:
-        from tapa.ops import tapa_attention
-        from tapa.ops.tapa import launch as triton_launch
-
         configs = variant_configs(changes, head_dim)
         # the warm-up's 256 keys take configs.fwd: compile the forward's long-key tile as well
-        passes = [configs] + ([replace(configs, fwd=configs.fwd_long, fwd_long=None)]
-                              if configs.fwd_long is not None else [])
+        passes = [configs] + ([replace(configs, fwd=configs.fwd_long)]
+                              if configs.fwd_long != configs.fwd else [])
         for each in passes:
-            with triton_launch.override_configs(each):
-                for causal in modes:
-                    q, k, v = (torch.randn(1, 256, heads, head_dim, device="cuda",
-                                           dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
-                    out = tapa_attention(q, k, v, theta=theta, causal=causal, impl="triton")
-                    out.backward(torch.randn_like(out))
+            for causal in modes:
+                q, k, v = (torch.randn(1, 256, heads, head_dim, device="cuda",
+                                       dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+                out = attention.tapa_kernel(each)(q, k, v, theta=theta, causal=causal)
+                out.backward(torch.randn_like(out))
         torch.cuda.synchronize()
         return None
     except Exception as err:  # noqa: BLE001  (reported; the timing reports it again)
@@ -135,21 +143,19 @@ def accuracy_rows(variants: dict, n: int, head_dims, theta: float, heads: int = 
 
     heads as in the timing (16, a multiple of 16), so that the kernels checked are the ones timed:
     Triton specializes integer arguments by divisibility by 16."""
-    from tapa.bench.attention import accuracy_errors
-
     rows = []
     for label, changes in variants.items():
         for head_dim, causal in ((d, c) for d in head_dims for c in causal_modes):
             try:
-                found = accuracy_errors(n, head_dim, causal=causal, theta=theta, variant=changes,
-                                        heads=heads, kv_heads=heads)
+                found = attention.accuracy_errors(n, head_dim, causal=causal, theta=theta,
+                                                  configs=variant_configs(changes, head_dim),
+                                                  heads=heads, kv_heads=heads)
             except Exception as err:  # noqa: BLE001  (a variant that does not compile: no timing trust)
                 print(f"  variant {label} D={head_dim} causal={causal}: accuracy check failed: {first_line(err)}",
                       file=sys.stderr)
                 found = [dict(tensor=name, kernel=math.nan, reference=math.nan, ratio=math.nan,
                               check=f"N={n} D={head_dim} causal={causal} bfloat16") for name in GATED]
             for row in found:
-                row["check"] = row["check"].split(" {")[0]
                 row["variant"] = label
                 print(f"  variant {label} D={head_dim} causal={causal} {row['tensor']}: kernel {row['kernel']:.3e} "
                       f"reference {row['reference']:.3e} ratio {row['ratio']:.2f}", flush=True)
@@ -200,10 +206,6 @@ def combine_best(rows: list[dict], variants: dict, accurate: dict, head_dim: int
 def time_combination(rows, variants, variant_errors, state, args, modes, on_case=None):
     """Combine, check and time COMBINED next to the default (second round), at
     --combine-head-dims; returns rows with the new ones (marked round 2) appended."""
-    from tapa.bench.attention import timing_rows
-
-    from tapa.ops.tapa.launch import variant_text
-
     combined, chosen = combine_best(rows, variants, meets_bar(variant_errors),
                                     max(args.head_dims), max(args.seq_lens))
     state["combined"] = (combined, chosen)
@@ -226,8 +228,8 @@ def time_combination(rows, variants, variant_errors, state, args, modes, on_case
         if on_case is not None:
             on_case(more)
 
-    timing_rows(args.seq_lens, head_dims, modes, args.tokens, args.heads, args.theta, 0,
-                on_case=mark, variants=best)
+    attention.timing_rows(args.seq_lens, head_dims, modes, args.tokens, args.heads, args.theta, 0,
+                          on_case=mark, extra_impls=impls(best, args.theta))
     return rows + more
 
 
@@ -239,8 +241,6 @@ def markdown(rows: list[dict], variants: dict, error_rows: list[dict], combined=
     """The variants' accuracy and timing tables (empty without variants)."""
     if not variants:
         return ""
-    from tapa.ops.tapa.launch import variant_text
-
     lines = ["## Kernel variants (bf16; `x default` = variant time / default kernel time in the "
              "same case and round)", ""]
     lines += [f"- `{label}`: `{variant_text(changes)}`" for label, changes in variants.items()]
@@ -291,10 +291,10 @@ def markdown(rows: list[dict], variants: dict, error_rows: list[dict], combined=
 def write_kernel_report(out: Path, quiet: bool = False) -> list[dict]:
     """attention_kernels.csv/.md for every kernel compiled in this process, and sass/ with the
     SASS (or PTX) of the first kernel of each kind (the default's)."""
-    from tapa.bench import kernel_report
-    from tapa.ops.tapa import launch as triton_launch
+    from lab.kernels import kernel_report
+    from tapa.ops.tapa import launch
 
-    rows = kernel_report.kernel_rows(out / "sass", triton_launch.TRAINING_KERNELS)
+    rows = kernel_report.kernel_rows(out / "sass", launch.TRAINING_KERNELS)
     write_csv(out / "attention_kernels.csv", rows)
     (out / "attention_kernels.md").write_text(
         "# Compiled TAPA kernels: registers, spills (local bytes / 4), shared bytes, SASS census\n\n"
@@ -302,3 +302,121 @@ def write_kernel_report(out: Path, quiet: bool = False) -> list[dict]:
     if not quiet:
         print(kernel_report.markdown(rows), flush=True)
     return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# The run
+
+
+def impls(variants: dict, theta: float) -> dict:
+    """{'tapa:LABEL': f(q, k, v, causal)} of each variant, for `tapa.bench.attention.timing_rows`."""
+    return {f"tapa:{label}": variant_impl(changes, theta) for label, changes in variants.items()}
+
+
+def first_rounds(rows):
+    """The rows without a case's second round (time_combination re-times the default; the second
+    round shows only in the variants table)."""
+    first = {(r["head_dim"], r["causal"], r["n"]) for r in rows if r.get("round", 1) == 1}
+    return [r for r in rows if r.get("round", 1) == 1 or (r["head_dim"], r["causal"], r["n"]) not in first]
+
+
+def long_range_markdown(variant_long_range: dict) -> str:
+    if not variant_long_range:
+        return ""
+    lines = ["## Long range, variants (power distance, causal, output of the first and last "
+             "256 rows)", "",
+             "| variant | D | near kernel | near reference | far kernel | far reference "
+             "| far ratio |", "|---|---|---|---|---|---|---|"]
+    lines += [f"| {label} | {head_dim} | {attention.long_range_cells(e)} |"
+              for (label, head_dim), e in variant_long_range.items()]
+    return "\n".join(lines) + "\n"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    attention.add_arguments(parser)
+    parser.add_argument("--variants", nargs="+", required=True, metavar="[LABEL:]SPEC",
+                        help="kernel configs to check and time next to the table's, SPEC as "
+                             "lab.kernels.variants.parse_variant reads it, e.g. dq-kernel:dq_atomic=0")
+    parser.add_argument("--combine-best", action="store_true",
+                        help="afterwards, combine the variants that beat the default (at the "
+                             "largest N) and time that combination")
+    parser.add_argument("--combine-head-dims", type=int, nargs="+", default=None,
+                        help="head dims at which the combination is timed (default: --head-dims)")
+    parser.add_argument("--compile-jobs", type=int, default=0,
+                        help="compile the default and every variant first in this many processes")
+    parser.add_argument("--kernel-report", action="store_true",
+                        help="write attention_kernels.csv/.md (registers, spills, SASS census) "
+                             "and the SASS of the default kernels")
+
+
+def run(args) -> int:
+    """`tapa bench attention`'s run with the variants: each checked against float64 (out and
+    every gradient, and the 64k far rows) and timed in every case next to the table's kernels."""
+    if not torch.cuda.is_available():
+        raise SystemExit("lab.kernels.attention_variants needs a CUDA GPU")
+    variants = parse(args.variants)  # a bad spec stops here, before any work
+    header = attention.header(args)
+    print(header, flush=True)
+    modes = attention.CAUSAL_MODES[args.causal]
+    if args.compile_jobs:
+        precompile(variants, args.head_dims, modes, args.heads, args.theta, args.compile_jobs)
+    long_range, variant_long_range = {}, {}
+    if not args.skip_checks and args.long_range_len:
+        for head_dim in args.head_dims:  # each head dim has its own tiles and defaults
+            for distance in ("power", "linear"):
+                errors = attention.long_range_errors(args.long_range_len, distance=distance,
+                                                     head_dim=head_dim)
+                long_range[(distance, head_dim)] = errors
+                print(f"  long range {distance} D={head_dim}: {errors}", flush=True)
+        for label, changes in variants.items():  # the far tiles' series is the power distance's
+            for head_dim in args.head_dims:
+                errors = attention.long_range_errors(args.long_range_len, head_dim=head_dim,
+                                                     configs=variant_configs(changes, head_dim))
+                variant_long_range[(label, head_dim)] = errors
+                print(f"  long range {label} D={head_dim}: {errors}", flush=True)
+    variant_errors = []
+    if not args.skip_checks:
+        variant_errors = accuracy_rows({"default": {}, **variants}, args.check_len, args.head_dims,
+                                       args.theta, args.heads, modes)
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_csv(args.out / "attention_errors.csv", variant_errors)
+    state = dict(variants=variants, combined=None)
+
+    def report(rows):
+        variants_md = markdown(rows, state["variants"], variant_errors, state["combined"])
+        return attention.markdown(first_rounds(rows), [], long_range, header,
+                                  sections=(variants_md, long_range_markdown(variant_long_range)))
+
+    def write(rows):
+        write_csv(args.out / "attention.csv", rows)
+        (args.out / "attention.md").write_text(report(rows))
+
+    write([])
+    rows = attention.timing_rows(args.seq_lens, args.head_dims, modes, args.tokens, args.heads,
+                                 args.theta, args.reference_len, on_case=write,
+                                 extra_impls=impls(variants, args.theta))
+    if args.kernel_report:  # now, and again at the end: a run cut short keeps the first
+        write_kernel_report(args.out, quiet=True)
+    if args.combine_best:
+        rows = time_combination(rows, variants, variant_errors, state, args, modes,
+                                on_case=lambda more: write(rows + more))
+        write(rows)
+        write_csv(args.out / "attention_errors.csv", variant_errors)
+    if rows:
+        attention._plot([r for r in first_rounds(rows) if not r["impl"].startswith("tapa:")],
+                        args.out / "attention_tflops.png")
+    if args.kernel_report:
+        write_kernel_report(args.out)
+    print(report(rows))
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m lab.kernels.attention_variants",
+                                     description=__doc__.split("\n\n")[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,7 +1,7 @@
 """Check every launch configuration of the decode split kernel on a GPU, each in its own process
 (an illegal memory access poisons the CUDA context), against the float32 reference.
 
-    PYTHONPATH=src python scripts/decode_config_check.py            # prints one line per config
+    PYTHONPATH=src python3 lab/kernels/decode_config_check.py       # prints one line per config
 """
 
 from __future__ import annotations
@@ -20,7 +20,11 @@ def check_one(block_n: int, warps: int, stages: int) -> dict:
     from tapa.ops.tapa import decode_kernel as dk
     from tapa.ops.tapa.reference import naive_tapa_attention
 
+    import triton
+
     class Fixed:  # stands in for the autotuned kernel with one configuration
+        best_config = triton.Config({"BLOCK_N": block_n}, num_warps=warps, num_stages=stages)
+
         def __getitem__(self, grid):
             return lambda *args, **flags: dk._split_kernel[grid](
                 *args, **flags, BLOCK_N=block_n, num_warps=warps, num_stages=stages)

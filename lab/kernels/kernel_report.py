@@ -1,5 +1,6 @@
 """Compiler evidence for the fused kernels: registers, spills, shared memory and an opcode census
-of each compiled kernel variant that ran in this process (`triton_launch.compiled_kernels`).
+of each compiled kernel that ran in this process (`tapa.ops.tapa.launch.compiled_kernels`), or of
+configs compiled offline for sm_90 (`offline_rows`, no GPU).
 
 The census reads the SASS (cuobjdump on the cubin Triton built; Triton ships one) and counts the
 instructions that decide the speed of these kernels: tensor-core ops (HGMMA is Hopper's wgmma,
@@ -7,6 +8,8 @@ HMMA the older mma.sync), MUFU (exp2, log2, cos), the FMA-pipe float ops, local-
 (LDL/STL: spills), shared and global memory ops and float32 atomics (REDG). Counts are static (each
 instruction once, wherever it sits), so they compare variants of one kernel, not run time.
 Without cuobjdump the same census runs on the PTX.
+
+    PYTHONPATH=src python3 -m lab.kernels.kernel_report --head-dim 64 [LABEL:]SPEC ...
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import tempfile
 from pathlib import Path
 
 from tapa._paths import write_csv
+from tapa.bench.attention import first_line
 
 CENSUS = ("HGMMA", "HMMA", "MUFU", "FFMA", "FMUL", "FADD", "FMNMX", "FSEL", "FSETP", "F2F", "F2FP",
           "I2F", "I2FP", "F2I", "LDL", "STL", "LDS", "STS", "LDSM", "STSM", "LDG", "STG", "LDGSTS",
@@ -42,12 +46,6 @@ def find_cuobjdump() -> str | None:
     except ImportError:
         pass
     return shutil.which("cuobjdump")
-
-
-def first_line(err: BaseException, limit: int = 200) -> str:
-    """An exception's first message line, cut to `limit` characters (its type when it has none)."""
-    lines = str(err).splitlines()
-    return lines[0][:limit] if lines else type(err).__name__
 
 
 def _cuobjdump(cubin: bytes, cuobjdump: str, flag: str) -> str:
@@ -113,11 +111,11 @@ def kernel_rows(dump_dir: Path | None = None, dump_kernels: frozenset = frozense
 
     The SASS (or PTX) of the first kernel seen of each name in dump_kernels goes to dump_dir.
     """
-    from tapa.ops.tapa import launch as triton_launch
+    from tapa.ops.tapa import launch
 
     cuobjdump = find_cuobjdump()
     rows, dumped = [], set()
-    for description, compiled in triton_launch.compiled_kernels():
+    for description, compiled in launch.compiled_kernels():
         row = dict(description)
         kind, counts, text, error = _census(compiled, cuobjdump)
         if error:
@@ -140,7 +138,7 @@ def markdown(rows: list[dict]) -> str:
     if not rows:
         return ""
     fixed = ("kernel", "config", "n_regs", "n_spills", "shared", "instructions")
-    flags = [key for key in ("TRIG_POLY", "TRIG_TERMS", "TAYLOR_ORDER", "LONG_PHASE", "HEAD_DIM")
+    flags = [key for key in ("TRIG_POLY", "TAYLOR_ORDER", "LONG_PHASE", "HEAD_DIM")
              if len({str(r.get(key)) for r in rows}) > 1]
     census = [name for name in (*CENSUS, *PTX_CENSUS) if any(r.get(name) for r in rows)]
     columns = [*fixed[:2], *flags, *fixed[2:], *census]
@@ -166,9 +164,9 @@ def _resource_usage(cubin: bytes, cuobjdump: str) -> dict:
 
 def offline_rows(variants: dict, head_dim: int = 128, max_distance: int = 16383,
                  keep_sass: bool = False) -> list[dict]:
-    """Compile the fwd, dK/dV and dQ kernels of each variant ({label: changes}) for sm_90 without
-    a GPU (bf16, causal, theta 0.5, power/quadratic) and census them: registers and stack from
-    cuobjdump -res-usage.
+    """Compile the fwd, dK/dV and dQ kernels of each configs ({label: KernelConfigs}) for sm_90
+    without a GPU (bf16, causal, theta 0.5, power/quadratic) and census them: registers and stack
+    from cuobjdump -res-usage.
 
     The compile is specialized as Triton's launcher specializes the benchmark's calls: every
     pointer 16-byte aligned, every integer argument a multiple of 16 (strides, lengths, heads,
@@ -181,38 +179,36 @@ def offline_rows(variants: dict, head_dim: int = 128, max_distance: int = 16383,
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from tapa.bench.attention_variants import variant_configs
-    from tapa.ops.tapa import kernels as triton_kernels, launch as triton_launch
+    from tapa.ops.tapa import kernels, launch
 
     cuobjdump = find_cuobjdump()
     rows = []
-    for label, changes in variants.items():
-        configs = variant_configs(changes, head_dim)
-        _, flags = triton_launch.logits_args(alpha=0.1, distance="power", phase="quadratic",
-                                             phase_dim=head_dim // 2, dtype=torch.bfloat16,
-                                             max_distance=max_distance, configs=configs)
-        dkdv = triton_launch.dkdv_flags(configs, flags)
+    for label, configs in variants.items():
+        _, flags = launch.logits_args(alpha=0.1, distance="power", phase="quadratic",
+                                      phase_dim=head_dim // 2, dtype=torch.bfloat16,
+                                      max_distance=max_distance, trig_poly=configs.trig_poly,
+                                      taylor_order=configs.taylor_order,
+                                      taylor_tolerance=configs.taylor_tolerance)
+        dkdv = launch.dkdv_flags(configs, flags)
         dq_atomic = dkdv["DQ_ATOMIC"]
         common = dict(AMP_DIM=head_dim // 2, HEAD_DIM=head_dim, V_DIM=head_dim, BLOCK_DA=head_dim // 2,
                       BLOCK_DP=head_dim // 2, BLOCK_DV=head_dim, CAUSAL=True, **flags)
-        kernels = [("fwd", triton_kernels._fwd_kernel, config, triton_launch.fwd_flags(configs, flags))
-                   for config in dict.fromkeys(filter(None, (configs.fwd, configs.fwd_long)))]
-        kernels.append((triton_launch.dkdv_kernel_name(dkdv), triton_kernels._bwd_dkdv_kernel,
-                        configs.dkdv, dkdv))
+        compiles = [("fwd", kernels._fwd_kernel, tile, launch.fwd_flags(configs, flags))
+                    for tile in dict.fromkeys((configs.fwd, configs.fwd_long))]
+        compiles.append((launch.dkdv_kernel_name(dkdv), kernels._bwd_dkdv_kernel, configs.dkdv, dkdv))
         if not dq_atomic:
-            kernels.append(("dq", triton_kernels._bwd_dq_kernel, configs.dq,
-                            triton_launch.dq_flags(configs, flags)))
-        for name, kernel, config, extra in kernels:
-            constexprs = dict(common, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
-                              WARP_SPECIALIZE=config.warp_specialize, group=1, **extra)
+            compiles.append(("dq", kernels._bwd_dq_kernel, configs.dq, launch.dq_flags(configs, flags)))
+        for name, kernel, tile, extra in compiles:
+            constexprs = dict(common, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, group=1, **extra)
+            if "VARLEN" in kernel.arg_names:  # dense calls: no sequence offsets
+                constexprs.update(VARLEN=False, CuQ=None, CuK=None)
             signature, hints = {}, {}
             # TMA descriptors (`...DescA`/`...DescP`: the two halves, else whole rows), with the
-            # blocks of triton_launch.tma_descriptors; the dK/dV kernel's loop tiles are queries
-            block_rows = config.block_m if name.startswith("dkdv") else config.block_n
+            # blocks of launch.tma_descriptors (the forward's loop tiles are keys)
             for arg in (a for a in kernel.arg_names if "Desc" in a):
                 width = head_dim // 2 if arg.endswith(("DescA", "DescP")) else head_dim
                 if extra.get("TMA"):
-                    signature[arg] = f"tensordesc<bf16[1,{block_rows},1,{width}]>"
+                    signature[arg] = f"tensordesc<bf16[1,{tile.block_n},1,{width}]>"
                 else:
                     constexprs[arg] = None
             for index, arg in enumerate(kernel.arg_names):
@@ -229,12 +225,11 @@ def offline_rows(variants: dict, head_dim: int = 128, max_distance: int = 16383,
                     signature[arg] = "fp32" if arg in _FLOAT_ARGS else "i32"
                 if signature[arg] != "fp32":
                     hints[(index,)] = [["tt.divisibility", 16]]
-            row = dict(variant=label, kernel=name, config=str(config))
+            row = dict(variant=label, kernel=name, config=str(tile))
             try:
                 source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=hints)
-                compiled = triton.compile(source,
-                                          target=GPUTarget("cuda", 90, 32),
-                                          options=config.launch_options())
+                compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                                          options=tile.launch_options())
             except Exception as err:  # noqa: BLE001  (e.g. out of shared memory: a finding)
                 rows.append(dict(row, error=first_line(err, 120)))
                 continue
@@ -249,19 +244,24 @@ def offline_rows(variants: dict, head_dim: int = 128, max_distance: int = 16383,
 
 
 def main(argv=None) -> int:
-    """python -m tapa.bench.kernel_report [--head-dim D] [LABEL:]SPEC ... (offline, no GPU)."""
+    """python -m lab.kernels.kernel_report [--head-dim D] [LABEL:]SPEC ... (offline, no GPU)."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m tapa.bench.kernel_report", description=offline_rows.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m lab.kernels.kernel_report", description=offline_rows.__doc__)
     parser.add_argument("variants", nargs="*", metavar="[LABEL:]SPEC")
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--csv", type=Path, default=None)
     args = parser.parse_args(argv)
     if find_cuobjdump() is None:
         raise SystemExit("kernel_report: no cuobjdump (triton's bundled one or on PATH)")
-    from tapa.bench.attention_variants import parse
+    from lab.kernels.variants import parse_variant, variant_configs
 
-    rows = offline_rows({"default": {}, **parse(args.variants)}, args.head_dim)
+    specs = {"default": ""}
+    for item in args.variants:
+        label, sep, spec = item.partition(":")
+        specs[label if sep else item] = spec if sep else item
+    rows = offline_rows({label: variant_configs(parse_variant(spec), args.head_dim)
+                         for label, spec in specs.items()}, args.head_dim)
     columns = ["variant", "kernel", "config", "reg", "stack", "shared", "instructions", "HGMMA", "HMMA",
                "MUFU", "FFMA", "FMUL", "FADD", "LDL", "STL", "REDG", "error"]
     print("| " + " | ".join(columns) + " |\n|" + "---|" * len(columns))

@@ -4,7 +4,7 @@ table of time, issue activity, warps per scheduler and the stall reasons, each a
 state per issue cycle (smsp__average_warps_issue_stalled_*_per_issue_active.ratio; the reasons of
 one kernel add up to its warps per scheduler over its issue rate).
 
-    python3 scripts/ncu_stalls.py results/kernel-h200/run-21-2026-12-03/kernel_run21/ncu/*_raw.txt
+    python3 lab/kernels/ncu_stalls.py WORK/ncu/*_raw.txt
 """
 import re
 import sys

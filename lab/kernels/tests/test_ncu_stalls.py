@@ -1,4 +1,4 @@
-"""scripts/ncu_stalls.py: the raw-page metrics it reads, the time in ms whatever unit ncu chose,
+"""lab/kernels/ncu_stalls.py: the raw-page metrics it reads, the time in ms whatever unit ncu chose,
 the stall reasons it does not show summed into "other", and a clear error on a page without them."""
 
 import pytest
@@ -19,7 +19,7 @@ RAW = """[489] python3.12@127.0.0.1
 
 @pytest.fixture(scope="module")
 def stalls():
-    return load_file(ROOT / "scripts" / "ncu_stalls.py", "ncu_stalls")
+    return load_file(ROOT / "lab" / "kernels" / "ncu_stalls.py", "ncu_stalls")
 
 
 @pytest.mark.parametrize("unit, time, ms", [("ms", "9.10", 9.10), ("us", "147.62", 0.14762),

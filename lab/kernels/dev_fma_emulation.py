@@ -6,7 +6,7 @@ that Triton's FP fusion produced: fma(phi, fs, M), then - M, then fma(phi, fs, -
 second (LONG_PHASE) reduction. The script counts the scores where |r| > 1/2, which the
 polynomial cos/sin overflows on. fs = d * alpha / 4 (d_P = 16), d = 1..20, 2,000 random phi each.
 
-    python3 scripts/dev_fma_emulation.py
+    python3 lab/kernels/dev_fma_emulation.py
 """
 import numpy as np
 

@@ -8,8 +8,8 @@ device time of the kernels it launches, per step, by kind (attention, matmul, el
 with the most expensive kernels by name. Next to it: the same step as a CUDA graph, timed. The
 graph's time less the kernels' sum is what launching and gaps cost inside the graph.
 
-    PYTHONPATH=src python3 scripts/decode_kernel_profile.py --out /tmp/prof     # H200: rope, tapa, hybrid
-    PYTHONPATH=src python3 scripts/decode_kernel_profile.py --smoke --out /tmp/p  # the logic, on CPU
+    PYTHONPATH=src python3 lab/kernels/decode_kernel_profile.py --out /tmp/prof     # H200: rope, tapa, hybrid
+    PYTHONPATH=src python3 lab/kernels/decode_kernel_profile.py --smoke --out /tmp/p  # the logic, on CPU
 
 On CPU (--smoke, a tiny model) there are no kernels; the aten ops that the step calls directly
 stand in for them, so the tables are filled but say nothing about a GPU."""
