@@ -16,6 +16,7 @@ import argparse
 import dataclasses
 import json
 import os
+import sys
 import typing
 from pathlib import Path
 
@@ -101,6 +102,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-only", action="store_true",
                         help="build (or find) the run's data cache and exit; run this once before "
                              "torchrun so no process waits on a long tokenization")
+    parser.add_argument("--skip-memory-check", action="store_true",
+                        help="start even when the memory estimate (activations, weights and "
+                             "optimizer state) exceeds the device's memory")
     groups = {section: parser.add_argument_group(
         f"{section} ({cls.__name__}; defaults shown are the dataclass's, a recipe (tiny unless "
         "--recipe) may set others)")
@@ -279,15 +283,118 @@ def run(args: argparse.Namespace) -> int:
         sizes = ", ".join(f"{split} {len(corpus.tokens(split)):,}" for split in ("train", "val", "test"))
         print(f"data cache: {corpus.directory} (vocab {corpus.vocab_size}; tokens: {sizes})")
         return 0
+    from tapa.train.config import default_run_dir
+    from tapa.train.rundir import RunLock, check_resume_data
     from tapa.train.trainer import train
 
+    main_rank = int(os.environ.get("RANK", "0")) == 0
+    run_dir = Path(train_cfg.run_dir) if train_cfg.run_dir else default_run_dir(train_cfg, model_cfg)
+    lock = RunLock(run_dir)
     try:
-        run_dir = train(train_cfg, model_cfg, data_cfg)
+        # all before the corpus is built and anything is written: each is a one-line error at once
+        check_memory(train_cfg, model_cfg, data_cfg, skip=args.skip_memory_check, show=main_rank)
+        if main_rank:  # under torchrun rank 0 holds the lock; torchrun stops the others if it fails
+            lock.acquire()
+            if lock.note:
+                print(f"tapa train: note: {lock.note}", file=sys.stderr, flush=True)
+        if train_cfg.resume:
+            check_resume_data(run_dir, data_cfg)
+        run_dir = train(train_cfg, model_cfg, data_cfg)  # the lock held throughout
     except (ValueError, NonFiniteError) as err:  # bad input, CheckpointError, divergence: a message
         raise SystemExit(f"tapa train: {err}") from err
-    if int(os.environ.get("RANK", "0")) == 0:
+    finally:
+        lock.release()
+    if main_rank:
         print(summary(run_dir))
     return 0
+
+
+# Activation memory per token and layer, in values (see estimate_memory). On CUDA, the fused
+# kernels under bf16 autocast: the residual stream and the norms' inputs in float32, the rest
+# (projections' inputs and outputs, SwiGLU's four ffn-wide tensors) in bf16. On the CPU, float32
+# and the reference attention, whose TAPA path keeps phase/amplitude splits and float32 copies:
+# measured on the tiny recipe's model (d 128, ffn 384) at 2k-16k tokens, 352 bytes per d for a
+# TAPA layer and 193 for a RoPE one.
+_CPU_EXTRA_PER_D = {"tapa": 56, "other": 16}
+
+
+def estimate_memory(train_cfg, model_cfg, vocab_size: int, device_type: str, world_size: int = 1
+                    ) -> dict[str, float]:
+    """A rough estimate, in bytes, of what one training process holds at its peak: "activations"
+    (what the forward of one micro-batch keeps for the backward) and "state" (weights, gradients
+    and AdamW's two moments, float32; FSDP shares them across processes)."""
+    import dataclasses as _dc
+
+    import torch
+
+    from tapa.model import TapaLM
+
+    cfg = _dc.replace(model_cfg, vocab_size=vocab_size)
+    micro = train_cfg.micro_batch_size or max(1, train_cfg.batch_size // world_size)
+    tokens = micro * train_cfg.seq_len
+    d, ffn = cfg.dim, cfg.ffn_dim
+    kv = cfg.n_kv_heads * cfg.head_dim
+    per_layer = []
+    for layer in range(cfg.n_layers):
+        tapa_layer = cfg.layer_kind(layer) == "global" and cfg.family == "tapa"
+        if device_type == "cuda":
+            per_layer.append(2 * (10 * d + 2 * kv + 4 * ffn) + 4 * 2 * d)
+        else:
+            extra = _CPU_EXTRA_PER_D["tapa" if tapa_layer else "other"] * d
+            per_layer.append(4 * (14 * d + 2 * kv + 4 * ffn + extra))
+    if train_cfg.activation_checkpointing:  # block inputs, and one block recomputed at a time
+        per_token = 4 * d * cfg.n_layers + max(per_layer)
+    else:
+        per_token = sum(per_layer)
+    per_token += 4 * 4 * d  # embedding output, final norm, a chunk of the loss
+    with torch.device("meta"):
+        n_params = TapaLM(cfg).num_parameters()
+    shards = world_size if train_cfg.parallel == "fsdp" else 1
+    return {"activations": float(per_token * tokens), "state": 16.0 * n_params / shards,
+            "tokens": float(tokens)}
+
+
+def device_memory(device) -> tuple[float, str]:
+    """(bytes, description) of the memory a training process on `device` can use: a GPU's total
+    memory, or on the CPU the machine's RAM (or the container's limit, if lower)."""
+    import torch
+
+    if device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+        return float(total), f"{device} ({torch.cuda.get_device_name(device)})"
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    what = "this machine's RAM"
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit.isdigit() and int(limit) < total:
+            total, what = int(limit), "this container's memory limit"
+    except OSError:
+        pass
+    return float(total), what
+
+
+def check_memory(train_cfg, model_cfg, data_cfg, *, skip: bool = False, show: bool = True) -> None:
+    """Before the first step: ValueError when the memory estimate of one process exceeds its
+    device's memory, a warning (stderr) when it exceeds half. The device is checked to exist."""
+    from tapa.train.distributed import pick_device
+
+    device = pick_device(train_cfg.device, int(os.environ.get("LOCAL_RANK", "0")))
+    vocab = model_cfg.vocab_size if (train_cfg.init_from or train_cfg.resume) else data_cfg.vocab_size
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    estimate = estimate_memory(train_cfg, model_cfg, vocab, device.type, world_size)
+    total, where = device_memory(device)
+    need = estimate["activations"] + estimate["state"]
+    gib = 2.0 ** 30
+    shape = (f"{int(estimate['tokens']) // train_cfg.seq_len} x {train_cfg.seq_len} tokens per micro-batch")
+    detail = (f"about {need / gib:.1f} GiB ({estimate['activations'] / gib:.1f} GiB of activations for "
+              f"{shape}, {estimate['state'] / gib:.1f} GiB of weights and optimizer state)")
+    hint = ("lower --seq-len, --batch-size or --micro-batch-size, or add --activation-checkpointing")
+    if need > total and not skip:
+        raise ValueError(f"this run needs {detail}, more than the {total / gib:.1f} GiB of {where}; "
+                         f"{hint} (--skip-memory-check starts it anyway)")
+    if need > total / 2 and show:
+        print(f"tapa train: warning: this run needs {detail}, more than half of the {total / gib:.1f} GiB "
+              f"of {where}; if it runs out of memory, {hint}", file=sys.stderr, flush=True)
 
 
 def summary(run_dir: Path) -> str:

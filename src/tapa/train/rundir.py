@@ -4,15 +4,27 @@ the metrics log, and the loss-curve plot.
     RUN/config.json                        model, data and train configs, corpus manifest, data plan
     RUN/metrics.jsonl, RUN/metrics.csv     one record per logged step (rank 0 writes)
     RUN/checkpoints/                       see tapa.train.saving
+    RUN/.tapa-run.lock                     pid and host of the `tapa train` writing the run (RunLock)
+
+One run directory is one run: `tapa train` holds an exclusive flock on RUN/.tapa-run.lock from
+before it writes anything until it exits, so a second trainer (or a --resume) beside a live run
+stops at once, naming it. The kernel drops the lock when its process dies, however it dies; the
+next trainer takes it over with a note. (flock is per host on some network filesystems: two
+hosts training into one NFS directory are not caught.)
 """
 
 from __future__ import annotations
 
 import csv
+import datetime
 import json
+import math
+import os
+import socket
 import warnings
 from pathlib import Path
 
+from tapa._paths import RUN_LOCK
 from tapa.data import Corpus, DataConfig
 from tapa.model import ModelConfig
 from tapa.train import saving as ckpt
@@ -23,6 +35,90 @@ METRIC_FIELDS = ("step", "tokens", "loss", "lr", "grad_norm", "tokens_per_s", "v
 # data settings that change which tokens a run sees (cache_dir only says where they are stored)
 DATA_IGNORED_ON_RESUME = ("cache_dir",)
 RUN_CONFIG = "config.json"
+
+
+class RunLocked(ValueError):
+    """Another process is writing this run directory."""
+
+
+class RunLock:
+    """An exclusive flock on RUN/.tapa-run.lock, which holds the pid, host and start time of its
+    holder. `acquire` raises RunLocked (one line naming the live process) if another process holds
+    it; a lock file left by a process that died is taken over, and `note` says so. Released by
+    `release`, or by the kernel when the process ends."""
+
+    def __init__(self, run_dir: str | os.PathLike):
+        self.path = Path(run_dir) / RUN_LOCK
+        self.handle = None
+        self.note: str | None = None
+
+    def acquire(self) -> "RunLock":
+        import fcntl
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(self.path, "a+")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            handle.seek(0)
+            holder = _describe_holder(handle.read())
+            handle.close()
+            raise RunLocked(f"run directory {str(self.path.parent)!r} is in use by {holder}; wait for it "
+                            "to end (or stop it), or choose another --run-dir") from None
+        handle.seek(0)
+        previous = handle.read().strip()
+        if previous:  # the holder ended without releasing: killed
+            self.note = (f"took over the lock of {_describe_holder(previous)}, which is no longer "
+                         "running")
+        handle.seek(0)
+        handle.truncate()
+        handle.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                 "started": datetime.datetime.now().isoformat(timespec="seconds")}) + "\n")
+        handle.flush()
+        self.handle = handle
+        return self
+
+    def release(self) -> None:
+        if self.handle is None:
+            return
+        import fcntl
+
+        self.handle.seek(0)
+        self.handle.truncate()  # an empty file: released cleanly
+        self.handle.flush()
+        fcntl.flock(self.handle, fcntl.LOCK_UN)
+        self.handle.close()
+        self.handle = None
+
+    def __enter__(self) -> "RunLock":
+        return self.acquire() if self.handle is None else self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def _describe_holder(text: str) -> str:
+    try:
+        holder = json.loads(text)
+        return (f"tapa train (pid {holder['pid']} on {holder['host']}, started {holder['started']})")
+    except (ValueError, KeyError, TypeError):
+        return "another tapa train"
+
+
+def check_resume_data(run_dir: Path, data_cfg: DataConfig) -> None:
+    """--resume: the data settings must be the run's (what a new cache would be built for); checked
+    before the corpus is built, so a wrong flag costs no tokenization."""
+    saved = read_run_config(run_dir)
+    try:
+        saved_data = DataConfig.from_dict(saved["data"]).to_dict()
+    except (KeyError, TypeError) as err:
+        raise ckpt.CheckpointError(f"{str(Path(run_dir) / RUN_CONFIG)!r} lacks the data config "
+                                   f"({err!r})") from err
+    problems = [f"data.{d}" for d in config_differences(saved_data, data_cfg.to_dict(),
+                                                        DATA_IGNORED_ON_RESUME)]
+    if problems:
+        raise ValueError(f"--resume: the requested config differs from the run in "
+                         f"{str(run_dir)!r}: {problems}")
 
 
 def read_run_config(run_dir: Path) -> dict:
@@ -83,6 +179,10 @@ class MetricsLog:
         self.records = records
 
     def append(self, record: dict) -> None:
+        bad = [key for key, value in record.items() if isinstance(value, float) and not math.isfinite(value)]
+        if bad:  # the trainer stops before this; a record never holds NaN
+            raise ValueError(f"step {record.get('step')}: {', '.join(f'{k}={record[k]}' for k in bad)} "
+                             "is not finite; the run stopped without logging it")
         self.records.append(record)
         with open(self.jsonl, "a") as handle:
             handle.write(json.dumps(record) + "\n")

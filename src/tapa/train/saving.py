@@ -9,8 +9,10 @@ A checkpoint directory holds, besides what tapa.model.loading describes:
 Full state dicts come from torch.distributed.checkpoint.state_dict, which gathers FSDP2 shards (and
 passes plain or DDP models through), so a checkpoint saved on N processes loads on any M.
 A checkpoint is written to a temporary directory and renamed into place; `latest` is replaced
-atomically last. A write that fails (a full disk) removes the temporary directory and raises
-CheckpointWriteError; the previous checkpoint stays the latest.
+atomically last. A write that fails anywhere (a full disk, a file size limit, whichever writer
+reports it: safetensors, torch.save or the JSON files) removes the temporary directory and raises
+CheckpointWriteError in one line; the previous checkpoint stays the latest. (A kill leaves the
+temporary directory; the next start removes it.) Weights that are not finite are never written.
 """
 
 from __future__ import annotations
@@ -46,12 +48,24 @@ class CheckpointWriteError(CheckpointError):
     """A checkpoint (or run file) that could not be written, e.g. on a full disk."""
 
 
+_FULL = "no space left on device"
+_TOO_LARGE = "file too large (the file size limit, ulimit -f, or the filesystem's)"
+_QUOTA = "disk quota exceeded"
+# how writers that do not raise OSError (safetensors' Rust errors, torch.save) spell the errno
+_SPELLED = {_FULL: ("No space left", "os error 28)", "StorageFull"), _TOO_LARGE: ("File too large", "os error 27)"),
+            _QUOTA: ("Disk quota", "os error 122)")}
+
+
 def _describe_write_error(err: BaseException) -> str:
-    if isinstance(err, OSError) and err.errno == errno.ENOSPC:
-        return "no space left on device"
-    if isinstance(err, RuntimeError) and "unexpected pos" in str(err):
-        return f"the write was cut short, most likely a full disk ({err})"
-    return str(err)
+    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
+        return {errno.ENOSPC: _FULL, errno.EFBIG: _TOO_LARGE, errno.EDQUOT: _QUOTA}[err.errno]
+    text = " ".join(str(err).split())
+    for description, spellings in _SPELLED.items():
+        if any(spelling in text for spelling in spellings):
+            return description
+    if isinstance(err, RuntimeError) and "unexpected pos" in text:
+        return f"the write was cut short, most likely a full disk ({text})"
+    return f"{type(err).__name__}: {text}"
 
 
 def write_text_atomic(path: Path, text: str) -> None:
@@ -152,6 +166,12 @@ def save_checkpoint(run_dir: Path, *, step: int, model: nn.Module, optimizer: to
     failure = None
     if info.is_main:
         tmp = root / f"{TMP_PREFIX}step_{step:06d}"
+        bad = non_finite(weights)
+        if bad:
+            failure = (f"training stopped: the weights are not finite at step {step} ({', '.join(bad[:3])}); "
+                       "its checkpoint was not written. Resume from the last checkpoint with a lower --lr "
+                       "or a longer --warmup-steps")
+    if info.is_main and failure is None:
         try:
             root.mkdir(parents=True, exist_ok=True)
             shutil.rmtree(tmp, ignore_errors=True)
@@ -162,7 +182,7 @@ def save_checkpoint(run_dir: Path, *, step: int, model: nn.Module, optimizer: to
                 shutil.rmtree(final)
             os.replace(tmp, final)
             write_text_atomic(root / LATEST, final.name + "\n")
-        except (OSError, RuntimeError) as err:  # torch.save reports a full disk as RuntimeError
+        except Exception as err:  # torch.save: RuntimeError; safetensors: SafetensorError
             shutil.rmtree(tmp, ignore_errors=True)
             previous = (root / LATEST).read_text().strip() if (root / LATEST).is_file() else None
             failure = (f"cannot write the checkpoint of step {step} to {str(final)!r}: "
@@ -176,6 +196,12 @@ def save_checkpoint(run_dir: Path, *, step: int, model: nn.Module, optimizer: to
     if failure is not None:
         raise CheckpointWriteError(failure)
     return final
+
+
+def non_finite(weights: dict[str, torch.Tensor]) -> list[str]:
+    """The names of the floating-point tensors that hold nan or inf."""
+    return [name for name, t in weights.items()
+            if t.is_floating_point() and not bool(torch.isfinite(t).all())]
 
 
 def _prune(root: Path, keep: int) -> None:
