@@ -127,7 +127,7 @@ def test_a_swapped_tokenizer_in_the_cache_stops_the_passkey_eval(tmp_path):
     a, b = sorted(vocab)[40], sorted(vocab)[41]
     vocab[a], vocab[b] = vocab[b], vocab[a]  # same size, two ids swapped
     path.write_text(json.dumps(tokenizer))
-    passkey = ["--passkey", "--passkey-lengths", "32", "--passkey-depths", "0.5", "--passkey-trials", "1"]
+    passkey = ["--passkey", "--passkey-lengths", "256", "--passkey-depths", "0.5", "--passkey-trials", "1"]
     one_line(["eval", str(run), *passkey, *FAST],
              rf"tokenizer.json is missing or does not match the sha256 .*delete {re.escape(str(corpus.directory))}")
     assert not (run / "eval").exists()
