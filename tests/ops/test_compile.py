@@ -37,6 +37,8 @@ def compile_for_hopper(kernel, constexprs, dtype, num_warps, num_stages=2, out_d
     # descriptors: {name: 'tensordesc<...>'} of a TMA kernel's descriptor arguments; a kernel
     # with such arguments and without TMA takes them as None
     signature = dict(descriptors or {})
+    if "VARLEN" in kernel.arg_names and "VARLEN" not in constexprs:  # dense: no sequence offsets
+        constexprs.update(VARLEN=False, CuQ=None, CuK=None)
     for name in kernel.arg_names:
         if name in signature:
             continue
@@ -131,6 +133,8 @@ constexprs = dict(AMP_DIM=16, HEAD_DIM=32, V_DIM=32, BLOCK_DA=16, BLOCK_DP=16, B
                   TAYLOR_ORDER=6, PTX_ASM=True, LONG_PHASE=sys.argv[1] == "1", DOT_PRECISION="ieee",
                   SPLIT_S=0, FAST_SCALARS=False, COS_RADIANS=False, TMA=False, BANDS=False,
                   KDescA=None, KDescP=None, VDesc=None)
+if "VARLEN" in kernel.arg_names:  # dense: no sequence offsets
+    constexprs.update(VARLEN=False, CuQ=None, CuK=None)
 signature = {name: "constexpr" if name in constexprs else "*fp32" if name[0].isupper()
              else "i32" if name.startswith(("stride", "n_", "q_off", "k_off", "heads", "group")) else "fp32"
              for name in kernel.arg_names}

@@ -50,12 +50,9 @@ def test_row_values_are_what_the_kernels_take(name):
         assert tile.launch_options()["num_warps"] == tile.num_warps
         assert ("maxnreg" in tile.launch_options()) == bool(tile.max_registers)
     for dtype in DTYPES["16bit" if name.endswith("16BIT") else "float32"]:
-        _, logit_flags = launch.logits_args(alpha=0.1, distance="power", phase="quadratic",
-                                            phase_dim=32, dtype=dtype, max_distance=100,
-                                            trig_poly=row.trig_poly, taylor_order=row.taylor_order,
-                                            taylor_tolerance=row.taylor_tolerance)
-        common = {"AMP_DIM", "HEAD_DIM", "V_DIM", "BLOCK_DA", "BLOCK_DP", "BLOCK_DV", "CAUSAL",
-                  "BLOCK_M", "BLOCK_N", *logit_flags}
+        q = torch.zeros(1, 8, 2, 64, dtype=dtype)
+        _, logit_flags = launch._common_args(q, q, q, 32, 0.1, "power", "quadratic", True, 0, 0, row)
+        common = {"BLOCK_M", "BLOCK_N", *logit_flags}  # the tiles, and what every launch passes
         for kernel, own in ((kernels._fwd_kernel, launch.fwd_flags),
                             (kernels._bwd_dkdv_kernel, launch.dkdv_flags),
                             (kernels._bwd_dq_kernel, launch.dq_flags)):
