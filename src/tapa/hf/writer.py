@@ -77,8 +77,8 @@ def verify_checksums(directory: str | Path) -> None:
             raise ValueError(f"{str(target)!r} is missing (listed in {CHECKSUMS}); export the model again")
         if file_sha256(target) != expected:
             raise ValueError(f"{str(target)!r} does not match its sha256 in {CHECKSUMS}: it was corrupted or "
-                             "changed after it was written. Export the model again (or pass "
-                             "verify_checksums=False to load it as it is)")
+                             "changed after it was written. Export the model again (or, to load it as it is, pass "
+                             f"verify_checksums=False or delete {CHECKSUMS})")
 
 
 def write_pretrained(out_dir: str | Path, model_cfg: ModelConfig, state: dict[str, torch.Tensor], *,
