@@ -243,7 +243,8 @@ def test_eval_moves_to_the_newest_checkpoint_when_its_own_is_gone(tmp_path, monk
 
     def chosen_then_pruned(run_dir, checkpoint):
         chosen = real(run_dir, checkpoint)
-        _save_and_prune(run, step)
+        if step.exists():  # the first choice is pruned at once
+            _save_and_prune(run, step)
         return chosen
 
     monkeypatch.setattr(command, "checkpoint_of", chosen_then_pruned)
@@ -254,3 +255,36 @@ def test_eval_moves_to_the_newest_checkpoint_when_its_own_is_gone(tmp_path, monk
     monkeypatch.setattr(command, "checkpoint_of", lambda run_dir, checkpoint: gone)
     one_line(["eval", str(run), "--checkpoint", str(run / "checkpoints" / "step_000001"), *FAST],
              "step_000003' was removed before it could be read")
+
+
+@pytest.mark.slow
+def test_eval_beside_a_trainer_that_prunes_every_step(tmp_path):
+    """The issue's case: `tapa eval` five times while `tapa train --save-every 1` keeps one
+    checkpoint (a new one, and a pruned one, every few tens of milliseconds)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    run = tmp_path / "run"
+    argv = ["train", "--recipe", "tiny", "--run-dir", str(run), "--seq-len", "32", "--vocab-size", "300",
+            "--max-train-bytes", "200000", "--cache-dir", str(tmp_path / "cache"), "--no-progress", "--no-plot",
+            "--device", "cpu", "--steps", "100000", "--save-every", "1", "--keep-checkpoints", "1",
+            "--log-every", "1", "--eval-every", "0"]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src"), "OMP_NUM_THREADS": "1"}
+    trainer = subprocess.Popen([sys.executable, "-m", "tapa", *argv], env=env, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not (run / "checkpoints" / "latest").exists():
+            assert trainer.poll() is None and time.monotonic() < deadline, trainer.stderr.read()
+            time.sleep(0.1)
+        for attempt in range(5):
+            assert main(["eval", str(run), "--out", str(tmp_path / f"eval{attempt}"), *FAST]) == 0
+        assert trainer.poll() is None  # it trained (and pruned) throughout
+    finally:
+        trainer.send_signal(signal.SIGKILL)
+        trainer.wait()
+    assert not list((run / "checkpoints").glob(".pin-*"))

@@ -12,6 +12,7 @@ import argparse
 import json
 import shutil
 import sys
+import time
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -246,14 +247,39 @@ def _link_snapshot(checkpoint: Path) -> Path | None:
     return snapshot
 
 
+_PIN_ATTEMPTS = 8
+
+
+def _latest_text(run_dir: Path) -> str | None:
+    try:
+        return (Path(run_dir) / "checkpoints" / "latest").read_text()
+    except OSError:
+        return None
+
+
+def choose_checkpoint(run_dir: Path, checkpoint: str | None) -> Path:
+    """checkpoint_of, again while a running trainer moves checkpoints/latest on (it can name a step
+    that is pruned before it is opened); any other error at once."""
+    from tapa.model.loading import CheckpointError
+
+    for attempt in range(_PIN_ATTEMPTS):
+        before = _latest_text(run_dir)
+        try:
+            return checkpoint_of(run_dir, checkpoint)
+        except CheckpointError:
+            if checkpoint or attempt == _PIN_ATTEMPTS - 1 or _latest_text(run_dir) == before:
+                raise
+        time.sleep(0.02 * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
 @contextmanager
 def pinned_checkpoint(run_dir: Path, checkpoint: Path, *, explicit: bool) -> Iterator[Path]:
     """`checkpoint` as a path a running trainer cannot prune while it is read (a hard-link snapshot,
     removed afterwards). A checkpoint pruned before it could be pinned is replaced by the run's
     newest, with a note; with --checkpoint (explicit) that is an error instead."""
-    from tapa.model.loading import resolve_checkpoint
-
-    for _ in range(5):
+    first = checkpoint
+    for _ in range(_PIN_ATTEMPTS):
         try:
             snapshot = _link_snapshot(checkpoint)
             break
@@ -261,13 +287,13 @@ def pinned_checkpoint(run_dir: Path, checkpoint: Path, *, explicit: bool) -> Ite
             if explicit:
                 raise ValueError(f"--checkpoint {str(checkpoint)!r} was removed before it could be read "
                                  "(pruned by a running trainer?); choose a newer checkpoint") from None
-            newer = resolve_checkpoint(run_dir)
-            print(f"tapa eval: note: {checkpoint.name} of {run_dir} was removed before it could be read "
-                  f"(pruned by a running trainer); evaluating {newer.name} instead", file=sys.stderr)
-            checkpoint = newer
+            checkpoint = choose_checkpoint(run_dir, None)
     else:
         raise ValueError(f"the checkpoints of {str(run_dir)!r} were pruned faster than they could be read; "
                          "evaluate after training, or train with a larger --keep-checkpoints")
+    if checkpoint != first:
+        print(f"tapa eval: note: {first.name} of {run_dir} was removed before it could be read (pruned by "
+              f"a running trainer); evaluating {checkpoint.name} instead", file=sys.stderr)
     try:
         yield snapshot or checkpoint
     finally:
@@ -386,7 +412,7 @@ def _run(args: argparse.Namespace, pins: ExitStack) -> int:
         raise ValueError("--out applies to a single RUN_DIR; use 'tapa report' to merge runs")
     # everything a user can get wrong is checked before the first (possibly long) evaluation;
     # every checkpoint is pinned first, so that a trainer still writing the run cannot prune it
-    checkpoints = [pins.enter_context(pinned_checkpoint(run_dir, checkpoint_of(run_dir, args.checkpoint),
+    checkpoints = [pins.enter_context(pinned_checkpoint(run_dir, choose_checkpoint(run_dir, args.checkpoint),
                                                         explicit=bool(args.checkpoint)))
                    for run_dir in runs]
     check_eval_pe(options.eval_pe, checkpoints)
