@@ -4,6 +4,8 @@
 A user's mistake (a bad argument, a missing or non-run directory, a missing or corrupt checkpoint,
 an unwritable path) ends in one line on stderr, `tapa COMMAND: error: ...`, and exit status 1;
 `--debug` anywhere on the command line, or TAPA_DEBUG=1, shows the Python traceback instead.
+A usage error (an unknown flag such as --device on a command without one, a bad value) is one line
+as well, `tapa COMMAND: error: ...`, with argparse's exit status 2.
 """
 
 from __future__ import annotations
@@ -34,6 +36,14 @@ USER_ERRORS = (ValueError, OSError)
 MISSING_EXTRA = "tapa needs the optional package"  # the ImportError of tapa._optional.require
 DEBUG_FLAG = "--debug"
 DEBUG_HELP = "on an error, show the Python traceback (as TAPA_DEBUG=1 does)"
+
+
+class _CommandParser(argparse.ArgumentParser):
+    """A command's parser (and its subcommands' parsers: add_subparsers makes them of this class):
+    a usage error is one line, without argparse's usage synopsis, with its exit status 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} ('{self.prog} --help' lists the options)\n")
 
 
 def _top_parser() -> argparse.ArgumentParser:
@@ -71,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     module_name, help_ = COMMANDS[name]
     try:
         module = importlib.import_module(module_name)
-        parser = argparse.ArgumentParser(prog=f"tapa {name}", description=help_)
+        parser = _CommandParser(prog=f"tapa {name}", description=help_)
         module.add_arguments(parser)
         parser.add_argument(DEBUG_FLAG, action="store_true", help=DEBUG_HELP)
         args = parser.parse_args(rest)
