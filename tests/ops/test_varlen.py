@@ -54,14 +54,16 @@ def _grads(fn, q, k, v, seed=1):
     q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
     out, lse = fn(q, k, v)
     gen = torch.Generator().manual_seed(seed)
-    loss = (out * torch.randn(out.shape, generator=gen, dtype=out.dtype)).sum()
-    loss = loss + (torch.where(torch.isinf(lse), 0, lse)
-                   * torch.randn(lse.shape, generator=gen, dtype=lse.dtype)).sum()
+    # the same upstream gradients whatever the dtype: drawn in float64, then cast
+    d_out = torch.randn(out.shape, generator=gen, dtype=torch.float64).to(out.device, out.dtype)
+    d_lse = torch.randn(lse.shape, generator=gen, dtype=torch.float64).to(lse.device, lse.dtype)
+    loss = (out * d_out).sum() + (torch.where(torch.isinf(lse), 0, lse) * d_lse).sum()
     loss.backward()
     return out.detach(), lse.detach(), q.grad, k.grad, v.grad
 
 
 def _rel(a, b):
+    a, b = a.detach(), b.detach().to(a.device)
     return float((a - b).norm() / b.norm().clamp_min(1e-300))
 
 
