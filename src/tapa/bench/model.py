@@ -40,7 +40,7 @@ PEAK_BF16_TFLOPS = {"H200": 989.4, "H100": 989.4, "A100": 312.0, "L40S": 362.1, 
 
 BENCH_MODEL = dict(dim=768, n_layers=12, n_heads=6, vocab_size=50304)  # head_dim 128, ~124M params
 SMOKE_MODEL = dict(dim=64, n_layers=4, n_heads=2, vocab_size=512)  # 4 layers: LLLG has its global one
-FIELDS = ("model", "pe", "attention", "seq_len", "batch", "params_m", "step_ms", "tokens_per_s",
+FIELDS = ("model", "pe", "attention", "seq_len", "batch", "checkpointing", "params_m", "step_ms", "tokens_per_s",
           "tflops", "mfu", "peak_mem_gib", "tapa_over_rope")
 
 
@@ -55,6 +55,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="models: a positional encoding, or PE:LAYER_PATTERN:LOCAL_WINDOW for a "
                              "hybrid (default: tapa tapa:LLLG:256 rope)")
     parser.add_argument("--compile", action="store_true", help="torch.compile the decoder blocks")
+    parser.add_argument("--checkpointing", choices=("off", "on", "both"), default="off",
+                        help="activation checkpointing of every block (TapaLM.checkpoint_blocks): "
+                             "off, on, or both (each config timed twice)")
     parser.add_argument("--peak-tflops", type=float, default=None,
                         help="peak bf16 TFLOP/s for MFU (default: looked up from the GPU name)")
     parser.add_argument("--out", default=None,
@@ -115,10 +118,12 @@ def _sdpa_context(path: str):
 
 
 def measure(cfg: ModelConfig, *, seq_len: int, batch: int, warmup: int, steps: int,
-            device: torch.device, compile_model: bool = False) -> dict:
-    """Time `steps` training steps of a fresh model; returns the measured row (no MFU)."""
+            device: torch.device, compile_model: bool = False, checkpointing: bool = False) -> dict:
+    """Time `steps` training steps of a fresh model (the loss by the model's chunked
+    cross-entropy, as training computes it); returns the measured row (no MFU)."""
     torch.manual_seed(0)
     model = TapaLM(cfg).to(device)
+    model.checkpoint_blocks = checkpointing
     if compile_model:
         for block in model.layers:
             block.compile()
@@ -130,8 +135,7 @@ def measure(cfg: ModelConfig, *, seq_len: int, batch: int, warmup: int, steps: i
 
     def step():
         with _sdpa_context(path), autocast:
-            logits = model(tokens[:, :-1])
-        loss = F.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten())
+            loss = model(tokens[:, :-1], targets=tokens[:, 1:])
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -156,7 +160,7 @@ def measure(cfg: ModelConfig, *, seq_len: int, batch: int, warmup: int, steps: i
     step_s = elapsed / steps
     row = {
         "model": f"{cfg.dim}d x {cfg.n_layers}L x {cfg.n_heads}h", "pe": cfg.label, "attention": path,
-        "seq_len": seq_len, "batch": batch, "params_m": round(model.num_parameters() / 1e6, 1),
+        "seq_len": seq_len, "batch": batch, "checkpointing": checkpointing, "params_m": round(model.num_parameters() / 1e6, 1),
         "step_ms": round(1e3 * step_s, 2), "tokens_per_s": round(batch * seq_len / step_s, 1),
         "tflops": float(f"{batch * seq_len * flops_per_token(model, seq_len) / step_s / 1e12:.4g}"),
         "peak_mem_gib": (round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
@@ -170,25 +174,27 @@ def measure(cfg: ModelConfig, *, seq_len: int, batch: int, warmup: int, steps: i
 
 def run_benchmark(*, model_kwargs: dict, lengths: list[int], pes: list[str], tokens_per_step: int,
                   warmup: int, steps: int, device: torch.device, peak_tflops: float | None,
-                  compile_model: bool = False, progress: bool = True, on_row=None) -> list[dict]:
+                  compile_model: bool = False, progress: bool = True, on_row=None,
+                  checkpointing: tuple[bool, ...] = (False,)) -> list[dict]:
     """One row per (length, pe), with MFU and the TAPA / RoPE tokens/s ratio filled in.
     `on_row(rows)` is called after each config with the rows so far (ratios filled where the RoPE
     row of that length has run), so that a run cut by a time limit keeps what it measured."""
     from tapa._optional import require
 
-    configs = [(n, pe) for n in lengths for pe in pes]
+    configs = [(n, pe, ckpt) for n in lengths for pe in pes for ckpt in checkpointing]
     rows = []
     bar = require("tqdm").tqdm(configs, desc="bench model", disable=not progress)
-    for seq_len, pe in bar:
+    for seq_len, pe, ckpt in bar:
         bar.set_postfix(pe=pe, seq_len=seq_len)
         if tokens_per_step < seq_len:
             raise ValueError(f"tokens_per_step ({tokens_per_step}) must be >= seq_len ({seq_len})")
         cfg = ModelConfig(**parse_variant(pe), **model_kwargs)
         try:
             row = measure(cfg, seq_len=seq_len, batch=tokens_per_step // seq_len, warmup=warmup,
-                          steps=steps, device=device, compile_model=compile_model)
+                          steps=steps, device=device, compile_model=compile_model,
+                          checkpointing=ckpt)
         except torch.cuda.OutOfMemoryError:
-            row = {"pe": cfg.label, "seq_len": seq_len, "attention": "OOM"}
+            row = {"pe": cfg.label, "seq_len": seq_len, "checkpointing": ckpt, "attention": "OOM"}
         if row["attention"] == "OOM":  # outside the except: its traceback no longer pins memory
             gc.collect()
             torch.cuda.empty_cache()
@@ -205,6 +211,7 @@ def _fill_ratios(rows: list[dict]) -> None:
     """tapa_over_rope of each row: its tokens/s over the RoPE row's of the same length, if run."""
     for row in rows:
         rope = next((r for r in rows if r["seq_len"] == row["seq_len"] and r["pe"] == "RoPE"
+                     and r.get("checkpointing") == row.get("checkpointing")
                      and r.get("tokens_per_s")), None)
         if rope and row.get("tokens_per_s"):
             row["tapa_over_rope"] = round(row["tokens_per_s"] / rope["tokens_per_s"], 3)
@@ -306,7 +313,8 @@ def run(args: argparse.Namespace) -> int:
     if args.out is None:
         args.out = ("runs/bench/model-cpu-smoke" if args.cpu_smoke
                     else f"runs/bench/model-throughput-{gpu_slug(device_name)}")
-    total = len(lengths) * len(args.pes)
+    checkpointing = {"off": (False,), "on": (True,), "both": (False, True)}[args.checkpointing]
+    total = len(lengths) * len(args.pes) * len(checkpointing)
 
     def notes_for(rows: list[dict]) -> list[str]:
         notes = [] if len(rows) == total else [f"PARTIAL: {len(rows)} of {total} configs so far"]
@@ -324,10 +332,12 @@ def run(args: argparse.Namespace) -> int:
 
     rows = run_benchmark(model_kwargs=model_kwargs, lengths=lengths, pes=args.pes,
                          tokens_per_step=tokens_per_step, warmup=args.warmup, steps=args.steps,
-                         device=device, peak_tflops=peak, compile_model=args.compile, on_row=write)
+                         device=device, peak_tflops=peak, compile_model=args.compile, on_row=write,
+                         checkpointing=checkpointing)
     notes = notes_for(rows)
     for row in rows:
-        print(f"{row['pe']:>24} L={row['seq_len']:>6}  {row.get('attention'):>14}  "
+        print(f"{row['pe']:>24} L={row['seq_len']:>6} ckpt={int(bool(row.get('checkpointing')))}  "
+              f"{row.get('attention'):>14}  "
               f"{row.get('tokens_per_s')} tok/s  MFU {row.get('mfu')}  "
               f"TAPA/RoPE {row.get('tapa_over_rope')}")
     for note in notes:

@@ -132,7 +132,8 @@ def _flex_fn(lengths, total, heads, device):
     def document_causal(b, h, q_idx, kv_idx):
         return (doc[q_idx] == doc[kv_idx]) & (kv_idx <= q_idx)
 
-    mask = create_block_mask(document_causal, None, None, total, total, device=device)
+    # _compile: the block table from the mask's compiled evaluation, never a (total, total) grid
+    mask = create_block_mask(document_causal, None, None, total, total, device=device, _compile=True)
     compiled = torch.compile(flex_attention, dynamic=False)
 
     def run(q, k, v):  # (total, H, D) -> (1, H, total, D) and back
