@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
 # Packed documents and long rows in one device call on an H200:
 #   varlen_tests  the varlen op's tests on CUDA (tests/ops/test_varlen.py)
-#   varlen        `tapa bench varlen` at D=128: equal documents, the built-in corpus packed into
+#   varlen        `tapa bench varlen` at D=128: equal documents (1k, 16k), the built-in corpus packed into
 #                 8k/32k/128k rows against the dense kernel and FlexAttention's document mask
 #   rows          `tapa bench model` of the 124M TAPA hybrid and RoPE, batch 1, 64k and 128k
 #                 without and with activation checkpointing, and 256k with it
 #   decode        `tapa bench decode` (a second sample of the decode table)
-#   usage:  bash scripts/gpu_longrows.sh NAME
+#   usage:  bash scripts/gpu_longrows.sh NAME [STEP ...]   (steps: varlen_tests varlen rows
+#           rows256k decode; default all)
 #   device: run(command="bash scripts/gpu_longrows.sh longrows", kind="nvidia-h200")
 # Logs and tables go to /tmp/NAME and come back as $OUT/NAME.tar.gz; the tables are printed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-NAME=${1:?usage: gpu_longrows.sh NAME}
+NAME=${1:?usage: gpu_longrows.sh NAME [STEP ...]}
+shift
+STEPS=" ${*:-varlen_tests varlen rows rows256k decode} "
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 TQDM_DISABLE=1 MPLBACKEND=Agg
 OUT=${OUT:-/tmp/${NAME}_out}
 WORK=/tmp/$NAME
@@ -27,20 +30,21 @@ step() {  # step NAME SECONDS COMMAND...: log to $WORK/NAME.log, rc and seconds 
     echo "$name rc=$? seconds=$(($(date +%s) - t0))" | tee -a "$WORK/steps.txt"
 }
 
-step varlen_tests 60 python3 -m pytest -p no:cacheprovider -q -rfE --tb=short tests/ops/test_varlen.py
-step varlen 120 python3 -m tapa.cli bench varlen --head-dims 128 --doc-lens 4096 \
-    --corpus-bytes 2000000 --cache-dir "$WORK/cache" --out "$WORK/varlen"
-for length in 65536 131072; do
+want() { [[ $STEPS == *" $1 "* ]]; }
+want varlen_tests && step varlen_tests 60 python3 -m pytest -p no:cacheprovider -q -rfE --tb=short tests/ops/test_varlen.py
+want varlen && step varlen 130 python3 -m tapa.cli bench varlen --head-dims 128 \
+    --doc-lens 1024 16384 --corpus-bytes 2000000 --cache-dir "$WORK/cache" --out "$WORK/varlen"
+want rows && for length in 65536 131072; do
     step "rows$length" 75 python3 -m tapa.cli bench model --lengths $length --tokens-per-step $length \
         --pes tapa:LLLG:256 rope --checkpointing both --warmup 1 --steps 3 --out "$WORK/rows$length"
 done
-step rows262144 60 python3 -m tapa.cli bench model --lengths 262144 --tokens-per-step 262144 \
+want rows256k && step rows262144 60 python3 -m tapa.cli bench model --lengths 262144 --tokens-per-step 262144 \
     --pes tapa:LLLG:256 rope --checkpointing on --warmup 1 --steps 2 --out "$WORK/rows262144"
-step decode 50 python3 -m tapa.cli bench decode --out "$WORK/decode"
+want decode && step decode 50 python3 -m tapa.cli bench decode --out "$WORK/decode"
 tar czf "$OUT/$NAME.tar.gz" -C /tmp "$NAME"
 echo "done at +$(($(date +%s) - START))s"
 cat "$WORK/steps.txt"
-tail -3 "$WORK/varlen_tests.log"
-grep "^|" "$WORK/varlen.log"
-for length in 65536 131072 262144; do grep -h "L=" "$WORK/rows$length.log" | grep -v "^\[" ; done
-grep -E "^\| (1|8|32) \| " "$WORK/decode/decode.md" | head -18 | cut -c1-120
+tail -3 "$WORK/varlen_tests.log" 2>/dev/null
+grep "^|" "$WORK/varlen.log" 2>/dev/null
+for length in 65536 131072 262144; do grep -h "L=" "$WORK/rows$length.log" 2>/dev/null | grep -v "^\["; done
+grep -E "^\| (1|8|32) \| " "$WORK/decode/decode.md" 2>/dev/null | head -18 | cut -c1-120
