@@ -46,7 +46,7 @@ def main(log=print) -> int:
         log("preflight: no CUDA GPU, nothing to check")
         return 0
     from tapa.bench.attention import accuracy_errors
-    from tapa.bench.attention_variants import BAR, GATED  # issue 13's bar, on out and every gradient
+    from lab.kernels.attention_variants import BAR, GATED  # issue 13's bar, on out and every gradient
 
     log(f"preflight: kernel defaults (bf16, by head dim): {kernel_defaults()}")
     failed = []

@@ -2,7 +2,7 @@
 
 The eager decoding step (`TapaLM.forward` with a `KVCache`) slices the cache to the filled slots
 and builds its masks from the host's position: every step launches kernels of new shapes, and on a
-GPU the launches, not the math, set its time (results/kernel-h200: a batch-1 step of the decode
+GPU the launches, not the math, set its time (measured on an H200: a batch-1 step of the decode
 kernel is 0.13 ms eager and 0.018 ms as a graph replay). `StaticDecoder` runs the same model
 on one new token per sequence at a position held in a device tensor, against the cache's full
 buffers:
