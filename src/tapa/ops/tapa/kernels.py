@@ -10,14 +10,11 @@ atomics.
 
 VARLEN (packed sequences, FlashAttention's varlen form): the tensors are (1, total, H, D) views
 of the packed rows and the grid's batch index is a sequence's. Each program reads its sequence's
-rows from CuQ and CuK (int32 offsets), adds its sequence's first row to each base it computes
-(the pointers stay kernel arguments, which live in the constant bank rather than in registers;
-the host passes batch strides of 0), and aligns the sequence's queries bottom-right
-(q_offset = Lk - Lq, k_offset = 0). n_q then carries total_q, the row stride of the (H, total_q)
-lse and delta. Programs past their sequence's end return at once. Without VARLEN the host passes
-CuQ = CuK = None, which Triton folds away, so the dense kernels compile as before.
-
-The constexprs each kernel takes beyond the shapes are the ones the config table sets
+rows from CuQ and CuK (int32 offsets), shifts its base pointers there (the host passes batch
+strides of 0), and aligns the sequence's queries bottom-right (q_offset = Lk - Lq, k_offset = 0).
+n_q then carries total_q, the row stride of the (H, total_q) lse and delta. Programs past their
+sequence's end return at once. Without VARLEN the host passes CuQ = CuK = None, which Triton
+folds away, so the dense kernels compile as before. The constexprs each kernel takes beyond the shapes are the ones the config table sets
 (`tapa.ops.tapa.configs`), turned into flags by `tapa.ops.tapa.launch`.
 """
 
@@ -95,14 +92,13 @@ def _tile_distances(row_offset, ramp, exact, SPLIT_S: tl.constexpr, MASKED: tl.c
 
 
 @triton.jit
-def _row_block(Q, block, bh, n_q, heads, group, stride_qb, stride_qn, stride_qh, row0,
+def _row_block(Q, block, bh, n_q, heads, group, stride_qb, stride_qn, stride_qh,
                AMP_DIM: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_DA: tl.constexpr,
-               BLOCK_DP: tl.constexpr, BLOCK_M: tl.constexpr, VARLEN: tl.constexpr):
+               BLOCK_DP: tl.constexpr, BLOCK_M: tl.constexpr):
     """Row block `block` of batch-head bh of a (B, N, H, D) tensor (queries in the forward and dQ
     kernels; keys in the dK/dV kernel, with H the kv heads and group 1): its first row, batch,
     head, kv head, rows and their mask, and the tile's two parts and phase-row sums. The one place
-    a program finds its rows: every kernel starts here. VARLEN: the rows start at row0 (int64) of
-    the packed tensor."""
+    a program finds its rows: every kernel starts here."""
     start_m = block * BLOCK_M
     batch = bh // heads
     head = bh % heads
@@ -113,8 +109,6 @@ def _row_block(Q, block, bh, n_q, heads, group, stride_qb, stride_qn, stride_qh,
     row_ok = offs_m < n_q
     rows = offs_m.to(tl.int64)[:, None]
     q_base = Q + batch.to(tl.int64) * stride_qb + head.to(tl.int64) * stride_qh
-    if VARLEN:
-        q_base += row0 * stride_qn
     q_a = _load_tile(q_base + rows * stride_qn + offs_da[None, :], row_ok, offs_da < AMP_DIM,
                      True, BLOCK_DA != AMP_DIM)
     q_p = _load_tile(q_base + rows * stride_qn + offs_dp[None, :], row_ok, offs_dp < HEAD_DIM,
@@ -231,18 +225,20 @@ def _fwd_kernel(Q, K, V, Out, Lse, CuQ, CuK, KDescA, KDescP, VDesc,
     bh = tl.program_id(1)
     if CAUSAL:
         block = n_blocks - 1 - block
-    q_row = 0
-    if VARLEN:  # the pointers stay kernel arguments; each base adds its sequence's first row
+    if VARLEN:
         n_total = n_q
         q_start, n_q, k_start, n_k = _sequence(CuQ, CuK, bh // heads)
         if block * BLOCK_M >= n_q:
             return
-        q_row = q_start.to(tl.int64)
+        Q += q_start.to(tl.int64) * stride_qn
+        Out += q_start.to(tl.int64) * stride_on
+        K += k_start.to(tl.int64) * stride_kn
+        V += k_start.to(tl.int64) * stride_vn
         q_offset = n_k - n_q
         k_offset = 0
     start_m, batch, head, kv_head, offs_m, row_ok, rows, q_a, q_p, q_sum = _row_block(
-        Q, block, bh, n_q, heads, group, stride_qb, stride_qn, stride_qh, q_row, AMP_DIM, HEAD_DIM,
-        BLOCK_DA, BLOCK_DP, BLOCK_M, VARLEN)
+        Q, block, bh, n_q, heads, group, stride_qb, stride_qn, stride_qh, AMP_DIM, HEAD_DIM,
+        BLOCK_DA, BLOCK_DP, BLOCK_M)
     if VARLEN:  # the TMA descriptors see the whole (1, total, H, D) tensor
         desc_batch = 0
         desc_row0 = k_start
@@ -254,9 +250,6 @@ def _fwd_kernel(Q, K, V, Out, Lse, CuQ, CuK, KDescA, KDescP, VDesc,
     q_first = (q_offset + start_m).to(tl.float32)
     k_base = K + batch.to(tl.int64) * stride_kb + kv_head.to(tl.int64) * stride_kh
     v_base = V + batch.to(tl.int64) * stride_vb + kv_head.to(tl.int64) * stride_vh
-    if VARLEN:
-        k_base += k_start.to(tl.int64) * stride_kn
-        v_base += k_start.to(tl.int64) * stride_vn
 
     full, hi = _key_range(start_m, n_q, n_k, q_offset, k_offset, BLOCK_M, BLOCK_N, CAUSAL)
     if VARLEN:  # with more queries than keys the first ones sit before every key
@@ -282,8 +275,6 @@ def _fwd_kernel(Q, K, V, Out, Lse, CuQ, CuK, KDescA, KDescP, VDesc,
     l_safe = tl.where(l_i > 0, l_i, 1.0)  # only padding rows have no visible key
     out = acc / l_safe[:, None]
     o_base = Out + batch.to(tl.int64) * stride_ob + head.to(tl.int64) * stride_oh
-    if VARLEN:
-        o_base += q_row * stride_on
     tl.store(o_base + rows * stride_on + offs_dv[None, :], out.to(Out.dtype.element_ty),
              mask=row_ok[:, None] & (offs_dv < V_DIM)[None, :])
     lse = (m_i + tl.log2(l_safe)) * LN2
@@ -423,25 +414,28 @@ def _bwd_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV, DQ, CuQ, CuK,
                      COS_RADIANS: tl.constexpr, FAST_SCALARS: tl.constexpr, VARLEN: tl.constexpr):
     """One (key block, batch x kv head) a program; DQ: float32 with DQ_ATOMIC (the kernel adds
     its dQ shares there), else unused."""
-    k_row = 0
-    if VARLEN:  # the pointers stay kernel arguments; each base adds its sequence's first row
+    if VARLEN:
         n_total = n_q
         q_start, n_q, k_start, n_k = _sequence(CuQ, CuK, tl.program_id(1) // kv_heads)
         if tl.program_id(0) * BLOCK_N >= n_k:
             return
-        k_row = k_start.to(tl.int64)
+        Q += q_start.to(tl.int64) * stride_qn
+        DOut += q_start.to(tl.int64) * stride_dn
+        DQ += q_start.to(tl.int64) * stride_dqn
+        K += k_start.to(tl.int64) * stride_kn
+        V += k_start.to(tl.int64) * stride_vn
+        DK += k_start.to(tl.int64) * stride_dkn
+        DV += k_start.to(tl.int64) * stride_dvn
         q_offset = n_k - n_q
         k_offset = 0
     start_n, batch, kv_head, _, offs_n, key_ok, rows, k_a, k_p, k_sum = _row_block(
         K, tl.program_id(0), tl.program_id(1), n_k, kv_heads, 1, stride_kb, stride_kn, stride_kh,
-        k_row, AMP_DIM, HEAD_DIM, BLOCK_DA, BLOCK_DP, BLOCK_N, VARLEN)
+        AMP_DIM, HEAD_DIM, BLOCK_DA, BLOCK_DP, BLOCK_N)
     offs_da = tl.arange(0, BLOCK_DA)
     offs_dp = AMP_DIM + tl.arange(0, BLOCK_DP)
     offs_dv = tl.arange(0, BLOCK_DV)
-    v_base = V + batch.to(tl.int64) * stride_vb + kv_head.to(tl.int64) * stride_vh
-    if VARLEN:
-        v_base += k_row * stride_vn
-    v = _load_tile(v_base + rows * stride_vn + offs_dv[None, :], key_ok, offs_dv < V_DIM, True,
+    v = _load_tile(V + batch.to(tl.int64) * stride_vb + kv_head.to(tl.int64) * stride_vh
+                   + rows * stride_vn + offs_dv[None, :], key_ok, offs_dv < V_DIM, True,
                    BLOCK_DV != V_DIM)
     pos_n = (k_offset + offs_n).to(tl.float32)
     key_first = (k_offset + start_n).to(tl.float32)
@@ -468,11 +462,7 @@ def _bwd_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV, DQ, CuQ, CuK,
         do_base = DOut + batch.to(tl.int64) * stride_db + head.to(tl.int64) * stride_dh
         dq_base = DQ + batch.to(tl.int64) * stride_dqb + head.to(tl.int64) * stride_dqh
         if VARLEN:  # lse and delta are (H, total_q)
-            q_row = q_start.to(tl.int64)
-            q_base += q_row * stride_qn
-            do_base += q_row * stride_dn
-            dq_base += q_row * stride_dqn
-            row0 = head.to(tl.int64) * n_total + q_row
+            row0 = head.to(tl.int64) * n_total + q_start
         else:
             row0 = bh * n_q
         dk_a, dk_p, dk_psum, dv = _dkdv_inner(
@@ -491,10 +481,6 @@ def _bwd_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV, DQ, CuQ, CuK,
             PTX_ASM, LONG_PHASE, DOT_PRECISION, DQ_ATOMIC, DQ_TRANSPOSE, COS_RADIANS, FAST_SCALARS)
 
     dk_base = DK + batch.to(tl.int64) * stride_dkb + kv_head.to(tl.int64) * stride_dkh
-    dv_base = DV + batch.to(tl.int64) * stride_dvb + kv_head.to(tl.int64) * stride_dvh
-    if VARLEN:
-        dk_base += k_row * stride_dkn
-        dv_base += k_row * stride_dvn
     tl.store(dk_base + rows * stride_dkn + offs_da[None, :],
              (dk_a * amp_grad_scale).to(DK.dtype.element_ty),
              mask=key_ok[:, None] & (offs_da < AMP_DIM)[None, :])
@@ -505,7 +491,8 @@ def _bwd_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV, DQ, CuQ, CuK,
                     + (dk_psum * phase_grad_scale)[:, None])
     tl.store(dk_base + rows * stride_dkn + offs_dp[None, :], dk_phase.to(DK.dtype.element_ty),
              mask=key_ok[:, None] & (offs_dp < HEAD_DIM)[None, :])
-    tl.store(dv_base + rows * stride_dvn + offs_dv[None, :], dv.to(DV.dtype.element_ty),
+    tl.store(DV + batch.to(tl.int64) * stride_dvb + kv_head.to(tl.int64) * stride_dvh
+             + rows * stride_dvn + offs_dv[None, :], dv.to(DV.dtype.element_ty),
              mask=key_ok[:, None] & (offs_dv < V_DIM)[None, :])
 
 
@@ -579,25 +566,26 @@ def _bwd_dq_kernel(Q, K, V, DOut, Lse, Delta, DQ, CuQ, CuK,
     block = tl.program_id(0)
     if CAUSAL:
         block = tl.num_programs(0) - 1 - block
-    q_row = 0
-    if VARLEN:  # the pointers stay kernel arguments; each base adds its sequence's first row
+    if VARLEN:
         n_total = n_q
         q_start, n_q, k_start, n_k = _sequence(CuQ, CuK, tl.program_id(1) // heads)
         if block * BLOCK_M >= n_q:
             return
-        q_row = q_start.to(tl.int64)
+        Q += q_start.to(tl.int64) * stride_qn
+        DOut += q_start.to(tl.int64) * stride_dn
+        DQ += q_start.to(tl.int64) * stride_dqn
+        K += k_start.to(tl.int64) * stride_kn
+        V += k_start.to(tl.int64) * stride_vn
         q_offset = n_k - n_q
         k_offset = 0
     start_m, batch, head, kv_head, offs_m, row_ok, rows, q_a, q_p, q_sum = _row_block(
-        Q, block, tl.program_id(1), n_q, heads, group, stride_qb, stride_qn, stride_qh, q_row,
-        AMP_DIM, HEAD_DIM, BLOCK_DA, BLOCK_DP, BLOCK_M, VARLEN)
+        Q, block, tl.program_id(1), n_q, heads, group, stride_qb, stride_qn, stride_qh, AMP_DIM,
+        HEAD_DIM, BLOCK_DA, BLOCK_DP, BLOCK_M)
     offs_da = tl.arange(0, BLOCK_DA)
     offs_dp = AMP_DIM + tl.arange(0, BLOCK_DP)
     offs_dv = tl.arange(0, BLOCK_DV)
-    do_base = DOut + batch.to(tl.int64) * stride_db + head.to(tl.int64) * stride_dh
-    if VARLEN:
-        do_base += q_row * stride_dn
-    do = _load_tile(do_base + rows * stride_dn + offs_dv[None, :], row_ok, offs_dv < V_DIM, True,
+    do = _load_tile(DOut + batch.to(tl.int64) * stride_db + head.to(tl.int64) * stride_dh
+                    + rows * stride_dn + offs_dv[None, :], row_ok, offs_dv < V_DIM, True,
                     BLOCK_DV != V_DIM)
     if VARLEN:  # lse and delta are (H, total_q)
         row_index = head.to(tl.int64) * n_total + q_start + offs_m
@@ -609,9 +597,6 @@ def _bwd_dq_kernel(Q, K, V, DOut, Lse, Delta, DQ, CuQ, CuK,
     q_first = (q_offset + start_m).to(tl.float32)
     k_base = K + batch.to(tl.int64) * stride_kb + kv_head.to(tl.int64) * stride_kh
     v_base = V + batch.to(tl.int64) * stride_vb + kv_head.to(tl.int64) * stride_vh
-    if VARLEN:
-        k_base += k_start.to(tl.int64) * stride_kn
-        v_base += k_start.to(tl.int64) * stride_vn
 
     full, hi = _key_range(start_m, n_q, n_k, q_offset, k_offset, BLOCK_M, BLOCK_N, CAUSAL)
     if VARLEN:
@@ -633,8 +618,6 @@ def _bwd_dq_kernel(Q, K, V, DOut, Lse, Delta, DQ, CuQ, CuK,
         LONG_PHASE, DOT_PRECISION, SPLIT_S, FAST_SCALARS, COS_RADIANS)
 
     dq_base = DQ + batch.to(tl.int64) * stride_dqb + head.to(tl.int64) * stride_dqh
-    if VARLEN:
-        dq_base += q_row * stride_dqn
     tl.store(dq_base + rows * stride_dqn + offs_da[None, :],
              (dq_a * amp_grad_scale).to(DQ.dtype.element_ty),
              mask=row_ok[:, None] & (offs_da < AMP_DIM)[None, :])
