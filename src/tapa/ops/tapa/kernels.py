@@ -14,7 +14,9 @@ rows from CuQ and CuK (int32 offsets), shifts its base pointers there (the host 
 strides of 0), and aligns the sequence's queries bottom-right (q_offset = Lk - Lq, k_offset = 0).
 n_q then carries total_q, the row stride of the (H, total_q) lse and delta. Programs past their
 sequence's end return at once. Without VARLEN the host passes CuQ = CuK = None, which Triton
-folds away, so the dense kernels compile as before. The constexprs each kernel takes beyond the shapes are the ones the config table sets
+folds away, so the dense kernels compile as before.
+
+The constexprs each kernel takes beyond the shapes are the ones the config table sets
 (`tapa.ops.tapa.configs`), turned into flags by `tapa.ops.tapa.launch`.
 """
 
