@@ -134,9 +134,12 @@ def measure(cfg: ModelConfig, *, seq_len: int, batch: int, warmup: int, steps: i
     tokens = torch.randint(0, cfg.vocab_size, (batch, seq_len + 1), device=device)
 
     def step():
-        with _sdpa_context(path), autocast:
-            loss = model(tokens[:, :-1], targets=tokens[:, 1:])
-        loss.backward()
+        # the backward inside the backend context too: with checkpointing it recomputes the
+        # forward, which must take the same SDPA backend (its saved tensors' shapes differ)
+        with _sdpa_context(path):
+            with autocast:
+                loss = model(tokens[:, :-1], targets=tokens[:, 1:])
+            loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         return loss
