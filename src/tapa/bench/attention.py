@@ -4,7 +4,7 @@ One run checks correctness on the GPU, then times, and writes to --out:
   attention.csv (every timing), attention.md (tables + the command, date and GPU),
   attention_errors.csv (bf16 errors vs float64, kernel and same-dtype reference),
   attention_tflops.png (TFLOP/s vs N).
-FLOPs: 4 * B * H * N^2 * D, halved when causal; backward 2.5x the forward (DESIGN.md §4).
+FLOPs: 4 * B * H * N^2 * D, halved when causal; backward 2.5x the forward (docs/design.md).
 Times are triton.testing.do_bench medians. Peak memory is the fwd+bwd high-water mark above
 the inputs. Also runnable as `python -m tapa.bench.attention`.
 
