@@ -11,28 +11,8 @@ cd "$(dirname "$0")/.."
 NAME=${1:?usage: gpu_kernel.sh NAME [ROUNDS] [varlen]}
 ROUNDS=${2:-1}
 VARLEN=${3:-}
-export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 TQDM_DISABLE=1
-OUT=${OUT:-/tmp/${NAME}_out}
-WORK=/tmp/$NAME
-rm -rf "$WORK" && mkdir -p "$WORK" "$OUT"
-START=$(date +%s)
-PYTEST_ARGS=(-p no:cacheprovider -rfE --tb=short)
-python3 -c "import xdist" 2>/dev/null && PYTEST_ARGS+=(-n 8)
-
-step() {  # step NAME SECONDS COMMAND...: log to $WORK/NAME.log, rc and seconds to $WORK/steps.txt
-    local name=$1 limit=$2 t0
-    shift 2
-    t0=$(date +%s)
-    echo "== $name (limit ${limit}s, at +$((t0 - START))s)"
-    timeout --kill-after=5 "$limit" "$@" > "$WORK/$name.log" 2>&1
-    echo "$name rc=$? seconds=$(($(date +%s) - t0))" | tee -a "$WORK/steps.txt"
-}
-
-git log -1 --format='commit %H %cd' > "$WORK/commit.txt" 2>/dev/null || true
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$WORK/gpu.txt" 2>&1
-python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" \
-    >> "$WORK/gpu.txt" 2>&1
-step tests_ops 200 python3 -m pytest "${PYTEST_ARGS[@]}" tests/ops
+source scripts/gpu_steps.sh "$NAME"
+step tests_ops 280 python3 -m pytest "${PYTEST_ARGS[@]}" tests/ops
 for round in $(seq 1 "$ROUNDS"); do
     step "attention$round" 150 python3 -m tapa.bench.attention --head-dims 64 128 --causal causal \
         --seq-lens 1024 4096 16384 65536 --reference-len 0 --out "$WORK/attention$round"

@@ -15,20 +15,7 @@ cd "$(dirname "$0")/.."
 NAME=${1:?usage: gpu_longrows.sh NAME [STEP ...]}
 shift
 STEPS=" ${*:-varlen_tests varlen rows rows256k decode} "
-export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 TQDM_DISABLE=1 MPLBACKEND=Agg
-OUT=${OUT:-/tmp/${NAME}_out}
-WORK=/tmp/$NAME
-rm -rf "$WORK" && mkdir -p "$WORK" "$OUT"
-START=$(date +%s)
-
-step() {  # step NAME SECONDS COMMAND...: log to $WORK/NAME.log, rc and seconds to $WORK/steps.txt
-    local name=$1 limit=$2 t0
-    shift 2
-    t0=$(date +%s)
-    echo "== $name (limit ${limit}s, at +$((t0 - START))s)"
-    timeout --kill-after=5 "$limit" "$@" > "$WORK/$name.log" 2>&1
-    echo "$name rc=$? seconds=$(($(date +%s) - t0))" | tee -a "$WORK/steps.txt"
-}
+source scripts/gpu_steps.sh "$NAME"
 
 want() { [[ $STEPS == *" $1 "* ]]; }
 want varlen_tests && step varlen_tests 60 python3 -m pytest -p no:cacheprovider -q -rfE --tb=short tests/ops/test_varlen.py

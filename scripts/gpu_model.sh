@@ -22,27 +22,9 @@ STEPS=("$@")
 for name in "${STEPS[@]}"; do
     [[ $name =~ ^(tests|local|model|generate)$ ]] || { echo "unknown step $name (steps: tests local model generate)" >&2; exit 2; }
 done
-export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 TQDM_DISABLE=1 MPLBACKEND=Agg
-OUT=${OUT:-/tmp/${NAME}_out}
-WORK=/tmp/$NAME
-rm -rf "$WORK" && mkdir -p "$WORK" "$OUT"
-START=$(date +%s)
-PYTEST_ARGS=(-p no:cacheprovider -rfE --tb=short -m cuda)
-python3 -c "import xdist" 2>/dev/null && PYTEST_ARGS+=(-n 8)
+source scripts/gpu_steps.sh "$NAME"
+PYTEST_ARGS+=(-m cuda)
 
-step() {  # step NAME SECONDS COMMAND...: log to $WORK/NAME.log, rc and seconds to $WORK/steps.txt
-    local name=$1 limit=$2 t0
-    shift 2
-    t0=$(date +%s)
-    echo "== $name (limit ${limit}s, at +$((t0 - START))s)"
-    timeout --kill-after=5 "$limit" "$@" > "$WORK/$name.log" 2>&1
-    echo "$name rc=$? seconds=$(($(date +%s) - t0))" | tee -a "$WORK/steps.txt"
-}
-
-git log -1 --format='commit %H %cd' > "$WORK/commit.txt" 2>/dev/null || true
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$WORK/gpu.txt" 2>&1
-python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" \
-    >> "$WORK/gpu.txt" 2>&1
 for name in "${STEPS[@]}"; do
     case $name in
         tests)    step tests 150 python3 -m pytest "${PYTEST_ARGS[@]}" tests/ops/test_local.py \
