@@ -69,11 +69,11 @@ def test_reference_path_matches_each_sequence_alone(case, variant, padded):
         k_cache, v_cache = k_cache.nan_to_num(0.5), v_cache.nan_to_num(0.5)
     exact_out, exact_lse = expected(q, k_cache, v_cache, seqlens, starts, **variant)
     for impl in ("reference", "naive"):
-        out, lse = tapa_attention_with_kvcache(q, k_cache, v_cache, seqlens, cache_starts=starts, impl=impl,
+        out, lse = tapa_attention_with_kvcache(q, k_cache, v_cache, seqlens, cache_leftpad=starts, impl=impl,
                                                return_lse=True, **variant)
         assert rel_rmse(out, exact_out) < 1e-12 and rel_rmse(lse, exact_lse) < 1e-12, impl
     # float32 through "auto" (the per-sequence path off-GPU) within float32 rounding
-    out = tapa_attention_with_kvcache(q.float(), k_cache.float(), v_cache.float(), seqlens, cache_starts=starts,
+    out = tapa_attention_with_kvcache(q.float(), k_cache.float(), v_cache.float(), seqlens, cache_leftpad=starts,
                                       **variant)
     assert out.dtype == torch.float32 and rel_rmse(out, exact_out) < 1e-5
 
@@ -87,9 +87,9 @@ def test_kernel_path_matches_each_sequence_alone(case):
     for cache_starts in (starts, None):
         k, v = (k_cache, v_cache) if cache_starts is not None else (k_cache.nan_to_num(0.5), v_cache.nan_to_num(0.5))
         exact_out, exact_lse = expected(q, k, v, seqlens, cache_starts)
-        out, lse = tapa_attention_with_kvcache(q, k, v, seqlens, cache_starts=cache_starts, impl="triton",
+        out, lse = tapa_attention_with_kvcache(q, k, v, seqlens, cache_leftpad=cache_starts, impl="triton",
                                                return_lse=True)
-        same = tapa_attention_with_kvcache(q, k, v, seqlens, cache_starts=cache_starts, impl="reference")
+        same = tapa_attention_with_kvcache(q, k, v, seqlens, cache_leftpad=cache_starts, impl="reference")
         assert rel_rmse(out, exact_out) <= 2 * rel_rmse(same, exact_out) + 1e-6
         assert rel_rmse(lse, exact_lse) < 1e-5
 
@@ -98,7 +98,7 @@ def test_gradients_flow_through_the_per_sequence_path():
     q, k_cache, v_cache, seqlens, starts = cache_case(2, 2, 2, 1, 9, torch.float64, seed=5)
     k_cache, v_cache = k_cache.nan_to_num(0.0), v_cache.nan_to_num(0.0)
     grads = []
-    for fn in (lambda *a: tapa_attention_with_kvcache(*a, seqlens, cache_starts=starts, return_lse=True),
+    for fn in (lambda *a: tapa_attention_with_kvcache(*a, seqlens, cache_leftpad=starts, return_lse=True),
                lambda *a: expected(*a, seqlens, starts)):
         inputs = [t.detach().clone().requires_grad_(True) for t in (q, k_cache, v_cache)]
         out, lse = fn(*inputs)
@@ -133,7 +133,7 @@ def test_reference_impls_never_take_the_kernel(monkeypatch, impl):
                         lambda q, k, v, impl="auto": impl == "auto" or real(q, k, v, impl))
     q, k, v, seqlens, starts = cache_case(2, 1, 2, 1, 9, torch.float64, seed=3)
     exact, _ = expected(q, k, v, seqlens, starts)
-    out = tapa_attention_with_kvcache(q, k, v, seqlens, cache_starts=starts, impl=impl)
+    out = tapa_attention_with_kvcache(q, k, v, seqlens, cache_leftpad=starts, impl=impl)
     assert rel_rmse(out, exact) < 1e-12
 
 
@@ -151,10 +151,10 @@ def test_auto_on_cuda_takes_the_kernel_where_it_applies(monkeypatch):
         q, k, v, seqlens, starts = cache_case(3, q_len, 16, 4, 3000, torch.bfloat16, seed=q_len, head_dim=128,
                                               v_dim=128)
         calls.clear()
-        out = tapa_attention_with_kvcache(q, k, v, seqlens, cache_starts=starts)
+        out = tapa_attention_with_kvcache(q, k, v, seqlens, cache_leftpad=starts)
         assert bool(calls) == uses_kernel
         exact, _ = expected(q, k, v, seqlens, starts)
-        same = tapa_attention_with_kvcache(q, k, v, seqlens, cache_starts=starts, impl="reference")
+        same = tapa_attention_with_kvcache(q, k, v, seqlens, cache_leftpad=starts, impl="reference")
         assert rel_rmse(out, exact) <= 2 * rel_rmse(same, exact) + 1e-6
 
 
@@ -163,7 +163,7 @@ BAD = {
     "seqlens shape": (dict(cache_seqlens=torch.tensor([5], dtype=torch.int32)), r"cache_seqlens"),
     "seqlens below q_len": (dict(cache_seqlens=torch.tensor([1, 5], dtype=torch.int32)), r"cache_seqlens must lie"),
     "seqlens past capacity": (dict(cache_seqlens=torch.tensor([9, 5], dtype=torch.int32)), r"cache_seqlens must lie"),
-    "starts hide a query": (dict(cache_starts=torch.tensor([0, 4], dtype=torch.int32)), r"cache_starts"),
+    "starts hide a query": (dict(cache_leftpad=torch.tensor([0, 4], dtype=torch.int32)), r"cache_leftpad"),
     "cache heads": (dict(k_cache="3 heads"), r"heads"),
     "v_cache length": (dict(v_cache="short"), r"seqlen"),
     "dtype": (dict(k_cache="half"), r"dtype"),
@@ -174,8 +174,8 @@ BAD = {
     # length past the capacity short and returned a wrong result
     "unchecked seqlens past capacity": (dict(cache_seqlens=torch.tensor([9, 5], dtype=torch.int32),
                                              check_lengths=False), r"cache_seqlens must lie"),
-    "unchecked starts hide a query": (dict(cache_starts=torch.tensor([0, 4], dtype=torch.int32),
-                                           check_lengths=False), r"cache_starts must lie"),
+    "unchecked starts hide a query": (dict(cache_leftpad=torch.tensor([0, 4], dtype=torch.int32),
+                                           check_lengths=False), r"cache_leftpad must lie"),
     "return_lse a string": (dict(return_lse="no"), r"return_lse must be True or False"),
 }
 
@@ -192,3 +192,18 @@ def test_bad_input_raises_value_error(case):
                  for name, value in changes.items()})
     with pytest.raises(ValueError, match=pattern):
         tapa_attention_with_kvcache(**args)
+
+
+def test_cache_starts_is_a_deprecated_alias_of_cache_leftpad():
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 1, 4, 16, generator=gen)
+    k_cache, v_cache = (torch.randn(2, 12, 2, 16, generator=gen) for _ in range(2))
+    seqlens = torch.tensor([12, 9], dtype=torch.int32)
+    leftpad = torch.tensor([0, 3], dtype=torch.int32)
+    new = tapa_attention_with_kvcache(q, k_cache, v_cache, seqlens, cache_leftpad=leftpad)
+    with pytest.warns(DeprecationWarning, match="cache_leftpad"):
+        old = tapa_attention_with_kvcache(q, k_cache, v_cache, seqlens, cache_starts=leftpad)
+    assert torch.equal(new, old)
+    with pytest.raises(ValueError, match="cache_leftpad only"):
+        tapa_attention_with_kvcache(q, k_cache, v_cache, seqlens, cache_leftpad=leftpad,
+                                    cache_starts=leftpad)

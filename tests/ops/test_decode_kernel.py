@@ -105,7 +105,7 @@ def test_decode_bad_input():
         decode_kernel.tapa_decode_attention(q, k, v, lengths.long())
     with pytest.raises(ValueError, match="cache_seqlens"):
         decode_kernel.tapa_decode_attention(q, k, v, torch.tensor([41, 3], dtype=torch.int32, device=DEVICE))
-    with pytest.raises(ValueError, match="cache_starts"):
+    with pytest.raises(ValueError, match="cache_leftpad"):
         decode_kernel.tapa_decode_attention(q, k, v, lengths, cache_starts=lengths)
     with pytest.raises(ValueError, match="multiple of kv heads"):
         decode_kernel.tapa_decode_attention(q[:, :, :3], k, v, lengths)

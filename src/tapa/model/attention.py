@@ -436,7 +436,7 @@ class Attention(nn.Module):
             # The lengths are valid by construction (every row holds all k.shape[1] >= Nq slots), so
             # their value check, a device sync per layer and step, is skipped. A left-padded row's
             # queries at padded slots see no key: their outputs are never used.
-            return tapa_attention_with_kvcache(q, k, v, lengths, cache_starts=ctx.left_pad, impl="triton",
+            return tapa_attention_with_kvcache(q, k, v, lengths, cache_leftpad=ctx.left_pad, impl="triton",
                                                check_lengths=False, **op_args)
         if ctx.key_mask is None:
             return tapa_attention(q, k, v, causal=True, q_offset=ctx.start, k_offset=key_slots,

@@ -143,8 +143,8 @@ def check_kvcache_args(q, k_cache, v_cache, cache_seqlens, cache_starts, *, thet
     if k_cache.shape[1] > MAX_POSITION:
         raise ValueError(f"cache capacity must be <= {MAX_POSITION} (positions are float32 in the kernels), "
                          f"got {k_cache.shape[1]}")
-    for name, t in (("cache_seqlens", cache_seqlens), ("cache_starts", cache_starts)):
-        if t is None and name == "cache_starts":
+    for name, t in (("cache_seqlens", cache_seqlens), ("cache_leftpad", cache_starts)):
+        if t is None and name == "cache_leftpad":
             continue
         if not isinstance(t, torch.Tensor) or t.shape != (batch,) or t.dtype != torch.int32:
             raise ValueError(f"{name} must be an int32 tensor of shape ({batch},), got "
@@ -162,5 +162,5 @@ def check_cache_lengths(q_len: int, capacity: int, cache_seqlens, cache_starts) 
         raise ValueError(f"cache_seqlens must lie in [q_len={q_len}, cache capacity={capacity}], "
                          f"got {cache_seqlens.tolist()}")
     if cache_starts is not None and bool(((cache_starts < 0) | (cache_starts > cache_seqlens - q_len)).any()):
-        raise ValueError(f"cache_starts must lie in [0, cache_seqlens - q_len] so every query sees a key, "
+        raise ValueError(f"cache_leftpad must lie in [0, cache_seqlens - q_len] so every query sees a key, "
                          f"got {cache_starts.tolist()}")

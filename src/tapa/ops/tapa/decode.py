@@ -3,12 +3,13 @@
     q        (B, Nq, H, D)   the last Nq tokens of every sequence
     k_cache  (B, L, Hk, D)   preallocated buffers; for sequence b the first cache_seqlens[b] slots
     v_cache  (B, L, Hk, Dv)  are valid, the Nq new tokens' keys and values already written in
-    cache_starts[b]          optional: leading slots to hide (left padding), default 0
+    cache_leftpad[b]         optional: leading slots to hide (left padding), default 0
 
-Sequence b's real tokens occupy slots [cache_starts[b], cache_seqlens[b]) at positions 0, 1, ...:
+Sequence b's real tokens occupy slots [cache_leftpad[b], cache_seqlens[b]) at positions 0, 1, ...:
 query t is the token at slot cache_seqlens[b] - Nq + t and attends causally to the keys up to its
-own slot. Slots outside [cache_starts[b], cache_seqlens[b]) are never read, so they may hold
-anything. The function computed is the one `tapa.ops.tapa.reference` defines.
+own slot. Slots outside [cache_leftpad[b], cache_seqlens[b]) are never read, so they may hold
+anything. `cache_leftpad` is FlashAttention's name; `cache_starts`, this op's name before, is a
+deprecated alias for one release. The function computed is the one `tapa.ops.tapa.reference` defines.
 
 Dispatch: the split-KV Triton kernel (`tapa.ops.tapa.decode_kernel`) on CUDA when it takes the shapes
 (at most 64 query rows per kv head: Nq * H / Hk) and no gradient is needed (it has no backward);
@@ -18,6 +19,7 @@ otherwise `tapa_attention` on each sequence's valid slice, which is exact and di
 from __future__ import annotations
 
 import functools
+import warnings
 
 import torch
 
@@ -79,7 +81,7 @@ def tapa_attention_with_kvcache(
     v_cache: torch.Tensor,
     cache_seqlens: torch.Tensor | int,
     *,
-    cache_starts: torch.Tensor | None = None,
+    cache_leftpad: torch.Tensor | None = None,
     theta: float = 0.5,
     alpha: float = 0.1,
     distance: str = "power",
@@ -87,10 +89,12 @@ def tapa_attention_with_kvcache(
     impl: str = "auto",
     return_lse: bool = False,
     check_lengths: bool = True,
+    cache_starts: torch.Tensor | None = None,
 ):
     """TAPA attention of the last Nq tokens of each sequence against its KV cache (module docstring).
 
-    cache_seqlens: an int (every sequence) or an int32 tensor (B,); cache_starts: int32 (B,) or None.
+    cache_seqlens: an int (every sequence) or an int32 tensor (B,); cache_leftpad: int32 (B,) or
+    None (cache_starts: its deprecated old name).
     impl: "auto" (the decode kernel on CUDA where it applies, else per-sequence `tapa_attention`),
     "triton" (the decode kernel, an error where it does not apply), "reference" or "naive" (passed
     on to `tapa_attention`). Returns out (B, Nq, H, Dv) in q's dtype, and with return_lse also
@@ -98,6 +102,13 @@ def tapa_attention_with_kvcache(
     of the lengths on the decode kernel's path, where they would cost a device sync; the
     per-sequence path reads the lengths anyway and always checks them.
     """
+    if cache_starts is not None:
+        if cache_leftpad is not None:
+            raise ValueError("pass cache_leftpad only (cache_starts is its deprecated old name)")
+        warnings.warn("tapa_attention_with_kvcache: cache_starts is deprecated, pass cache_leftpad "
+                      "(FlashAttention's name)", DeprecationWarning, stacklevel=2)
+        cache_leftpad = cache_starts
+    cache_starts = cache_leftpad  # the decode kernel's own name
     if isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool) and isinstance(q, torch.Tensor):
         cache_seqlens = torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32, device=q.device)
     op_args = dict(theta=theta, alpha=alpha, distance=distance, phase=phase)
