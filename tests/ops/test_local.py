@@ -320,3 +320,34 @@ def test_flex_new_offset_or_window_does_not_recompile(roomy_recompile_limit):
                                          q_offset=q_offset, k_offset=k_offset)
         assert rel_rmse(out, expected) < 1e-2
     assert counters["stats"]["unique_graphs"] == graphs
+
+
+@pytest.mark.parametrize("block", [4, 16, 64])
+def test_document_ids_keep_each_window_inside_its_document(block):
+    """Packed documents through the chunked path equal each document alone (float64), with blocks
+    smaller and larger than the documents, GQA, and a window longer than some documents."""
+    gen = torch.Generator().manual_seed(11)
+    lengths, window = [(13, 1), (1, 1), (30, 1), (9, 1)], 6
+    total = sum(n for n, _ in lengths)
+    q = torch.randn(2, total, 4, 16, generator=gen, dtype=torch.float64)
+    k, v = (torch.randn(2, total, 2, 16, generator=gen, dtype=torch.float64) for _ in range(2))
+    ids = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor([n for n, _ in lengths]))
+    ids = torch.stack([ids, ids.flip(0)])  # the second row: other boundaries
+    got = local.local_attention(q, k, v, window, document_ids=ids)  # the default block
+    got_block = local._chunked(q, k, v, window, 0, 0, block, ids)
+    for row in range(2):
+        for doc in ids[row].unique():
+            where = (ids[row] == doc).nonzero().flatten()
+            first, last = int(where[0]), int(where[-1]) + 1
+            alone = local.dense_local_attention(q[row:row + 1, first:last], k[row:row + 1, first:last],
+                                                v[row:row + 1, first:last], window)
+            for result in (got, got_block):
+                assert torch.allclose(result[row:row + 1, first:last], alone, atol=1e-12, rtol=0)
+
+
+def test_document_ids_are_checked():
+    q = torch.randn(1, 8, 2, 16)
+    with pytest.raises(ValueError, match="document_ids must be"):
+        local.local_attention(q, q, q, 4, document_ids=torch.zeros(1, 7, dtype=torch.long))
+    with pytest.raises(ValueError, match="chunked path"):
+        local.local_attention(q, q, q, 4, impl="dense", document_ids=torch.zeros(1, 8, dtype=torch.long))

@@ -455,7 +455,9 @@ class Attention(nn.Module):
             return _softmax(q, k, v, mask=ctx.visible(torch.arange(k.shape[1], device=q.device)))
 
     def _local(self, q, k, v, key_slots, ctx: AttentionContext):
-        if ctx.key_mask is None and ctx.documents is None and isinstance(key_slots, int):
+        if ctx.documents is not None:  # whole packed rows, no cache: the window inside each document
+            return local_attention(q, k, v, self.window, document_ids=ctx.documents.ids)
+        if ctx.key_mask is None and isinstance(key_slots, int):
             return local_attention(q, k, v, self.window, q_offset=ctx.start, k_offset=key_slots)
         if isinstance(key_slots, int):
             key_slots = torch.arange(key_slots, key_slots + k.shape[1], device=q.device)

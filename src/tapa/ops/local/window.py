@@ -151,11 +151,13 @@ def _attend_block(q_block, k_span, v_span, mask, gqa):
                                           enable_gqa=gqa)
 
 
-def _chunked(q, k, v, window, q_offset, k_offset, block_size):
+def _chunked(q, k, v, window, q_offset, k_offset, block_size, document_ids=None):
     batch, q_len, heads, head_dim = q.shape
     if q_len == 0:
         return q.new_zeros(batch, 0, heads, head_dim)
     shift = q_offset - k_offset  # query i's own position is key index i + shift
+    if document_ids is not None:
+        document_ids = document_ids.to(q.device)
     gqa = heads != k.shape[2]
     q_heads_first, k_heads_first, v_heads_first = (t.transpose(1, 2) for t in (q, k, v))
     outs = []
@@ -163,13 +165,17 @@ def _chunked(q, k, v, window, q_offset, k_offset, block_size):
         stop = min(start + block_size, q_len)
         span_start = max(0, start + shift - window + 1)
         span_stop = stop + shift  # one past the last query's own key; the checks keep it <= Nk
-        if stop - start == 1:
+        if stop - start == 1 and document_ids is None:
             mask = None  # one query (decoding), whose span is its window: every key is visible
         else:
             rows = torch.arange(start + shift, stop + shift, device=q.device)
             cols = torch.arange(span_start, span_stop, device=q.device)
             distance = rows[:, None] - cols[None, :]
             mask = (distance >= 0) & (distance < window)
+            if document_ids is not None:  # (B, 1, C, S): and in the query's own document
+                same = (document_ids[:, start + shift:stop + shift, None]
+                        == document_ids[:, None, span_start:span_stop])
+                mask = (mask[None] & same)[:, None]
         outs.append(_attend_block(q_heads_first[:, :, start:stop],
                                   k_heads_first[:, :, span_start:span_stop],
                                   v_heads_first[:, :, span_start:span_stop], mask, gqa))
@@ -342,7 +348,7 @@ def _auto(q, k, v, window, q_offset, k_offset):
 
 
 def local_attention(q, k, v, window: int, *, q_offset: int = 0, k_offset: int = 0,
-                    impl: str = "auto") -> torch.Tensor:
+                    impl: str = "auto", document_ids: torch.Tensor | None = None) -> torch.Tensor:
     """Causal sliding-window softmax attention, scale 1/sqrt(head_dim).
 
     q (B, Nq, H, D), k/v (B, Nk, Hk, D) (GQA: H % Hk == 0). Query i sits at position q_offset+i,
@@ -354,10 +360,23 @@ def local_attention(q, k, v, window: int, *, q_offset: int = 0, k_offset: int = 
     fallback; a FlexAttention that fails to import or compile falls back with a warning),
     "flex" (FlexAttention or a RuntimeError), "chunked", "dense" (materialized float mask; the
     test reference).
+
+    document_ids: (B, Nk) labels of the keys' documents (packed rows; the queries are the keys at
+    their positions): a query also sees only keys of its own document. Taken by the chunked path
+    ("auto" goes there; memory O(N * (block + window)), never an N x N mask).
     """
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
     window, q_offset, k_offset = check_local_arguments(q, k, v, window, q_offset, k_offset)
+    if document_ids is not None:
+        if tuple(document_ids.shape) != (k.shape[0], k.shape[1]):
+            raise ValueError(f"document_ids must be (batch, Nk) = {(k.shape[0], k.shape[1])}, got "
+                             f"{tuple(document_ids.shape)}")
+        if impl not in ("auto", "chunked"):
+            raise ValueError(f"document_ids take the chunked path (impl 'auto' or 'chunked'), "
+                             f"got impl={impl!r}")
+        return _chunked(q, k, v, window, q_offset, k_offset, default_block_size(window),
+                        document_ids)
     if impl == "dense":
         return _dense(q, k, v, window, q_offset, k_offset)
     if impl == "chunked":
