@@ -9,11 +9,8 @@ from CP 2 on CP 1 and from CP 1 on CP 2."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import socket
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -228,38 +225,12 @@ def test_four_processes_context_and_data_by_ddp_and_fsdp2():
 # a hybrid whose window (8) crosses the chunks (8 tokens at seq_len 32 and CP 2)
 E2E_MODEL = dict(n_layers=4, layer_pattern="LLLG", local_window=8)
 E2E_TOLERANCE = 1e-5  # float32 training: sums in another order move the last bits
-ABORT = "terminate called without an active exception"  # see test_train_distributed.py
 
 
 def _configs(run_dir, cache_dir, **train):
     from trainkit import small_configs
 
     return small_configs(run_dir, cache_dir, model=E2E_MODEL, **train)
-
-
-def _torchrun(nproc: int, args: list[str]) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc_per_node", str(nproc), "-m", "tapa.cli", "train", *args]
-    for _ in range(2):  # one retry of gloo's rare abort, as test_train_distributed.py does
-        result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
-        if result.returncode == 0 or ABORT not in result.stderr:
-            break
-        if "--resume" not in command:
-            command.append("--resume")
-    if result.returncode != 0:
-        raise AssertionError(f"torchrun failed ({result.returncode}):\n{result.stderr[-20000:]}")
-
-
-def _cli_args(train_cfg, model_cfg, data_cfg) -> list[str]:
-    args = ["--run-dir", train_cfg.run_dir, "--cache-dir", data_cfg.cache_dir,
-            "--vocab-size", str(data_cfg.vocab_size), "--max-train-bytes", str(data_cfg.max_train_bytes)]
-    for field in ("seq_len", "batch_size", "steps", "lr", "warmup_steps", "eval_every",
-                  "eval_batches", "save_every", "log_every", "device"):
-        args += [f"--{field.replace('_', '-')}", str(getattr(train_cfg, field))]
-    for field in ("dim", "n_layers", "n_heads", "phase_init_scale", "layer_pattern", "local_window"):
-        args += [f"--{field.replace('_', '-')}", str(getattr(model_cfg, field))]
-    return args + ["--recipe", "tiny", "--name", train_cfg.name, "--no-progress", "--no-plot"]
 
 
 def _close(a, b):
@@ -279,12 +250,12 @@ def single(tmp_path_factory, cache_dir):
 
 # each end-to-end test: one torchrun of 2 processes and one in-process run, ~7 s on 2 cores
 def test_tapa_train_cp2_matches_one_process_and_resumes_on_cp1(single, cache_dir, tmp_path):
-    from trainkit import losses, records
+    from trainkit import cli_args, losses, records, torchrun_train
 
     from tapa.train.trainer import train
 
     saved = tmp_path / "cp2"
-    _torchrun(2, _cli_args(*_configs(saved, cache_dir)) + ["--cp", "2", "--stop-after", "3"])
+    torchrun_train(2, cli_args(*_configs(saved, cache_dir)) + ["--cp", "2", "--stop-after", "3"])
     assert _close(losses(saved), losses(single)[:3]), (losses(saved), losses(single))
     run_config = json.loads((saved / "config.json").read_text())
     assert (run_config["world_size"], run_config["context_parallel"]) == (2, 2)
@@ -298,11 +269,11 @@ def test_tapa_train_cp2_matches_one_process_and_resumes_on_cp1(single, cache_dir
 
 
 def test_a_cp1_checkpoint_resumes_on_cp2(single, cache_dir, tmp_path):
-    from trainkit import losses
+    from trainkit import losses, torchrun_train
 
     from tapa.train.trainer import train
 
     run = tmp_path / "cp1"
     train(*_configs(run, cache_dir, stop_after=3))
-    _torchrun(2, ["--run-dir", str(run), "--resume", "--no-progress", "--cp", "2"])
+    torchrun_train(2, ["--run-dir", str(run), "--resume", "--no-progress", "--cp", "2"])
     assert _close(losses(run), losses(single)), (losses(run), losses(single))

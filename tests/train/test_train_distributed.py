@@ -5,15 +5,12 @@ phase parameters learn at their own rate (phase_lr_scale, found by name under DD
 wrappers: issue 11)."""
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 
 import pytest
 import torch
 from safetensors.torch import load_file
-from trainkit import losses, one_thread, records, small_configs  # noqa: F401 (autouse fixture)
+from trainkit import cli_args, losses, one_thread, records, small_configs, torchrun_train  # noqa: F401
 
 from tapa.train.saving import resolve_checkpoint
 from tapa.train.trainer import train
@@ -37,34 +34,6 @@ def _configs(run_dir, cache_dir, **train):
 # "terminate called without an active exception" (a C++ thread left joinable; the cause is not
 # found). One retry keeps that from failing CI; a second abort, or any other failure, fails the
 # test, and the results are compared after the run either way (a resumed run repeats exactly).
-ABORT = "terminate called without an active exception"
-
-
-def _torchrun(nproc: int, args: list[str]) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc_per_node", str(nproc), "-m", "tapa.cli", "train", *args]
-    for attempt in range(2):
-        result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
-        if result.returncode == 0 or ABORT not in result.stderr:
-            break
-        if "--resume" not in command:  # the retry resumes whatever the aborted run saved
-            command.append("--resume")
-    if result.returncode != 0:
-        raise AssertionError(f"torchrun failed ({result.returncode}):\n{result.stderr[-20000:]}")
-
-
-def _cli_args(train_cfg, model_cfg, data_cfg) -> list[str]:
-    """The command line of a small_configs() run."""
-    args = ["--run-dir", train_cfg.run_dir, "--cache-dir", data_cfg.cache_dir,
-            "--vocab-size", str(data_cfg.vocab_size), "--max-train-bytes", str(data_cfg.max_train_bytes)]
-    for field in ("seq_len", "batch_size", "steps", "lr", "warmup_steps", "eval_every",
-                  "eval_batches", "save_every", "log_every", "device", "phase_lr_scale"):
-        args += [f"--{field.replace('_', '-')}", str(getattr(train_cfg, field))]
-    for field in ("dim", "n_layers", "n_heads", "phase_init_scale", "layer_pattern", "local_window"):
-        args += [f"--{field.replace('_', '-')}", str(getattr(model_cfg, field))]
-    return args + ["--recipe", "tiny", "--name", train_cfg.name, "--no-progress", "--no-plot"]
-
 
 @pytest.fixture(scope="module")
 def single(tmp_path_factory, cache_dir):
@@ -88,7 +57,7 @@ def _same_weights(run_a, run_b) -> None:
 
 def test_ddp_two_processes_match_one(single, cache_dir, tmp_path):
     configs = _configs(tmp_path / "ddp", cache_dir)
-    _torchrun(2, _cli_args(*configs) + ["--parallel", "ddp"])
+    torchrun_train(2, cli_args(*configs) + ["--parallel", "ddp"])
     assert _close(losses(tmp_path / "ddp"), losses(single)), (losses(tmp_path / "ddp"), losses(single))
     _same_weights(tmp_path / "ddp", single)
     val = [r["val_loss"] or 0 for r in records(tmp_path / "ddp")]
@@ -100,8 +69,8 @@ def test_ddp_resumes_on_two_processes(single, cache_dir, tmp_path):
     (The resume once failed: torch renamed the keys of the loaded weights to DDP's module.* in
     place, and the optimizer check then found none of its parameters.)"""
     run = tmp_path / "ddp"
-    _torchrun(2, _cli_args(*_configs(run, cache_dir)) + ["--parallel", "ddp", "--stop-after", "3"])
-    _torchrun(2, ["--run-dir", str(run), "--resume", "--no-progress", "--parallel", "ddp"])
+    torchrun_train(2, cli_args(*_configs(run, cache_dir)) + ["--parallel", "ddp", "--stop-after", "3"])
+    torchrun_train(2, ["--run-dir", str(run), "--resume", "--no-progress", "--parallel", "ddp"])
     assert _close(losses(run), losses(single)), (losses(run), losses(single))
     _same_weights(run, single)
 
@@ -109,7 +78,7 @@ def test_ddp_resumes_on_two_processes(single, cache_dir, tmp_path):
 def test_fsdp2_two_processes_match_one_and_resume_on_other_world_sizes(single, cache_dir, tmp_path):
     saved = tmp_path / "fsdp"
     configs = _configs(saved, cache_dir)
-    _torchrun(2, _cli_args(*configs) + ["--parallel", "fsdp", "--stop-after", "3"])
+    torchrun_train(2, cli_args(*configs) + ["--parallel", "fsdp", "--stop-after", "3"])
     assert _close(losses(saved), losses(single)[:3]), (losses(saved), losses(single))
     assert json.loads((saved / "checkpoints" / "step_000003" / "state.json").read_text())["world_size"] == 2
 
@@ -121,6 +90,6 @@ def test_fsdp2_two_processes_match_one_and_resume_on_other_world_sizes(single, c
 
     on_two = tmp_path / "resume2"
     shutil.copytree(saved, on_two)
-    _torchrun(2, ["--run-dir", str(on_two), "--resume", "--no-progress", "--parallel", "fsdp"])
+    torchrun_train(2, ["--run-dir", str(on_two), "--resume", "--no-progress", "--parallel", "fsdp"])
     assert _close(losses(on_two), losses(single)), (losses(on_two), losses(single))
     _same_weights(on_two, single)

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -48,3 +51,35 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+
+
+# gloo on CPU now and then aborts a torchrun at exit with this (a known race in its teardown)
+TORCHRUN_ABORT = "terminate called without an active exception"
+
+
+def torchrun_train(nproc: int, args: list[str], timeout: int = 300) -> None:
+    """`tapa train ARGS` under torchrun with nproc CPU processes; one retry (resuming what the run
+    saved) when gloo aborts at exit; an AssertionError with torchrun's stderr when it fails."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc_per_node", str(nproc), "-m", "tapa.cli", "train", *args]
+    for _ in range(2):
+        result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
+        if result.returncode == 0 or TORCHRUN_ABORT not in result.stderr:
+            break
+        if "--resume" not in command:
+            command.append("--resume")
+    if result.returncode != 0:
+        raise AssertionError(f"torchrun failed ({result.returncode}):\n{result.stderr[-20000:]}")
+
+
+def cli_args(train_cfg, model_cfg, data_cfg) -> list[str]:
+    """The `tapa train` command line of a small_configs() run."""
+    args = ["--run-dir", train_cfg.run_dir, "--cache-dir", data_cfg.cache_dir,
+            "--vocab-size", str(data_cfg.vocab_size), "--max-train-bytes", str(data_cfg.max_train_bytes)]
+    for field in ("seq_len", "batch_size", "steps", "lr", "warmup_steps", "eval_every",
+                  "eval_batches", "save_every", "log_every", "device", "phase_lr_scale"):
+        args += [f"--{field.replace('_', '-')}", str(getattr(train_cfg, field))]
+    for field in ("dim", "n_layers", "n_heads", "phase_init_scale", "layer_pattern", "local_window"):
+        args += [f"--{field.replace('_', '-')}", str(getattr(model_cfg, field))]
+    return args + ["--recipe", "tiny", "--name", train_cfg.name, "--no-progress", "--no-plot"]
