@@ -379,6 +379,20 @@ class Attention(nn.Module):
             q_phase = q_phase @ self.phase_matrix.to(q.dtype)
         return torch.cat([q_amp, q_phase], dim=-1)
 
+    def temper(self, q: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """A global layer's query temperature (`ModelConfig.query_temperature_base`): q (B, N, H, D)
+        at positions (B, N) scaled by 1 + scale * log1p(floor((p + 1) / base)); TAPA's amplitude
+        part only (the phase is not a logit scale). Identity when off or for local layers."""
+        cfg = self.cfg
+        if self.local or not cfg.query_temperature_base:
+            return q
+        steps = torch.div(positions + 1, cfg.query_temperature_base, rounding_mode="floor")
+        factor = (1 + cfg.query_temperature_scale * torch.log1p(steps.to(torch.float32)))
+        factor = factor.to(q.dtype)[..., None, None]
+        if self.family == "tapa":
+            return torch.cat([q[..., :self.amp_dim] * factor, q[..., self.amp_dim:]], dim=-1)
+        return q * factor
+
     def forward(self, x: torch.Tensor, ctx: AttentionContext, cache=None) -> torch.Tensor:
         """x (B, N, dim) at slots ctx.start ..; `cache` follows `tapa.model.cache`'s interface."""
         q, k, v = self.project(x)
@@ -386,6 +400,7 @@ class Attention(nn.Module):
             q, k = ctx.rotate(q, self.cfg, self.local), ctx.rotate(k, self.cfg, self.local)
         elif self.family == "tapa":
             q = self._apply_phase_matrix(q)
+        q = self.temper(q, ctx.query_positions)
         if ctx.parallel is not None:  # context parallelism: keys of other ranks, by global position
             if cache is not None:
                 raise ValueError("context parallelism takes no KV cache")

@@ -55,6 +55,13 @@ class ModelConfig:
                                               "init (0.1 trains far better than 1.0 at small scale).")
     phase_matrix: str = documented("none", "TAPA: learnable N in phi = q_P^T N k_P: none | diagonal | full.")
     attn_impl: str = documented("auto", "TAPA op implementation: auto | triton | reference | naive.")
+    # Global layers, every kind
+    query_temperature_base: int = documented(0, "Global layers: scale each query at position p by "
+                                                "1 + query_temperature_scale * log(1 + floor((p + 1) / "
+                                                "base)) (Llama 4's attention temperature; TAPA: its "
+                                                "amplitude part). 0: off; set it to the training length.")
+    query_temperature_scale: float = documented(0.1, "Global layers: the slope of the query "
+                                                     "temperature (with query_temperature_base).")
 
     def __post_init__(self):
         if self.n_kv_heads is None:
@@ -100,6 +107,13 @@ class ModelConfig:
                           phase=self.phase)
         if self.phase_matrix not in PHASE_MATRICES:
             raise ValueError(f"phase_matrix must be one of {PHASE_MATRICES}, got {self.phase_matrix!r}")
+        base = self.query_temperature_base
+        if not isinstance(base, int) or isinstance(base, bool) or base < 0:
+            raise ValueError(f"query_temperature_base must be an int >= 0 (0: off), got {base!r}")
+        if not (isinstance(self.query_temperature_scale, (int, float))
+                and 0 <= self.query_temperature_scale < float("inf")):
+            raise ValueError(f"query_temperature_scale must be a finite number >= 0, got "
+                             f"{self.query_temperature_scale!r}")
         if self.attn_impl not in IMPLS:
             raise ValueError(f"attn_impl must be one of {IMPLS}, got {self.attn_impl!r}")
         ignored = self.ignored_settings()

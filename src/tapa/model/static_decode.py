@@ -154,6 +154,7 @@ class StaticDecoder:
             q, k = _rotate(q, k, *shared.rotations[attn.local])
         elif attn.family == "tapa":
             q = attn._apply_phase_matrix(q)
+        q = attn.temper(q, pos[:, None])
         keys, values = cache.write_at(attn.layer, k, v, pos, self.rows)
         if attn.family == "tapa":
             out = tapa_attention_with_kvcache(q, keys, values, shared.lengths, impl=self.tapa_impl,
