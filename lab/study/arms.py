@@ -46,6 +46,35 @@ class Arm:
     continual_lr_scale: float | None = None
 
 
+GLOBAL_KINDS = {"tapa": ("--pe", "tapa", *PHASE_LR), "nope": ("--pe", "nope")}
+
+
+def _globals_screen() -> list:
+    """The screen's arms: local window 64 and 128, the log-length query temperature (base at the
+    pretraining length), the layer ratio (LLG, LLLLLG), the continual stage's passkey share 0.1,
+    for TAPA and NoPE globals; TAPA's theta 0.25 / 0.75 and alpha 0.05 / 0.2 in its globals."""
+    arms = []
+    for kind, pe in GLOBAL_KINDS.items():
+        name, label = f"hybrid-{kind}", f"{kind.upper() if kind == 'tapa' else 'NoPE'} hybrid"
+        levers = [
+            ("w64", "window 64", ("--layer-pattern", "LLLG", "--local-window", "64"), ()),
+            ("w128", "window 128", ("--layer-pattern", "LLLG", "--local-window", "128"), ()),
+            ("temp", "query temperature", (*HYBRID, "--query-temperature-base", "{pretrain_len}"), ()),
+            ("llg", "LLG", ("--layer-pattern", "LLG", "--local-window", "256"), ()),
+            ("l5g", "LLLLLG", ("--layer-pattern", "LLLLLG", "--local-window", "256"), ()),
+            ("pk10", "continual passkey 0.1", HYBRID, ("--passkey-fraction", "0.1")),
+        ]
+        if kind == "tapa":
+            levers += [(f"theta{t[2:]}", f"theta {t}", (*HYBRID, "--theta", t), ())
+                       for t in ("0.25", "0.75")]
+            levers += [(f"alpha{a[2:]}", f"alpha {a}", (*HYBRID, "--alpha", a), ())
+                       for a in ("0.05", "0.2")]
+        for tag, what, model, continual in levers:
+            arms.append(Arm(f"{name}-{tag}", f"{label}, {what}", "hybrid", (*pe, *model),
+                            continual=continual, zero_shot=not continual))
+    return arms
+
+
 ARMS = {arm.name: arm for arm in (
     Arm("rope", "RoPE", "rope", ("--pe", "rope")),
     Arm("rope-yarn", "RoPE, continued with YaRN (s=4)", "rope", ("--pe", "rope"),
@@ -84,6 +113,10 @@ ARMS = {arm.name: arm for arm in (
         continual_lr_scale=0.3),
     Arm("rope-yarn-clr03", "RoPE, continued with YaRN (s=4), continual lr x0.3", "rope",
         ("--pe", "rope"), continual=tuple(YARN_CONTINUAL), zero_shot=False, continual_lr_scale=0.3),
+    # issue 37's screen: what should the hybrid's global layers be? Each lever on both global kinds
+    # (TAPA and NoPE), against hybrid-tapa and hybrid-nope; the continual stage at 4096 is the
+    # protocol toy-gpu-c4096 on the same arms
+    *_globals_screen(),
 )}
 FAMILIES = ("rope", "nope", "tapa", "hybrid")
 SWEEP_ARM = {"rope": "rope", "nope": "nope", "tapa": "tapa", "hybrid": "hybrid-tapa"}
@@ -165,6 +198,10 @@ SCALE_768 = dataclasses.replace(TOY_GPU, name="scale-768",
                                 model=("--dim", "768", "--n-layers", "12", "--n-heads", "6"),
                                 pretrain_steps=2500, rate_scale=0.49)
 
+# issue 37's screen lever "the continual stage at 4096": the same tokens at twice the length
+TOY_GPU_C4096 = dataclasses.replace(TOY_GPU, name="toy-gpu-c4096", continual_len=4096,
+                                    continual_batch=8)
+
 # Seconds-long CPU version of every stage, for tests and a dry run of the machinery.
 TINY_CPU = Protocol(
     name="tiny-cpu", recipe="tiny", device="cpu",
@@ -183,7 +220,7 @@ TINY_CPU = Protocol(
     theory_len=128, theory_sequences=2,
     sweep_lrs=(1e-3, 3e-3), seeds=(0, 1))
 
-PROTOCOLS = {p.name: p for p in (TOY_GPU, SCALE_768, TINY_CPU)}
+PROTOCOLS = {p.name: p for p in (TOY_GPU, TOY_GPU_C4096, SCALE_768, TINY_CPU)}
 
 
 @dataclass

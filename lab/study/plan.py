@@ -180,7 +180,7 @@ def build_groups(jobs: list[Job], protocol: Protocol, stages, root: Path,
         lr, seed, arm0 = first.lr, first.seed, ARMS[first.arm]
         base = root / "runs" / group.id
         train_common = ["train", "--recipe", protocol.recipe, *protocol.data, "--cache-dir", cache_dir,
-                        *protocol.model, *arm0.pretrain, "--lr", f"{lr:g}", "--seed", str(seed),
+                        *protocol.model, *_fill(arm0.pretrain, protocol), "--lr", f"{lr:g}", "--seed", str(seed),
                         "--device", protocol.device, "--no-progress", "--name", group.id]
         evaluation = ["--lengths", _csv(protocol.eval_lengths), "--stride", str(protocol.eval_stride),
                       "--max-tokens", str(protocol.eval_tokens), "--split", "test",
@@ -217,11 +217,14 @@ def build_groups(jobs: list[Job], protocol: Protocol, stages, root: Path,
             if f"continual-{owner}" in needed:
                 group.stages.append(Stage(
                     f"continual-{owner}", "continual",
-                    train_common + [*_fill(ARMS[owner].continual, protocol), "--init-from", pre_dir,
+                    # the arm's continual flags after the protocol's: a repeated flag keeps its
+                    # last value, so an arm may change the protocol's (e.g. --passkey-fraction)
+                    train_common + ["--init-from", pre_dir,
                                     "--seq-len", str(protocol.continual_len),
                                     "--batch-size", str(protocol.continual_batch),
                                     "--steps", str(protocol.continual_steps),
                                     *protocol.continual_flags,
+                                    *_fill(ARMS[owner].continual, protocol),
                                     "--lr", f"{lr * continual_scale(ARMS[owner], protocol):g}",
                                     *train_extra, "--run-dir", cont_dir],
                     cont_dir, needs=["pretrain"], tokens=protocol.continual_tokens))
