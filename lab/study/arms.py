@@ -156,6 +156,10 @@ class Protocol:
     passkey_lengths: tuple = (2048, 4096, 8192, 16384)  # 1x, 2x, 4x, 8x the continual length
     passkey_depths: tuple = (0.0, 0.25, 0.5, 0.75, 1.0)
     passkey_trials: int = 50
+    # the retrieval suite (`tapa eval --tasks`) in the passkey stage, on the passkey's lengths and
+    # depths; empty: passkey only. task_trials None: tapa eval's default (+-5 points a length)
+    retrieval_tasks: tuple = ()
+    task_trials: int | None = None
     theory_len: int = 4096  # 8x the pretraining length: distances past training
     theory_sequences: int = 8
     sweep_lrs: tuple = (5e-4, 1e-3, 2e-3)
@@ -198,8 +202,10 @@ SCALE_768 = dataclasses.replace(TOY_GPU, name="scale-768",
                                 model=("--dim", "768", "--n-layers", "12", "--n-heads", "6"),
                                 pretrain_steps=2500, rate_scale=0.49)
 
-# issue 37's screen lever "the continual stage at 4096": the same tokens at twice the length
-TOY_GPU_C4096 = dataclasses.replace(TOY_GPU, name="toy-gpu-c4096", continual_len=4096,
+# issue 37's screen: toy-gpu with the retrieval suite after the continual stage, and its lever "the
+# continual stage at 4096" (the same tokens at twice the length)
+TOY_GPU_SCREEN = dataclasses.replace(TOY_GPU, name="toy-gpu-screen", retrieval_tasks=("all",))
+TOY_GPU_C4096 = dataclasses.replace(TOY_GPU_SCREEN, name="toy-gpu-c4096", continual_len=4096,
                                     continual_batch=8)
 
 # Seconds-long CPU version of every stage, for tests and a dry run of the machinery.
@@ -220,7 +226,7 @@ TINY_CPU = Protocol(
     theory_len=128, theory_sequences=2,
     sweep_lrs=(1e-3, 3e-3), seeds=(0, 1))
 
-PROTOCOLS = {p.name: p for p in (TOY_GPU, TOY_GPU_C4096, SCALE_768, TINY_CPU)}
+PROTOCOLS = {p.name: p for p in (TOY_GPU, TOY_GPU_SCREEN, TOY_GPU_C4096, SCALE_768, TINY_CPU)}
 
 
 @dataclass

@@ -191,6 +191,12 @@ def build_groups(jobs: list[Job], protocol: Protocol, stages, root: Path,
                    "--passkey-depths", _csv(protocol.passkey_depths),
                    "--passkey-trials", str(protocol.passkey_trials), "--passkey-filler", "corpus",
                    "--seed", "0", "--device", protocol.device, "--no-progress"]
+        if protocol.retrieval_tasks:  # the retrieval suite on the passkey's grid
+            passkey += ["--tasks", ",".join(protocol.retrieval_tasks),
+                        "--task-lengths", _csv(protocol.passkey_lengths),
+                        "--task-depths", _csv(protocol.passkey_depths)]
+            if protocol.task_trials:
+                passkey += ["--task-trials", str(protocol.task_trials)]
         pre_dir = str(base / "pretrain")
         needed = {name for job in group.jobs for name in job_stages(job, stages)}
         if "pretrain" in needed:
