@@ -76,3 +76,13 @@ def test_flop_count_of_a_hybrid_counts_local_layers_at_their_window():
         model = TapaLM(cfg)
     assert flops_per_token(model, 128) == 6 * matmul_params(model) + 6 * (3 * 32 + 128) * 64
     assert flops_per_token(model, 16) == 6 * matmul_params(model) + 6 * 4 * 16 * 64
+
+
+def test_doc_mask_packs_rows_the_same_way_every_time():
+    from tapa.bench.model import document_ids
+
+    ids = document_ids(3, 500, 40, "cpu")
+    assert ids.shape == (3, 500) and torch.equal(ids, document_ids(3, 500, 40, "cpu"))
+    assert bool((ids[:, 1:] >= ids[:, :-1]).all()) and bool((ids[:, 0] == 0).all())
+    counts = [len(row.unique()) for row in ids]
+    assert all(5 < n < 40 for n in counts)  # about 500 / 40 documents a row

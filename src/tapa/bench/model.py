@@ -33,14 +33,14 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from tapa.model import ModelConfig, TapaLM
+from tapa.model import Documents, ModelConfig, TapaLM
 
 # bf16 dense peak TFLOP/s (no sparsity), by a substring of torch.cuda.get_device_name()
 PEAK_BF16_TFLOPS = {"H200": 989.4, "H100": 989.4, "A100": 312.0, "L40S": 362.1, "A10G": 125.0}
 
 BENCH_MODEL = dict(dim=768, n_layers=12, n_heads=6, vocab_size=50304)  # head_dim 128, ~124M params
 SMOKE_MODEL = dict(dim=64, n_layers=4, n_heads=2, vocab_size=512)  # 4 layers: LLLG has its global one
-FIELDS = ("model", "pe", "attention", "seq_len", "batch", "checkpointing", "params_m", "step_ms", "tokens_per_s",
+FIELDS = ("model", "pe", "attention", "seq_len", "batch", "checkpointing", "doc_mask", "params_m", "step_ms", "tokens_per_s",
           "tflops", "mfu", "peak_mem_gib", "tapa_over_rope")
 
 
@@ -55,6 +55,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="models: a positional encoding, or PE:LAYER_PATTERN:LOCAL_WINDOW for a "
                              "hybrid (default: tapa tapa:LLLG:256 rope)")
     parser.add_argument("--compile", action="store_true", help="torch.compile the decoder blocks")
+    parser.add_argument("--doc-mask", type=int, default=0, metavar="MEAN_LEN",
+                        help="pack each row with documents of random lengths (exponential, this "
+                             "mean, a fixed seed) and train with document masking; 0: off")
     parser.add_argument("--checkpointing", choices=("off", "on", "both"), default="off",
                         help="activation checkpointing of every block (TapaLM.checkpoint_blocks): "
                              "off, on, or both (each config timed twice)")
@@ -117,8 +120,24 @@ def _sdpa_context(path: str):
     return nullcontext()
 
 
+def document_ids(batch: int, seq_len: int, mean_len: int, device, seed: int = 0) -> torch.Tensor:
+    """(batch, seq_len) labels of packed documents whose lengths are exponential with this mean
+    (at least 1 token), drawn with a fixed seed: every config times the same packing."""
+    gen = torch.Generator().manual_seed(seed)
+    rows = []
+    for _ in range(batch):
+        lengths, total = [], 0
+        while total < seq_len:
+            n = max(1, int(torch.empty(1).exponential_(1 / mean_len, generator=gen)))
+            lengths.append(min(n, seq_len - total))
+            total += lengths[-1]
+        rows.append(torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths)))
+    return torch.stack(rows).to(device)
+
+
 def measure(cfg: ModelConfig, *, seq_len: int, batch: int, warmup: int, steps: int,
-            device: torch.device, compile_model: bool = False, checkpointing: bool = False) -> dict:
+            device: torch.device, compile_model: bool = False, checkpointing: bool = False,
+            doc_mask: int = 0) -> dict:
     """Time `steps` training steps of a fresh model (the loss by the model's chunked
     cross-entropy, as training computes it); returns the measured row (no MFU)."""
     torch.manual_seed(0)
@@ -132,13 +151,14 @@ def measure(cfg: ModelConfig, *, seq_len: int, batch: int, warmup: int, steps: i
     path = attention_path(cfg, device)
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
     tokens = torch.randint(0, cfg.vocab_size, (batch, seq_len + 1), device=device)
+    documents = Documents.from_ids(document_ids(batch, seq_len, doc_mask, device)) if doc_mask else None
 
     def step():
         # the backward inside the backend context too: with checkpointing it recomputes the
         # forward, which must take the same SDPA backend (its saved tensors' shapes differ)
         with _sdpa_context(path):
             with autocast:
-                loss = model(tokens[:, :-1], targets=tokens[:, 1:])
+                loss = model(tokens[:, :-1], targets=tokens[:, 1:], document_ids=documents)
             loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -163,7 +183,8 @@ def measure(cfg: ModelConfig, *, seq_len: int, batch: int, warmup: int, steps: i
     step_s = elapsed / steps
     row = {
         "model": f"{cfg.dim}d x {cfg.n_layers}L x {cfg.n_heads}h", "pe": cfg.label, "attention": path,
-        "seq_len": seq_len, "batch": batch, "checkpointing": checkpointing, "params_m": round(model.num_parameters() / 1e6, 1),
+        "seq_len": seq_len, "batch": batch, "checkpointing": checkpointing, "doc_mask": doc_mask,
+        "params_m": round(model.num_parameters() / 1e6, 1),
         "step_ms": round(1e3 * step_s, 2), "tokens_per_s": round(batch * seq_len / step_s, 1),
         "tflops": float(f"{batch * seq_len * flops_per_token(model, seq_len) / step_s / 1e12:.4g}"),
         "peak_mem_gib": (round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
@@ -178,7 +199,7 @@ def measure(cfg: ModelConfig, *, seq_len: int, batch: int, warmup: int, steps: i
 def run_benchmark(*, model_kwargs: dict, lengths: list[int], pes: list[str], tokens_per_step: int,
                   warmup: int, steps: int, device: torch.device, peak_tflops: float | None,
                   compile_model: bool = False, progress: bool = True, on_row=None,
-                  checkpointing: tuple[bool, ...] = (False,)) -> list[dict]:
+                  checkpointing: tuple[bool, ...] = (False,), doc_mask: int = 0) -> list[dict]:
     """One row per (length, pe), with MFU and the TAPA / RoPE tokens/s ratio filled in.
     `on_row(rows)` is called after each config with the rows so far (ratios filled where the RoPE
     row of that length has run), so that a run cut by a time limit keeps what it measured."""
@@ -195,7 +216,7 @@ def run_benchmark(*, model_kwargs: dict, lengths: list[int], pes: list[str], tok
         try:
             row = measure(cfg, seq_len=seq_len, batch=tokens_per_step // seq_len, warmup=warmup,
                           steps=steps, device=device, compile_model=compile_model,
-                          checkpointing=ckpt)
+                          checkpointing=ckpt, doc_mask=doc_mask)
         except torch.cuda.OutOfMemoryError:
             row = {"pe": cfg.label, "seq_len": seq_len, "checkpointing": ckpt, "attention": "OOM"}
         if row["attention"] == "OOM":  # outside the except: its traceback no longer pins memory
@@ -336,7 +357,7 @@ def run(args: argparse.Namespace) -> int:
     rows = run_benchmark(model_kwargs=model_kwargs, lengths=lengths, pes=args.pes,
                          tokens_per_step=tokens_per_step, warmup=args.warmup, steps=args.steps,
                          device=device, peak_tflops=peak, compile_model=args.compile, on_row=write,
-                         checkpointing=checkpointing)
+                         checkpointing=checkpointing, doc_mask=args.doc_mask)
     notes = notes_for(rows)
     for row in rows:
         print(f"{row['pe']:>24} L={row['seq_len']:>6} ckpt={int(bool(row.get('checkpointing')))}  "
