@@ -1,7 +1,19 @@
-"""`tapa convert LLAMA_DIR OUT_DIR`: a LlamaForCausalLM checkpoint -> a TAPA model directory.
+"""`tapa convert SRC_DIR OUT_DIR`: a Llama-layout RoPE checkpoint -> a TAPA (or hybrid) model directory.
 
-The starting point for continual pretraining of an existing model with TAPA attention. Every
-weight is kept; only the q/k rows are reordered and rescaled, per head:
+The starting point for continual pretraining of an existing model with TAPA attention.
+Supported families (transformers' Llama layout): Llama, Mistral, and Qwen2 when its q/k/v biases
+are all zero (TAPA's decoder has no biases). Qwen3 is refused: its QK-norm (q_norm/k_norm) has no
+counterpart in TAPA's decoder. Any other model_type is refused in one line naming these.
+
+Layers (`--layer-pattern`, e.g. LLLG, repeated over the layers as in training):
+- local layers (L) keep the checkpoint's q/k weights exactly; they use plain RoPE with the
+  checkpoint's rope_theta inside a sliding window of `--local-window` tokens, so inside the window
+  a local layer computes what the original layer computes (a checkpoint with a rope_type other
+  than "default", e.g. Llama 3's, is converted with a warning: local layers drop that scaling);
+- global layers (G) take `--pe`: TAPA (the split below), NoPE (the same weights, no rotary), or a
+  RoPE rule (the same weights; rope, pi, ntk, dynamic-ntk, yarn).
+
+Every weight is kept; in TAPA global layers only the q/k rows are reordered and rescaled, per head:
 
 - Order. Llama's rotary layout pairs dim i with dim i + D/2 (rotate_half) at frequency
   base^(-2i/D). TAPA has no rotation; it splits each head into an amplitude part (the first
@@ -16,8 +28,8 @@ weight is kept; only the q/k rows are reordered and rescaled, per head:
   init does). At 0 the phase phi is 0 and cos(2 pi f phi) = 1: attention is exactly Llama's
   attention without rotary, on the amplitude dims (this is how the tests check the conversion).
 
-Llama features TAPA's decoder lacks are refused with a ValueError (biases, a head_dim other than
-hidden_size / heads, an activation other than SiLU). Tokenizer and generation files are copied.
+Features TAPA's decoder lacks are refused with a ValueError (biases, QK-norm, a head_dim other
+than hidden_size / heads, an activation other than SiLU). Tokenizer and generation files are copied.
 """
 
 from __future__ import annotations
@@ -25,6 +37,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import warnings
 from pathlib import Path
 
 import torch
@@ -35,7 +48,11 @@ from tapa.hf.writer import MODEL_FILES, TOKENIZER_FILES, write_pretrained
 from tapa.model.loading import read_json
 from tapa.model import ModelConfig
 from tapa.ops import PHASES, split_dims
-from tapa.positional.kinds import KINDS
+from tapa.positional.kinds import KINDS, get_kind
+
+SUPPORTED = ("llama", "mistral", "qwen2")  # model_type values of the Llama layout that convert
+SUPPORTED_LINE = ("supported: Llama, Mistral and Qwen2 (model_type 'llama', 'mistral', 'qwen2'); "
+                  "Qwen3 is refused (QK-norm)")
 
 CONVERT_MARKER = "tapa_convert.json"
 CONVERT_FILES = (*MODEL_FILES, *TOKENIZER_FILES, CONVERT_MARKER)  # all that a conversion writes
@@ -62,9 +79,17 @@ def low_frequency_first(head_dim: int) -> torch.Tensor:
 
 
 def tapa_config_from_llama(llama: dict, *, pe: str, theta: float, alpha: float, distance: str,
-                           phase_init_scale: float) -> ModelConfig:
-    if llama.get("model_type") != "llama":
-        raise ValueError(f"expected a Llama config (model_type 'llama'), got {llama.get('model_type')!r}")
+                           phase_init_scale: float, layer_pattern: str = "G",
+                           local_window: int = 256) -> ModelConfig:
+    """The ModelConfig of a converted Llama-layout config (module docstring); ValueError in one
+    line for what TAPA's decoder cannot represent."""
+    model_type = llama.get("model_type")
+    if model_type == "qwen3":
+        raise ValueError("Qwen3 cannot be converted: its QK-norm (q_norm/k_norm) has no counterpart in "
+                         f"TAPA's decoder; {SUPPORTED_LINE}")
+    if model_type not in SUPPORTED:
+        raise ValueError(f"model_type {model_type!r} cannot be converted: expected a Llama config or another "
+                         f"Llama-layout family; {SUPPORTED_LINE}")
     heads = llama["num_attention_heads"]
     head_dim = llama.get("head_dim") or llama["hidden_size"] // heads
     if head_dim * heads != llama["hidden_size"]:
@@ -75,16 +100,23 @@ def tapa_config_from_llama(llama: dict, *, pe: str, theta: float, alpha: float, 
             raise ValueError(f"{flag}=True: TAPA's decoder has no biases")
     if llama.get("hidden_act", "silu") != "silu":
         raise ValueError(f"hidden_act {llama['hidden_act']!r}: TAPA's decoder uses SiLU (SwiGLU)")
-    rope = llama.get("rope_parameters") or {}
+    rope = llama.get("rope_parameters") or llama.get("rope_scaling") or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type != "default" and "L" in layer_pattern:
+        warnings.warn(f"the checkpoint's RoPE has rope_type {rope_type!r}; local layers use plain RoPE "
+                      "(rope_theta, no scaling), so they drop it", stacklevel=3)
     return ModelConfig(
         vocab_size=llama["vocab_size"], dim=llama["hidden_size"], n_layers=llama["num_hidden_layers"],
         n_heads=heads, n_kv_heads=llama.get("num_key_value_heads") or heads,
         ffn_dim=llama["intermediate_size"], norm_eps=llama.get("rms_norm_eps", 1e-6),
         tie_embeddings=bool(llama.get("tie_word_embeddings", False)),
         init_std=llama.get("initializer_range", 0.02), pe=pe,
+        layer_pattern=layer_pattern, local_window=local_window,
         rope_base=float(rope.get("rope_theta", llama.get("rope_theta", 10000.0))),
         original_seq_len=llama.get("max_position_embeddings", 2048),
-        theta=theta, alpha=alpha, distance=distance, phase_init_scale=phase_init_scale)
+        **(dict(theta=theta, alpha=alpha, distance=distance)
+           if get_kind(pe).family == "tapa" and "G" in layer_pattern else {}),
+        phase_init_scale=phase_init_scale)
 
 
 def read_llama_weights(llama_dir: Path) -> dict[str, torch.Tensor]:
@@ -116,6 +148,13 @@ def llama_to_tapa_state(weights: dict[str, torch.Tensor], cfg: ModelConfig) -> d
     order = low_frequency_first(cfg.head_dim)
     state, unused = {}, []
     for name, tensor in weights.items():
+        if name.endswith(("q_norm.weight", "k_norm.weight")):
+            raise ValueError(f"{name}: QK-norm has no counterpart in TAPA's decoder; {SUPPORTED_LINE}")
+        if name.endswith("_proj.bias"):  # Qwen2's q/k/v biases: droppable only when all zero
+            if torch.count_nonzero(tensor):
+                raise ValueError(f"{name} is not zero: TAPA's decoder has no biases, so this checkpoint "
+                                 "cannot be converted without changing its outputs")
+            continue
         if name in TOP_NAMES:
             state[TOP_NAMES[name]] = tensor
             continue
@@ -125,7 +164,8 @@ def llama_to_tapa_state(weights: dict[str, torch.Tensor], cfg: ModelConfig) -> d
             unused.append(name)
             continue
         target = f"layers.{parts[2]}.{LAYER_NAMES[layer_name]}"
-        if target.endswith(("attn.wq.weight", "attn.wk.weight")):
+        tapa_layer = cfg.family == "tapa" and cfg.layer_kind(int(parts[2])) == "global"
+        if tapa_layer and target.endswith(("attn.wq.weight", "attn.wk.weight")):
             is_query = target.endswith("wq.weight")
             heads = cfg.n_heads if is_query else cfg.n_kv_heads
             tensor = _reorder_qk(tensor, heads, cfg.head_dim, order).clone()
@@ -143,9 +183,12 @@ def llama_to_tapa_state(weights: dict[str, torch.Tensor], cfg: ModelConfig) -> d
 
 def convert_llama(llama_dir: str | Path, out_dir: str | Path, *, theta: float = 0.5, alpha: float = 0.1,
                   distance: str = "power", phase: str = "quadratic", phase_init_scale: float = 1.0,
-                  overwrite: bool = False) -> Path:
-    """Convert a local LlamaForCausalLM directory; returns out_dir (loadable by AutoModelForCausalLM).
-    out_dir follows tapa._paths' rule: files of other programs there only with overwrite=True."""
+                  overwrite: bool = False, pe: str = "tapa", layer_pattern: str = "G",
+                  local_window: int = 256) -> Path:
+    """Convert a local Llama-layout directory (Llama, Mistral, Qwen2); returns out_dir (loadable by
+    AutoModelForCausalLM). pe: the global layers' kind ("tapa" takes `phase`; "nope"; a RoPE rule);
+    layer_pattern/local_window: a hybrid (module docstring). out_dir follows tapa._paths' rule:
+    files of other programs there only with overwrite=True."""
     llama_dir = Path(llama_dir)
     if Path(out_dir).resolve() == llama_dir.resolve():
         raise ValueError("OUT_DIR must differ from LLAMA_DIR: the conversion would overwrite its input")
@@ -155,12 +198,14 @@ def convert_llama(llama_dir: str | Path, out_dir: str | Path, *, theta: float = 
         raise ValueError(f"{str(llama_dir)!r} is not a model directory (no config.json)")
     if phase_init_scale < 0:
         raise ValueError(f"phase_init_scale must be >= 0, got {phase_init_scale}")
-    pe = next((kind.name for kind in KINDS.values() if kind.family == "tapa" and kind.phase == phase), None)
-    if pe is None:
-        raise ValueError(f"phase must be one of the TAPA phase variants {PHASES}, got {phase!r}")
-    llama = read_json(llama_dir / "config.json", "Llama config")
+    if get_kind(pe).family == "tapa":
+        pe = next((kind.name for kind in KINDS.values() if kind.family == "tapa" and kind.phase == phase), None)
+        if pe is None:
+            raise ValueError(f"phase must be one of the TAPA phase variants {PHASES}, got {phase!r}")
+    llama = read_json(llama_dir / "config.json", "model config")
     cfg = tapa_config_from_llama(llama, pe=pe, theta=theta, alpha=alpha, distance=distance,
-                                 phase_init_scale=phase_init_scale)
+                                 phase_init_scale=phase_init_scale, layer_pattern=layer_pattern,
+                                 local_window=local_window)
     state = llama_to_tapa_state(read_llama_weights(llama_dir), cfg)
     eos, pad = llama.get("eos_token_id"), llama.get("pad_token_id")
     generation_file = llama_dir / "generation_config.json"
@@ -173,7 +218,10 @@ def convert_llama(llama_dir: str | Path, out_dir: str | Path, *, theta: float = 
             if (llama_dir / name).is_file():
                 shutil.copy2(llama_dir / name, out_dir / name)
         (out_dir / CONVERT_MARKER).write_text(json.dumps({
-            "from": str(llama_dir.resolve()), "theta": theta, "alpha": alpha, "distance": distance,
+            "from": str(llama_dir.resolve()), "model_type": llama.get("model_type"), "pe": cfg.pe,
+            "layer_pattern": cfg.layer_pattern, "local_window": cfg.local_window,
+            "local_layers": "the checkpoint's q/k weights, plain RoPE (rope_base) in the window",
+            "theta": theta, "alpha": alpha, "distance": distance,
             "phase": phase, "phase_init_scale": phase_init_scale,
             "q_k_row_order": "rotary pairs from lowest to highest frequency",
             "amplitude_q_scale": "sqrt(d_A / head_dim)"}, indent=2))
@@ -181,8 +229,17 @@ def convert_llama(llama_dir: str | Path, out_dir: str | Path, *, theta: float = 
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("llama_dir", metavar="LLAMA_DIR", help="local LlamaForCausalLM directory (safetensors)")
+    parser.add_argument("llama_dir", metavar="SRC_DIR",
+                        help="local Llama, Mistral or Qwen2 model directory (safetensors)")
     parser.add_argument("out_dir", metavar="OUT_DIR", help="TAPA model directory to write")
+    parser.add_argument("--layer-pattern", default="G",
+                        help="per-layer codes repeated over the layers: L = local (the checkpoint's RoPE "
+                             "in a sliding window), G = global (--pe); e.g. LLLG. Default G: all global")
+    parser.add_argument("--local-window", type=int, default=256, help="tokens a local layer's query sees")
+    parser.add_argument("--pe", default="tapa", choices=[name for name, kind in KINDS.items()
+                                                         if kind.family != "tapa" or name == "tapa"],
+                        help="global layers: tapa (the TAPA split; --phase picks its variant), nope (no "
+                             "rotary), or a RoPE rule")
     parser.add_argument("--theta", type=float, default=0.5, help="amplitude fraction of each head (d_A = theta * D)")
     parser.add_argument("--alpha", type=float, default=0.1, help="distance exponent (power) or slope (linear)")
     parser.add_argument("--distance", default="power", choices=["power", "linear"])
@@ -196,6 +253,7 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     out_dir = convert_llama(args.llama_dir, args.out_dir, theta=args.theta, alpha=args.alpha,
                             distance=args.distance, phase=args.phase, phase_init_scale=args.phase_init_scale,
-                            overwrite=args.overwrite)
+                            overwrite=args.overwrite, pe=args.pe, layer_pattern=args.layer_pattern,
+                            local_window=args.local_window)
     print(f"converted {args.llama_dir} -> {out_dir}")
     return 0
