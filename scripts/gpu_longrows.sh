@@ -5,16 +5,18 @@
 #                 8k/32k/128k rows against the dense kernel and FlexAttention's document mask
 #   rows          `tapa bench model` of the 124M TAPA hybrid and RoPE, batch 1, 64k and 128k
 #                 without and with activation checkpointing, and 256k with it
+#   docmask       `tapa bench model --doc-mask 2048`: TAPA, the TAPA hybrid and RoPE at 8k and 32k
+#                 with packed documents (mean 2048 tokens), against the same without
 #   decode        `tapa bench decode` (a second sample of the decode table)
 #   usage:  bash scripts/gpu_longrows.sh NAME [STEP ...]   (steps: varlen_tests varlen rows
-#           rows256k decode; default all)
+#           rows256k docmask decode; default all)
 #   device: run(command="bash scripts/gpu_longrows.sh longrows", kind="nvidia-h200")
 # Logs and tables go to /tmp/NAME and come back as $OUT/NAME.tar.gz; the tables are printed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 NAME=${1:?usage: gpu_longrows.sh NAME [STEP ...]}
 shift
-STEPS=" ${*:-varlen_tests varlen rows rows256k decode} "
+STEPS=" ${*:-varlen_tests varlen rows rows256k docmask decode} "
 source scripts/gpu_steps.sh "$NAME"
 
 want() { [[ $STEPS == *" $1 "* ]]; }
@@ -27,11 +29,18 @@ want rows && for length in 65536 131072; do
 done
 want rows256k && step rows262144 60 python3 -m tapa.cli bench model --lengths 262144 --tokens-per-step 262144 \
     --pes tapa:LLLG:256 rope --checkpointing on --warmup 1 --steps 2 --out "$WORK/rows262144"
+for mask in 0 2048; do
+    want docmask && step "docmask$mask" 90 python3 -m tapa.cli bench model --lengths 8192 32768 \
+        --tokens-per-step 32768 --pes tapa tapa:LLLG:256 rope --doc-mask $mask --warmup 1 \
+        --steps 3 --out "$WORK/docmask$mask"
+done
 want decode && step decode 50 python3 -m tapa.cli bench decode --out "$WORK/decode"
 tar czf "$OUT/$NAME.tar.gz" -C /tmp "$NAME"
 echo "done at +$(($(date +%s) - START))s"
 cat "$WORK/steps.txt"
 tail -3 "$WORK/varlen_tests.log" 2>/dev/null
 grep "^|" "$WORK/varlen.log" 2>/dev/null
-for length in 65536 131072 262144; do grep -h "L=" "$WORK/rows$length.log" 2>/dev/null | grep -v "^\["; done
+for name in rows65536 rows131072 rows262144 docmask0 docmask2048; do
+    grep -h "L=" "$WORK/$name.log" 2>/dev/null | grep -v "^\["
+done
 grep -E "^\| (1|8|32) \| " "$WORK/decode/decode.md" 2>/dev/null | head -18 | cut -c1-120
