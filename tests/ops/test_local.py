@@ -323,11 +323,13 @@ def test_flex_new_offset_or_window_does_not_recompile(roomy_recompile_limit):
 
 
 @pytest.mark.parametrize("block", [4, 16, 64])
-def test_document_ids_keep_each_window_inside_its_document(block):
+@pytest.mark.parametrize("window", [6, 100])
+def test_document_ids_keep_each_window_inside_its_document(block, window):
     """Packed documents through the chunked path equal each document alone (float64), with blocks
-    smaller and larger than the documents, GQA, and a window longer than some documents."""
+    smaller and larger than the documents, GQA, and a window longer than some documents or than
+    the row (plain causal attention inside each document: the model's softmax global layers)."""
     gen = torch.Generator().manual_seed(11)
-    lengths, window = [(13, 1), (1, 1), (30, 1), (9, 1)], 6
+    lengths = [(13, 1), (1, 1), (30, 1), (9, 1)]
     total = sum(n for n, _ in lengths)
     q = torch.randn(2, total, 4, 16, generator=gen, dtype=torch.float64)
     k, v = (torch.randn(2, total, 2, 16, generator=gen, dtype=torch.float64) for _ in range(2))

@@ -460,8 +460,11 @@ class Attention(nn.Module):
 
     def _global_softmax(self, q, k, v, key_slots, ctx: AttentionContext):
         """Keys are the slots 0 .. start + N - 1."""
+        if ctx.documents is not None:  # whole packed rows: causal inside each document, by query
+            # blocks against their documents' keys (no (N, N) mask)
+            return local_attention(q, k, v, k.shape[1], document_ids=ctx.documents.ids)
         if ctx.start == 0:  # prefill, training: torch's choice of backend
-            if ctx.key_mask is None and ctx.documents is None:
+            if ctx.key_mask is None:
                 return _softmax(q, k, v, is_causal=True)
             return _softmax(q, k, v, mask=ctx.visible(torch.arange(k.shape[1], device=q.device)))
         with _without_cudnn():

@@ -158,12 +158,20 @@ def _chunked(q, k, v, window, q_offset, k_offset, block_size, document_ids=None)
     shift = q_offset - k_offset  # query i's own position is key index i + shift
     if document_ids is not None:
         document_ids = document_ids.to(q.device)
+        # each key's document start: no block's span reaches before its first query's document
+        index = torch.arange(document_ids.shape[1], device=q.device).expand_as(document_ids)
+        starts = torch.ones_like(document_ids, dtype=torch.bool)
+        starts[:, 1:] = document_ids[:, 1:] != document_ids[:, :-1]
+        doc_start = torch.where(starts, index, 0).cummax(-1).values.amin(0)  # over the batch
+        doc_start = doc_start.tolist()
     gqa = heads != k.shape[2]
     q_heads_first, k_heads_first, v_heads_first = (t.transpose(1, 2) for t in (q, k, v))
     outs = []
     for start in range(0, q_len, block_size):
         stop = min(start + block_size, q_len)
         span_start = max(0, start + shift - window + 1)
+        if document_ids is not None:
+            span_start = max(span_start, doc_start[start + shift])
         span_stop = stop + shift  # one past the last query's own key; the checks keep it <= Nk
         if stop - start == 1 and document_ids is None:
             mask = None  # one query (decoding), whose span is its window: every key is visible
