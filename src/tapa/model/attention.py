@@ -228,12 +228,6 @@ class AttentionContext:
         with `window`, only keys whose position is within window - 1 of the query's."""
         query_slots = torch.arange(self.start, self.start + self.seq_len, device=key_slots.device)
         causal = key_slots[None, :] <= query_slots[:, None]
-        if self.documents is not None:  # keys are the row's own slots: same document, causal
-            ids = self.documents.ids.to(key_slots.device)
-            seen = causal[None] & (ids[:, :, None] == ids[:, None, key_slots])
-            if window is not None:
-                seen = seen & ((query_slots[:, None] - key_slots[None, :]) < window)[None]
-            return seen
         if self.key_mask is None:
             seen = causal[None]
             if window is not None:
