@@ -163,7 +163,7 @@ def test_a_file_size_limit_during_the_weights_write_is_one_line(corpus, cache_di
                             env=_shell_env(), capture_output=True, text=True, timeout=300, preexec_fn=limited)
     assert result.returncode == 1, result.stderr
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr, result.stderr
-    assert re.match(r"tapa train: cannot write the checkpoint of step 2 .*: file too large .*The partial "
+    assert re.match(r"tapa train: error: cannot write the checkpoint of step 2 .*: file too large .*The partial "
                     r"checkpoint was removed; the run has no checkpoint yet", result.stderr), result.stderr
     assert list((run_dir / "checkpoints").iterdir()) == []  # no .tmp-step_000002 left behind
 
@@ -208,7 +208,7 @@ def test_a_run_larger_than_memory_is_refused_before_it_starts(cache_dir, tmp_pat
     result = subprocess.run([sys.executable, "-c", code, *argv], env=_shell_env(), capture_output=True,
                             text=True, timeout=120, preexec_fn=limited)
     assert result.returncode == 1 and result.stderr.count("\n") == 1, result.stderr
-    assert re.match(r"tapa train: this run needs about \d+\.\d GiB \(\d+\.\d GiB of activations for 1 x 262144 "
+    assert re.match(r"tapa train: error: this run needs about \d+\.\d GiB \(\d+\.\d GiB of activations for 1 x 262144 "
                     r"tokens per micro-batch.*more than the 16\.0 GiB of RAM; lower --seq-len", result.stderr)
     assert time.monotonic() - started < 60
     assert not (tmp_path / "long").exists()

@@ -25,7 +25,7 @@ from tapa.data import DataConfig
 from tapa.model import PE_CHOICES, PHASE_MATRICES, ModelConfig
 from tapa.ops import DISTANCES, IMPLS
 from tapa.train.config import (PARALLEL_MODES, PRECISIONS, TrainConfig, available_recipes,
-                               build_configs, continual_model_config, default_run_dir, find_recipe,
+                               build_configs, continual_model_config, data_slug, default_run_dir, find_recipe,
                                load_recipe, saved_train_values)
 
 # section -> {field: flag}, flags that differ from the field name
@@ -169,8 +169,8 @@ def _resume_configs(args: argparse.Namespace, overrides: dict):
 
     run_dir = overrides["train"].get("run_dir")
     if run_dir is None:
-        train_cfg, model_cfg, _ = build_configs(load_recipe(args.recipe or "tiny"), overrides)
-        run_dir = str(train_cfg.run_dir or default_run_dir(train_cfg, model_cfg))
+        train_cfg, model_cfg, data_cfg = build_configs(load_recipe(args.recipe or "tiny"), overrides)
+        run_dir = str(train_cfg.run_dir or default_run_dir(train_cfg, model_cfg, data_cfg))
     if not (Path(run_dir) / "config.json").is_file():
         raise ValueError(f"--resume: {str(Path(run_dir) / 'config.json')!r} not found; "
                          "pass the run's --run-dir")
@@ -184,17 +184,21 @@ def _resume_configs(args: argparse.Namespace, overrides: dict):
 
 
 def _continual_configs(args: argparse.Namespace, overrides: dict):
-    from tapa.model.loading import (checkpoint_model_config, read_state, resolve_checkpoint,
+    from tapa.model.loading import (checkpoint_model_config, is_model_dir, read_state, resolve_checkpoint,
                                        run_config)
 
-    checkpoint = resolve_checkpoint(overrides["train"]["init_from"])
-    base_model = checkpoint_model_config(checkpoint)
-    # the source run's settings: its config.json; a bare checkpoint directory has its train
-    # settings in state.json (since phase_lr_scale) and takes the default recipe's for the rest
-    source = run_config(checkpoint)
+    init_from = overrides["train"]["init_from"]
     defaults = load_recipe("tiny")
-    saved_train = source.get("train") or read_state(checkpoint, verify=False).get("train")
-    source_data = source.get("data") or defaults["data"]
+    if is_model_dir(init_from):
+        base_model, source, saved_train, source_data = _model_dir_start(init_from, overrides, defaults)
+    else:
+        checkpoint = resolve_checkpoint(init_from)
+        base_model = checkpoint_model_config(checkpoint)
+        # the source run's settings: its config.json; a bare checkpoint directory has its train
+        # settings in state.json (since phase_lr_scale) and takes the default recipe's for the rest
+        source = run_config(checkpoint)
+        saved_train = source.get("train") or read_state(checkpoint, verify=False).get("train")
+        source_data = source.get("data") or defaults["data"]
     source_train = saved_train_values(saved_train) if saved_train else defaults["train"]
     known = {section: {f.name for f in dataclasses.fields(cls)} for section, cls in _SECTIONS.items()}
     inherited = {
@@ -208,6 +212,8 @@ def _continual_configs(args: argparse.Namespace, overrides: dict):
     if "name" in inherited["train"] and "name" not in {**recipe["train"], **overrides["train"]}:
         # runs/<name>-<pe>-<seq_len> of the source must not be the continual run's default
         merged["train"]["name"] = f"{inherited['train']['name']}-continual"
+    if is_model_dir(init_from) and "name" not in {**recipe["train"], **overrides["train"]}:
+        merged["train"]["name"] = f"{data_slug(str(init_from))}-continual"
     if "lr" not in overrides["train"]:
         # The run starts from the weights alone, with a fresh optimizer: at the pretraining peak lr
         # its first steps undo part of the pretraining (results/toy-study: x1 left every arm 12-14%
@@ -216,6 +222,25 @@ def _continual_configs(args: argparse.Namespace, overrides: dict):
         merged["train"]["lr"] = continual_lr(merged["train"])
     model_cfg = continual_model_config(base_model, {**recipe["model"], **overrides["model"]})
     return TrainConfig.from_dict(merged["train"]), model_cfg, DataConfig.from_dict(merged["data"])
+
+
+def _model_dir_start(path: str, overrides: dict, defaults: dict):
+    """(model config, run config {}, saved train settings None, data settings) of --init-from a
+    transformers model directory (tapa convert / tapa export): the text is --data (required), the
+    tokenizer the directory's own tokenizer.json (--tokenizer overrides it)."""
+    from tapa.model.loading import model_dir_config
+
+    base_model = model_dir_config(path)
+    data = dict(defaults["data"])
+    if "source" not in overrides["data"]:
+        raise ValueError(f"--init-from {path}: a model directory carries no training text; pass --data SOURCE "
+                         "(a text file, a directory of files, a .jsonl, hf:NAME)")
+    if "tokenizer" not in overrides["data"]:
+        if not (Path(path).expanduser() / "tokenizer.json").is_file():
+            raise ValueError(f"--init-from {path}: the directory has no tokenizer.json; pass --tokenizer DIR "
+                             "(the tokenizer the model was trained with)")
+        data["tokenizer"] = str(Path(path).expanduser())
+    return base_model, {}, None, data
 
 
 def continual_lr(train: dict) -> float:
@@ -268,7 +293,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         train_cfg, model_cfg, data_cfg = configs_from_args(args)
     except ValueError as err:
-        raise SystemExit(f"tapa train: {err}") from err
+        raise SystemExit(f"tapa train: error: {err}") from err
     if train_cfg.init_from and not train_cfg.resume and not hasattr(args, "lr"):  # set by continual_lr
         print(f"continual run: peak lr {train_cfg.lr:g}, where the pretraining schedule ended "
               f"(its lr x min_lr_ratio); --lr sets another")
@@ -288,7 +313,8 @@ def run(args: argparse.Namespace) -> int:
     from tapa.train.trainer import train
 
     main_rank = int(os.environ.get("RANK", "0")) == 0
-    run_dir = Path(train_cfg.run_dir) if train_cfg.run_dir else default_run_dir(train_cfg, model_cfg)
+    run_dir = Path(train_cfg.run_dir) if train_cfg.run_dir else default_run_dir(train_cfg, model_cfg, data_cfg)
+    train_cfg = dataclasses.replace(train_cfg, run_dir=str(run_dir))  # the trainer's default has no data source
     lock = RunLock(run_dir)
     try:
         # all before the corpus is built and anything is written: each is a one-line error at once
@@ -301,7 +327,7 @@ def run(args: argparse.Namespace) -> int:
             check_resume_data(run_dir, data_cfg)
         run_dir = train(train_cfg, model_cfg, data_cfg)  # the lock held throughout
     except (ValueError, NonFiniteError) as err:  # bad input, CheckpointError, divergence: a message
-        raise SystemExit(f"tapa train: {err}") from err
+        raise SystemExit(f"tapa train: error: {err}") from err
     finally:
         lock.release()
     if main_rank:

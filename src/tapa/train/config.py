@@ -273,8 +273,25 @@ def build_configs(recipe: dict[str, dict] | None = None,
             DataConfig.from_dict(merged["data"]))
 
 
-def default_run_dir(train_cfg: TrainConfig, model_cfg: ModelConfig) -> Path:
-    return Path("runs") / f"{train_cfg.name}-{model_cfg.pe}-{train_cfg.seq_len}"
+def default_run_dir(train_cfg: TrainConfig, model_cfg: ModelConfig, data_cfg: DataConfig | None = None) -> Path:
+    """runs/<name>-<pe>-<seq_len>, and -<data source> for a source other than the default
+    "builtin" (so two runs on two texts do not share a directory)."""
+    base = f"{train_cfg.name}-{model_cfg.pe}-{train_cfg.seq_len}"
+    if data_cfg is not None and data_cfg.source != "builtin":
+        base += f"-{data_slug(data_cfg.source)}"
+    return Path("runs") / base
+
+
+def data_slug(source: str) -> str:
+    """A short file-name-safe name of a data source: 'corpus.txt', 'wiki' (a directory),
+    'hf-wikitext' (hf:wikitext)."""
+    import re
+
+    if source.startswith("hf:"):
+        raw = "hf-" + Path(source[3:].rstrip("/")).name
+    else:
+        raw = Path(source.rstrip("/")).expanduser().name or source
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", raw).strip("-.")[:48] or "data"
 
 
 # ---------------------------------------------------------------------------------------------

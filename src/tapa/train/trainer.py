@@ -41,6 +41,7 @@ import torch.distributed as dist
 from tapa.data import Corpus, DataConfig, build_corpus
 from tapa.model import Documents, ModelConfig, TapaLM, is_phase_parameter
 from tapa.train import saving as ckpt
+from tapa.model.loading import is_model_dir
 from tapa.train.config import TrainConfig, check_continual, default_run_dir
 from tapa.train.context_parallel import ContextParallel
 from tapa.train.distributed import (DistInfo, barrier, broadcast_object, mean_across_ranks,
@@ -181,11 +182,19 @@ def _continual_start(train_cfg: TrainConfig, model_cfg: ModelConfig | None):
             raise ValueError("model_cfg is required unless init_from names a checkpoint "
                              "(a resumed run passes the model config of its config.json)")
         return model_cfg, None, None
-    checkpoint = ckpt.resolve_checkpoint(train_cfg.init_from)
-    base_cfg = ModelConfig.from_dict(ckpt.read_state(checkpoint)["model"])
+    from tapa.model import loading
+
+    if loading.is_model_dir(train_cfg.init_from):  # a transformers directory (tapa convert / export)
+        checkpoint = Path(train_cfg.init_from).expanduser()
+        base_cfg = loading.model_dir_config(checkpoint)
+    else:
+        checkpoint = ckpt.resolve_checkpoint(train_cfg.init_from)
+        base_cfg = ModelConfig.from_dict(ckpt.read_state(checkpoint)["model"])
     # the vocabulary follows the tokenizer, checked against the corpus later
     model_cfg = dataclasses.replace(model_cfg or base_cfg, vocab_size=base_cfg.vocab_size)
     check_continual(base_cfg, model_cfg)
+    if loading.is_model_dir(checkpoint):
+        return model_cfg, checkpoint, loading.model_dir_weights(checkpoint, model_cfg)
     return model_cfg, checkpoint, ckpt.load_weights(checkpoint, model_cfg)
 
 
@@ -248,7 +257,7 @@ def _setup(train_cfg: TrainConfig, model_cfg: ModelConfig | None, data_cfg: Data
     model_cfg, init_checkpoint, init_weights = _continual_start(train_cfg, model_cfg)
     model_cfg = ModelConfig.from_dict(model_cfg.to_dict())  # our own copy
     corpus = _load_corpus(data_cfg, info, train_cfg.progress and info.is_main)
-    if init_checkpoint is not None:
+    if init_checkpoint is not None and not is_model_dir(init_checkpoint):  # a model dir: its own tokenizer
         check_same_tokenizer(init_checkpoint, corpus)
     if model_cfg.vocab_size != corpus.vocab_size:
         if init_checkpoint is not None:
