@@ -65,3 +65,45 @@ def test_train_init_from_a_converted_directory(llama_dir, tmp_path, monkeypatch)
         tapa_main(["train", "--init-from", str(llama), "--data", str(text), *TRAIN_FLAGS])
     with pytest.raises(SystemExit, match=r"^tapa train: error: --init-from .*pass --data SOURCE"):
         tapa_main(["train", "--init-from", str(hybrid), *TRAIN_FLAGS])
+
+
+EVAL_FLAGS = ["--lengths", "32,64", "--max-tokens", "256", "--stride", "32", "--device", "cpu", "--no-progress"]
+
+
+def test_retrofit_path_end_to_end(llama_dir, tmp_path, monkeypatch, capsys):
+    """The README's four commands: convert, train --init-from, eval, export; and eval of the
+    converted and the exported directories."""
+    llama, text = llama_dir
+    monkeypatch.setenv("TAPA_CACHE", str(tmp_path / "cache"))
+    hybrid, run, exported = tmp_path / "hybrid", tmp_path / "run", tmp_path / "exported"
+    assert tapa_main(["convert", str(llama), str(hybrid), "--layer-pattern", "LLLG", "--local-window", "16",
+                      "--pe", "tapa"]) == 0
+    assert tapa_main(["train", "--init-from", str(hybrid), "--data", str(text), "--run-dir", str(run),
+                      *TRAIN_FLAGS]) == 0
+    assert tapa_main(["eval", str(run), "--data", str(text), *EVAL_FLAGS]) == 0
+    assert tapa_main(["export", str(run), str(exported)]) == 0
+    out = capsys.readouterr().out
+    assert "TAPA hybrid (LLLG, w16)" in out
+    model = AutoModelForCausalLM.from_pretrained(exported).eval()
+    assert model.config.layer_pattern == "LLLG"
+    # every model directory is a starting point: eval the converted and the exported one
+    for directory in (hybrid, exported):
+        assert tapa_main(["eval", str(directory), "--data", str(text), *EVAL_FLAGS]) == 0
+        results = json.loads((directory / f"eval-{text.name}" / "results.json").read_text())
+        assert [r["length"] for r in results["methods"][0]["perplexity"]] == [32, 64]
+    converted = json.loads((hybrid / f"eval-{text.name}" / "results.json").read_text())
+    assert converted["data"]["tokenizer"]["from_model_dir"] == str(hybrid)
+    assert converted["methods"][0]["train_len"] == 32  # the Llama's max_position_embeddings
+    exported_results = json.loads((exported / f"eval-{text.name}" / "results.json").read_text())
+    assert exported_results["methods"][0]["train_len"] == 32  # the run's seq_len
+    # mistakes: one line each
+    with pytest.raises(SystemExit, match=r"^tapa eval: error: .*model directory.*pass --data SOURCE"):
+        tapa_main(["eval", str(hybrid), *EVAL_FLAGS])
+    with pytest.raises(SystemExit, match=r"^tapa eval: error: .*holds a 'llama' model, not a TAPA one"):
+        tapa_main(["eval", str(llama), "--data", str(text), *EVAL_FLAGS])
+    other = tmp_path / "other-tokenizer"
+    save_tokenizer(train_bpe(stdlib_text(4), VOCAB + 40, progress=False), other)
+    with pytest.raises(SystemExit, match=r"^tapa train: error: the corpus' tokenizer has \d+ tokens but the "
+                                         r"checkpoint .* has vocab_size \d+[^\n]*$"):
+        tapa_main(["train", "--init-from", str(hybrid), "--data", str(text), "--tokenizer", str(other),
+                   "--run-dir", str(tmp_path / "run2"), *TRAIN_FLAGS])

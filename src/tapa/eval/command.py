@@ -1,5 +1,6 @@
 """`tapa eval RUN_DIR [RUN_DIR...]`: perplexity vs length (and passkey retrieval, and the retrieval
-tasks of `tapa.eval.tasks`) for trained runs.
+tasks of `tapa.eval.tasks`) for trained runs, and for TAPA transformers model directories (what
+tapa convert and tapa export write: with --data, tokenized by the directory's tokenizer.json).
 Writes RUN_DIR/eval/{results.json, results.md, perplexity.png, position_loss.png, passkey_*.png,
 retrieval_*.png}; with --data SOURCE, RUN_DIR/eval-<name of SOURCE>/ instead, so the default
 evaluation's files are never replaced by another text's.
@@ -62,7 +63,12 @@ def _pe_list(text: str) -> tuple[str, ...]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("runs", nargs="+", metavar="RUN_DIR",
-                        help="training run directories, or a directory holding runs (e.g. a demo's)")
+                        help="training run directories, or a directory holding runs (e.g. a demo's), or "
+                             "TAPA model directories (tapa convert / tapa export; they need --data, and "
+                             "their tokenizer.json tokenizes it)")
+    parser.add_argument("--train-len", type=int, default=None,
+                        help="model directories: the length the model was trained at (default: the "
+                             "exported run's seq_len, else the model's original_seq_len)")
     parser.add_argument("--checkpoint", default=None,
                         help="a checkpoint directory of RUN_DIR to evaluate instead of its latest "
                              "(one run only)")
@@ -375,11 +381,12 @@ def check_eval_pe(eval_pe, checkpoints: list[Path]) -> None:
     """--eval-pe re-evaluates RoPE-family models only; ValueError if no run it names is one (the
     flag would do nothing). Runs of other encodings among RoPE ones (a demo's) are evaluated as
     they are."""
-    from tapa.model.loading import checkpoint_model_config
+    from tapa.model.loading import checkpoint_model_config, is_model_dir, model_dir_config
 
     if not eval_pe:
         return
-    encodings = sorted({checkpoint_model_config(checkpoint).pe for checkpoint in checkpoints})
+    encodings = sorted({(model_dir_config(checkpoint) if is_model_dir(checkpoint)
+                         else checkpoint_model_config(checkpoint)).pe for checkpoint in checkpoints})
     if not set(encodings) & set(ROPE_FAMILY):
         raise ValueError(f"--eval-pe {','.join(eval_pe)} applies to RoPE-family models "
                          f"({', '.join(ROPE_FAMILY)}); the runs given are {', '.join(encodings)}")
@@ -412,7 +419,20 @@ def _run(args: argparse.Namespace, pins: ExitStack) -> int:
         raise ValueError("--out applies to a single RUN_DIR; use 'tapa report' to merge runs")
     # everything a user can get wrong is checked before the first (possibly long) evaluation;
     # every checkpoint is pinned first, so that a trainer still writing the run cannot prune it
-    checkpoints = [pins.enter_context(pinned_checkpoint(run_dir, choose_checkpoint(run_dir, args.checkpoint),
+    from tapa.model.loading import is_model_dir, model_dir_config
+
+    model_dirs = {run_dir for run_dir in runs if is_model_dir(run_dir)}
+    for model_dir in model_dirs:  # a transformers directory: checked now, read as it is (no pin)
+        model_dir_config(model_dir)  # another model_type (a Llama): one line that says to convert it
+        if not options.data:
+            raise ValueError(f"{str(model_dir)!r} is a model directory, which carries no evaluation text; "
+                             "pass --data SOURCE (a text file, a directory of files, a .jsonl, hf:NAME)")
+        if args.checkpoint:
+            raise ValueError("--checkpoint picks a checkpoint of a run; a model directory is one model")
+    if args.train_len is not None and len(model_dirs) != len(runs):
+        raise ValueError("--train-len applies to model directories only (a run records its own)")
+    checkpoints = [run_dir if run_dir in model_dirs else
+                   pins.enter_context(pinned_checkpoint(run_dir, choose_checkpoint(run_dir, args.checkpoint),
                                                         explicit=bool(args.checkpoint)))
                    for run_dir in runs]
     check_eval_pe(options.eval_pe, checkpoints)
@@ -423,8 +443,12 @@ def _run(args: argparse.Namespace, pins: ExitStack) -> int:
     for run_dir, out_dir in zip(runs, out_dirs):
         check_eval_dir(out_dir, run_dir, overwrite=args.overwrite)
     for run_dir, checkpoint, out_dir in zip(runs, checkpoints, out_dirs):
-        results = evaluate_run(run_dir, options, device=device, checkpoint=checkpoint)
-        tokens = training_tokens(checkpoint)
+        if run_dir in model_dirs:
+            results = evaluate_run(run_dir, options, device=device, train_len=args.train_len)
+            tokens = None
+        else:
+            results = evaluate_run(run_dir, options, device=device, checkpoint=checkpoint)
+            tokens = training_tokens(checkpoint)
         for method in results["methods"]:
             method.setdefault("train_tokens", tokens)
         on = "" if not options.data else f" on {data_name(options.data)}"

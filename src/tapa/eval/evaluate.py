@@ -230,6 +230,8 @@ def eval_tokens(run_config: dict, options: EvalOptions):
     from tapa.data import SPLITS, DataConfig, build_corpus
     from tapa.data.tokenizer import tokenizer_file
 
+    if run_config.get("model_dir"):  # a transformers directory: its own tokenizer, the text of --data
+        return _model_dir_tokens(Path(run_config["model_dir"]), options)
     if not options.data:
         corpus = build_corpus(DataConfig.from_dict(run_config["data"]), progress=options.progress)
         tokens = corpus.tokens(options.split)
@@ -265,6 +267,60 @@ def eval_tokens(run_config: dict, options: EvalOptions):
         "cache": str(corpus.directory)}
 
 
+def _model_dir_tokens(model_dir: Path, options: EvalOptions):
+    """eval_tokens of a transformers model directory: options.data tokenized with its tokenizer.json."""
+    from tapa._paths import file_sha256
+    from tapa.data import SPLITS, DataConfig, build_corpus
+    from tapa.data.tokenizer import tokenizer_file
+
+    defaults = DataConfig()
+    all_text = options.split == "all"
+    cfg = DataConfig(source=options.data, tokenizer=str(model_dir), text_field=options.text_field or "text",
+                     val_fraction=0.0 if all_text else defaults.val_fraction,
+                     test_fraction=0.0 if all_text else defaults.test_fraction)
+    try:
+        corpus = build_corpus(cfg, progress=options.progress)
+    except ValueError as err:
+        raise ValueError(f"--data {options.data}: {err}") from err
+    parts = [corpus.tokens(split) for split in (SPLITS if all_text else (options.split,))]
+    parts = [part for part in parts if part.size]
+    tokens = parts[0] if len(parts) == 1 else np.concatenate(parts) if parts else np.empty(0, corpus.dtype)
+    file = tokenizer_file(model_dir)
+    return tokens, corpus, {
+        "source": options.data, "name": data_name(options.data),
+        "path": corpus.manifest["source"].get("path"),
+        "kind": corpus.manifest["source"].get("kind"), "split": options.split,
+        "tokens": int(tokens.size), "run_corpus": False, "text_field": cfg.text_field,
+        "tokenizer": {"from_model_dir": str(model_dir), "sha256": file_sha256(file), "file": str(file)},
+        "cache": str(corpus.directory)}
+
+
+def model_dir_run_config(model_dir: Path, model_cfg, options: EvalOptions, train_len: int | None = None) -> dict:
+    """What evaluate_run reads of a run's config.json, for a transformers model directory (tapa
+    convert / tapa export): the training length is `train_len`, else the exported run's seq_len
+    (when its run directory is still there), else the model's original_seq_len (a converted
+    model's max_position_embeddings). ValueError in one line without --data or a tokenizer.json."""
+    from tapa.model.loading import read_json, run_config as run_config_of
+
+    if not options.data:
+        raise ValueError(f"{str(model_dir)!r} is a model directory, which carries no evaluation text; "
+                         "pass --data SOURCE (a text file, a directory of files, a .jsonl, hf:NAME)")
+    if not (model_dir / "tokenizer.json").is_file():
+        raise ValueError(f"{str(model_dir)!r} has no tokenizer.json: the model directory's own tokenizer "
+                         "tokenizes --data; export it with its tokenizer")
+    init_from, source_len = None, None
+    convert_marker, export_marker = model_dir / "tapa_convert.json", model_dir / "tapa_export.json"
+    if convert_marker.is_file():
+        init_from = read_json(convert_marker, "conversion record").get("from")
+    elif export_marker.is_file():
+        checkpoint = read_json(export_marker, "export record").get("checkpoint")
+        source = run_config_of(Path(checkpoint)) if checkpoint and Path(checkpoint).is_dir() else {}
+        source_len = (source.get("train") or {}).get("seq_len")
+        init_from = source.get("init_from")
+    return {"train": {"seq_len": int(train_len or source_len or model_cfg.original_seq_len)},
+            "model_dir": str(model_dir), "init_from": init_from}
+
+
 def _same_source(a: str, b: str) -> bool:
     if a == b:
         return True
@@ -297,18 +353,25 @@ def check_finite_weights(model: torch.nn.Module, what: str) -> None:
 
 
 def evaluate_run(run_dir: str | Path, options: EvalOptions, *, device: str | torch.device = "cpu",
-                 checkpoint: str | Path | None = None) -> dict:
+                 checkpoint: str | Path | None = None, train_len: int | None = None) -> dict:
     """Evaluate the latest checkpoint of `run_dir` (or `checkpoint`) on the run's held-out split,
-    or on options.data tokenized with the run's tokenizer. A checkpoint whose weights are not
-    finite is a ValueError."""
-    from tapa.model.loading import load_model, read_state, resolve_checkpoint
+    or on options.data tokenized with the run's tokenizer. `run_dir` may also be a TAPA
+    transformers model directory (tapa convert / tapa export): then options.data is required, its
+    tokenizer.json tokenizes it, and `train_len` (or `model_dir_run_config`'s default) is the
+    training length. A checkpoint whose weights are not finite is a ValueError."""
+    from tapa.model.loading import is_model_dir, load_model, model_dir_config, read_state, resolve_checkpoint
 
     run_dir = Path(run_dir)
     if not (run_dir / "config.json").is_file():
         raise ValueError(f"run_dir {str(run_dir)!r} is not a training run (no config.json)")
-    model, model_cfg, run_config = load_model(checkpoint or run_dir, device=device)
-    step = read_state(resolve_checkpoint(checkpoint or run_dir), verify=False).get("step")
-    check_finite_weights(model, f"the checkpoint of step {step} of {str(run_dir)!r}")
+    if is_model_dir(run_dir) and checkpoint is None:
+        run_config = model_dir_run_config(run_dir, model_dir_config(run_dir), options, train_len)
+        model, model_cfg, _ = load_model(run_dir, device=device)
+        check_finite_weights(model, f"the model directory {str(run_dir)!r}")
+    else:
+        model, model_cfg, run_config = load_model(checkpoint or run_dir, device=device)
+        step = read_state(resolve_checkpoint(checkpoint or run_dir), verify=False).get("step")
+        check_finite_weights(model, f"the checkpoint of step {step} of {str(run_dir)!r}")
     train_len = int(run_config["train"]["seq_len"])
     tokens, corpus, data = eval_tokens(run_config, options)
     lengths = options.lengths or lengths_from_multiples(train_len, options.multiples)
