@@ -7,6 +7,18 @@ mask, position ids, labels) onto it: the cache is wrapped in the model's cache i
 
 Runs under transformers 5.17 and later: 5.17 names the cache argument `past_key_values`, later
 versions `cache`; forward accepts both and returns it under the name the installed version uses.
+
+transformers conventions:
+- `gradient_checkpointing_enable()` / `activation_checkpointing_enable()` set
+  `TapaLM.checkpoint_blocks`: each block is recomputed in the backward (torch's non-reentrant
+  checkpoint); the disable calls clear it. Checkpoint kwargs (use_reentrant, offload) are not used.
+- `attn_implementation` takes "eager" or "sdpa" (the default), and both run the model's own
+  attention: TAPA global layers the TAPA op (`tapa.ops.tapa_attention`: the fused Triton kernel on
+  CUDA, the reference op elsewhere), RoPE/NoPE global layers and local layers PyTorch's SDPA.
+  Any other value (flash_attention_2, flex_attention, a kernel) is a ValueError saying so.
+- `generate` is transformers' GenerationMixin.generate: it returns the prompt followed by the new
+  tokens, (B, N + new). `TapaLM.generate` (the bare model's fast path) returns the new tokens only,
+  (B, new); prepend the prompt (torch.cat([ids, out], 1)) to compare the two.
 """
 
 from __future__ import annotations
@@ -95,12 +107,35 @@ class TapaForCausalLM(PreTrainedModel, GenerationMixin):
     main_input_name = "input_ids"
     _no_split_modules = ["Block"]
     _tied_weights_keys = {"model.lm_head.weight": "model.embed.weight"}
-    supports_gradient_checkpointing = False
+    supports_gradient_checkpointing = True  # TapaLM.checkpoint_blocks (_set_gradient_checkpointing)
+    _supports_sdpa = True
 
     def __init__(self, config: TapaConfig):
         super().__init__(config)
         self.model = TapaLM(config.model_config())
         self.post_init()
+
+    def _set_gradient_checkpointing(self, enable: bool = True, gradient_checkpointing_func=None,
+                                    every_n_layers: int = 1):
+        """What gradient_checkpointing_enable/disable end in: TapaLM.checkpoint_blocks (every block
+        recomputed in the backward, torch's non-reentrant checkpoint)."""
+        if enable and every_n_layers != 1:
+            raise ValueError(f"TapaForCausalLM checkpoints every block; every_n_layers={every_n_layers} "
+                             "is not supported")
+        self.model.checkpoint_blocks = bool(enable)
+
+    @property
+    def is_activation_checkpointing(self) -> bool:
+        return bool(self.model.checkpoint_blocks)
+
+    @property
+    def is_gradient_checkpointing(self) -> bool:
+        return bool(self.model.checkpoint_blocks)
+
+    def _check_and_adjust_attn_implementation(self, attn_implementation=None, is_init_check: bool = False,
+                                              *args, **kwargs) -> str:
+        """'eager' or 'sdpa' (None: 'sdpa'); both run the model's own attention (module docstring)."""
+        return check_attn_implementation(attn_implementation)
 
     def _init_weights(self, module):
         """TapaLM initializes itself (phase_init_scale etc.); transformers' default init must not."""
@@ -219,6 +254,21 @@ class TapaForCausalLM(PreTrainedModel, GenerationMixin):
                                    ignore_index=-100)
         return CausalLMOutputWithPast(loss=loss, logits=logits,
                                       **{CACHE_OUTPUT_NAME: cache if use_cache else None})
+
+
+ATTN_IMPLEMENTATIONS = ("eager", "sdpa")
+ATTN_NOTE = ("TAPA layers use the TAPA op (the fused Triton kernel on CUDA), RoPE/NoPE global and local "
+             "layers PyTorch's SDPA, whatever attn_implementation says")
+
+
+def check_attn_implementation(value: str | None) -> str:
+    """A transformers attn_implementation this model accepts ('eager' or 'sdpa'; None: 'sdpa');
+    ValueError in one line for any other (flash_attention_2, flex_attention, a hub kernel)."""
+    if value is None:
+        return "sdpa"
+    if isinstance(value, str) and value.removeprefix("paged|") in ATTN_IMPLEMENTATIONS:
+        return value.removeprefix("paged|")
+    raise ValueError(f"TapaForCausalLM takes attn_implementation 'eager' or 'sdpa', got {value!r}: {ATTN_NOTE}")
 
 
 def _check_forward_kwargs(kwargs: dict) -> None:
