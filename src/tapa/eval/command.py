@@ -21,7 +21,8 @@ from typing import Iterator
 from tapa._paths import RUN_CONFIG, check_output_dir, is_run_dir, run_dirs_inside
 from tapa.eval.evaluate import (DEFAULT_DEPTHS, DEFAULT_MULTIPLES, EvalOptions, check_data_source, data_name,
                                  evaluate_run)
-from tapa.eval.report import RESULT_FILES, RESULTS_JSON, perplexity_table, task_tables, write_results
+from tapa.eval.report import (RESULT_FILES, RESULTS_JSON, passkey_table, perplexity_table, task_tables,
+                              write_results)
 from tapa.eval.scaling import ROPE_FAMILY
 from tapa.eval.tasks import TASKS, TaskSettings, default_trials, parse_tasks, trials_for_half_width
 
@@ -404,6 +405,28 @@ def check_eval_dir(out_dir: Path, run_dir: Path, *, overwrite: bool) -> Path:
                             command="tapa eval", run_subdirs=EVAL_SUBDIRS if own else ())
 
 
+def passkey_note(grid: dict, run_dir: Path, model_dir: bool) -> str | None:
+    """A note under a passkey grid that is all zeros from a model never trained on passkey prompts
+    (--passkey-fraction 0): the zeros say that it never learned the prompt's answer format, not
+    how far it retrieves. None otherwise."""
+    correct = grid.get("correct") or grid.get("accuracy") or []
+    if any(value for row in correct for value in row):
+        return None
+    if model_dir:
+        trained = None
+    else:
+        try:
+            trained = (json.loads((run_dir / RUN_CONFIG).read_text()).get("train") or {}).get("passkey_fraction")
+        except (OSError, ValueError):
+            trained = None
+    if trained:
+        return None
+    how = "was never trained" if trained is not None else "may never have been trained"
+    return (f"note: every passkey cell is 0: {run_dir.name} {how} on passkey prompts (tapa train "
+            "--passkey-fraction, 0 by default), so a small model need not answer in the prompt's format at "
+            "all; continue it with --passkey-fraction 0.1 before reading this grid as a retrieval range")
+
+
 def run(args: argparse.Namespace) -> int:
     with ExitStack() as pins:
         return _run(args, pins)
@@ -456,6 +479,12 @@ def _run(args: argparse.Namespace, pins: ExitStack) -> int:
         data = results["data"]
         print(f"data: {data['source']} ({data['split']}, {data['tokens']:,} tokens)")
         print(perplexity_table(results["methods"]))
+        for method in results["methods"]:
+            if method.get("passkey"):
+                print("\npasskey retrieval:\n" + passkey_table(method["label"], method["passkey"]))
+                note = passkey_note(method["passkey"], run_dir, run_dir in model_dirs)
+                if note:
+                    print(note)
         tables = task_tables(results["methods"])
         if tables:
             print("\n" + tables)

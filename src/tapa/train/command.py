@@ -325,14 +325,32 @@ def run(args: argparse.Namespace) -> int:
                 print(f"tapa train: note: {lock.note}", file=sys.stderr, flush=True)
         if train_cfg.resume:
             check_resume_data(run_dir, data_cfg)
+            done = finished_step(run_dir, train_cfg)
+            if done is not None:  # nothing to train: say so, instead of the old summary
+                if main_rank:
+                    print(f"tapa train: {run_dir} is complete: its latest checkpoint is at step {done} of "
+                          f"--steps {train_cfg.steps}; nothing to resume (a larger --steps trains it further)")
+                return 0
         run_dir = train(train_cfg, model_cfg, data_cfg)  # the lock held throughout
     except (ValueError, NonFiniteError) as err:  # bad input, CheckpointError, divergence: a message
         raise SystemExit(f"tapa train: error: {err}") from err
     finally:
         lock.release()
     if main_rank:
-        print(summary(run_dir))
+        # the corpus line was printed at the start when the run showed progress
+        print(summary(run_dir, corpus=not train_cfg.progress))
     return 0
+
+
+def finished_step(run_dir: Path, train_cfg) -> int | None:
+    """The step of a run's latest checkpoint when it already reached --steps (a finished run that
+    --resume would only load and save again); None otherwise."""
+    from tapa.model.loading import has_checkpoint, read_state, resolve_checkpoint
+
+    if not has_checkpoint(run_dir):
+        return None
+    step = read_state(resolve_checkpoint(run_dir), verify=False).get("step")
+    return step if isinstance(step, int) and step >= train_cfg.steps else None
 
 
 # Activation memory per token and layer, in values (see estimate_memory). On CUDA, the fused
@@ -423,8 +441,8 @@ def check_memory(train_cfg, model_cfg, data_cfg, *, skip: bool = False, show: bo
               f"of {where}; if it runs out of memory, {hint}", file=sys.stderr, flush=True)
 
 
-def summary(run_dir: Path) -> str:
-    """What a finished run reports: its directory, loss, throughput and data plan."""
+def summary(run_dir: Path, *, corpus: bool = True) -> str:
+    """What a finished run reports: its directory, loss, throughput and (corpus) data plan."""
     from tapa.train.rundir import read_metrics, read_run_config
 
     lines = [f"run: {run_dir}"]
@@ -434,10 +452,14 @@ def summary(run_dir: Path) -> str:
         first, last = records[0], records[-1]
         overall = last["tokens"] / last["elapsed_s"] if last["elapsed_s"] else float("nan")
         lines.append(f"steps {last['step']}: loss {first['loss']:.3f} -> {last['loss']:.3f}, "
-                     f"val_loss {last['val_loss']}, {overall:.0f} tokens/s overall "
+                     f"val_loss {_loss(last.get('val_loss'))}, {overall:.0f} tokens/s overall "
                      f"(last interval {last['tokens_per_s']:.0f})")
     plan = read_run_config(run_dir).get("data_plan")
-    if plan:
+    if plan and corpus:
         lines.append(f"corpus: {plan['train_tokens']:,} training tokens; the run reads "
                      f"{plan['run_tokens']:,} tokens = {plan['epochs']:.2f} epochs")
     return "\n".join(lines)
+
+
+def _loss(value) -> str:
+    return f"{value:.3f}" if isinstance(value, (int, float)) else "n/a"
