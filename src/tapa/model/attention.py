@@ -11,11 +11,14 @@ Layer kinds (`ModelConfig.layer_pattern`):
   `local_window` tokens (`tapa.ops.local.local_attention`).
 
 Positions. Without a padding mask a token's position is its slot (0, 1, ... after the cached
-ones). With packed documents (`Documents`: each row a sequence of whole documents, as training
-packs them), no token sees another document: TAPA layers take the varlen op (their distances are
-already each document's own), and RoPE positions restart at 0 at each document's first token. With one (transformers' padded batches), positions restart at 0 at each sequence's first
-real token and skip masked tokens; padded keys are hidden, and a query always sees its own slot so
-padded rows stay finite (their outputs are never used).
+ones). With a padding mask (transformers' padded batches), positions restart at 0 at each
+sequence's first real token and skip masked tokens; padded keys are hidden (TAPA layers run each
+row's real tokens as one sequence of the varlen op), and a query always sees its own slot so
+padded rows stay finite (their outputs are never used). With packed documents (`Documents`: each
+row a run of whole documents, as training packs them), no token sees another document: TAPA
+layers take the varlen op (their distances are already each document's own), the other layers
+the chunked window with the documents in its masks, and RoPE positions restart at 0 at each
+document's first token.
 
 Context parallelism (training only): each rank holds a share of every row, at global positions
 (`AttentionContext.parallel`, set by the trainer); the layer hands its queries, keys and values
