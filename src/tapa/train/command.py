@@ -343,14 +343,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def finished_step(run_dir: Path, train_cfg) -> int | None:
-    """The step of a run's latest checkpoint when it already reached --steps (a finished run that
+    """The step of a run's latest checkpoint when it is exactly at --steps (a finished run that
     --resume would only load and save again); None otherwise."""
     from tapa.model.loading import has_checkpoint, read_state, resolve_checkpoint
 
     if not has_checkpoint(run_dir):
         return None
     step = read_state(resolve_checkpoint(run_dir), verify=False).get("step")
-    return step if isinstance(step, int) and step >= train_cfg.steps else None
+    return step if step == train_cfg.steps else None  # past --steps: prepare_run_dir says it is an error
 
 
 # Activation memory per token and layer, in values (see estimate_memory). On CUDA, the fused
