@@ -171,7 +171,9 @@ class TapaLM(nn.Module):
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int, *, temperature: float = 0.0,
                  top_k: int | None = None, generator: torch.Generator | None = None,
                  cuda_graph: bool | None = None) -> torch.Tensor:
-        """Continuation (B, max_new_tokens) of unpadded prompts input_ids (B, N): the prompt in one
+        """Continuation (B, max_new_tokens) of unpadded prompts input_ids (B, N), the new tokens
+        only (transformers' generate returns the prompt followed by them: `torch.cat([input_ids,
+        out], 1)` gives that form). The prompt in one
         pass through a new KVCache, then one `StaticDecoder` step per token, captured once as a CUDA
         graph and replayed when cuda_graph (default: on CUDA, where the step can be captured:
         `tapa.model.static_decode.cuda_graph_blocker`).
