@@ -227,7 +227,7 @@ def run_tokenizer_corpus(run_config: dict, progress: bool):
 def eval_tokens(run_config: dict, options: EvalOptions):
     """(tokens, corpus, data description) of what `options` evaluates: the run's own corpus split,
     or options.data tokenized with the run's tokenizer (its `split`, 'all' = every split in order)."""
-    from tapa.data import SPLITS, DataConfig, build_corpus
+    from tapa.data import DataConfig, build_corpus
     from tapa.data.tokenizer import tokenizer_file
 
     if run_config.get("model_dir"):  # a transformers directory: its own tokenizer, the text of --data
@@ -246,13 +246,7 @@ def eval_tokens(run_config: dict, options: EvalOptions):
                      text_field=options.text_field or run_data.text_field,
                      val_fraction=0.0 if all_text else run_data.val_fraction,
                      test_fraction=0.0 if all_text else run_data.test_fraction)
-    try:
-        corpus = build_corpus(cfg, progress=options.progress)
-    except ValueError as err:
-        raise ValueError(f"--data {options.data}: {err}") from err
-    parts = [corpus.tokens(split) for split in (SPLITS if all_text else (options.split,))]
-    parts = [part for part in parts if part.size]
-    tokens = parts[0] if len(parts) == 1 else np.concatenate(parts) if parts else np.empty(0, corpus.dtype)
+    tokens, corpus = _data_tokens(cfg, options)
     if all_text and _same_source(options.data, run_data.source):
         print(f"tapa eval: note: --data {options.data} is the run's own training source; --split all includes "
               "the text it was trained on (--split test evaluates its held-out part)", file=sys.stderr)
@@ -267,10 +261,25 @@ def eval_tokens(run_config: dict, options: EvalOptions):
         "cache": str(corpus.directory)}
 
 
+def _data_tokens(cfg, options: EvalOptions):
+    """(tokens, corpus) of --data built with cfg: the chosen split, or all of it."""
+    from tapa.data import SPLITS, build_corpus
+
+    try:
+        corpus = build_corpus(cfg, progress=options.progress)
+    except ValueError as err:
+        raise ValueError(f"--data {options.data}: {err}") from err
+    splits = SPLITS if options.split == "all" else (options.split,)
+    parts = [part for part in (corpus.tokens(split) for split in splits) if part.size]
+    if not parts:
+        return np.empty(0, corpus.dtype), corpus
+    return (parts[0] if len(parts) == 1 else np.concatenate(parts)), corpus
+
+
 def _model_dir_tokens(model_dir: Path, options: EvalOptions):
     """eval_tokens of a transformers model directory: options.data tokenized with its tokenizer.json."""
     from tapa._paths import file_sha256
-    from tapa.data import SPLITS, DataConfig, build_corpus
+    from tapa.data import DataConfig
     from tapa.data.tokenizer import tokenizer_file
 
     defaults = DataConfig()
@@ -278,13 +287,7 @@ def _model_dir_tokens(model_dir: Path, options: EvalOptions):
     cfg = DataConfig(source=options.data, tokenizer=str(model_dir), text_field=options.text_field or "text",
                      val_fraction=0.0 if all_text else defaults.val_fraction,
                      test_fraction=0.0 if all_text else defaults.test_fraction)
-    try:
-        corpus = build_corpus(cfg, progress=options.progress)
-    except ValueError as err:
-        raise ValueError(f"--data {options.data}: {err}") from err
-    parts = [corpus.tokens(split) for split in (SPLITS if all_text else (options.split,))]
-    parts = [part for part in parts if part.size]
-    tokens = parts[0] if len(parts) == 1 else np.concatenate(parts) if parts else np.empty(0, corpus.dtype)
+    tokens, corpus = _data_tokens(cfg, options)
     file = tokenizer_file(model_dir)
     return tokens, corpus, {
         "source": options.data, "name": data_name(options.data),
