@@ -396,7 +396,8 @@ def backward(dout, dlse, q, k, v, out, lse, *, amp_dim, alpha, distance, phase, 
     compiled = kernels._bwd_dkdv_kernel[grid](
         q, k, v, dout, lse, delta, dk, dv, dq, *_sequence_args(varlen), *_row_strides(q, varlen),
         *_row_strides(k, varlen), *_row_strides(v, varlen), *_row_strides(dout, varlen),
-        *_row_strides(dk, varlen), *_row_strides(dv, varlen), *_row_strides(dq, varlen), n_q, n_k, q_offset, k_offset, kv_heads, heads // kv_heads, *dkdv_scalars,
+        *_row_strides(dk, varlen), *_row_strides(dv, varlen), *_row_strides(dq, varlen), n_q, n_k,
+        q_offset, k_offset, kv_heads, heads // kv_heads, *dkdv_scalars,
         *dkdv_grad_scales, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, **tile.launch_options(),
         **constexprs, **dkdv)
     _remember(dkdv_kernel_name(dkdv), tile, {**constexprs, **dkdv}, compiled)

@@ -8,8 +8,9 @@ x keys, or keys x queries in dK/dV) at signed distances s = m - n:
     t      = f(|s|) / sqrt(d_P) * phi           phi = a_P . b_P (quadratic) or sum a_P + sum b_P
     logit  = qk_amp * cos(2 pi (t - round(t)))  the caller applies 1 / sqrt(d_A) (and log2 e)
 
-Where the time goes (docs/design.md, "Where kernel time goes"): the special-function unit (MUFU) does 16 ops/clock/SM, so
-per score each exp2 / log2 / cos costs about a quarter of the matmul work at D=128. So:
+Where the time goes (docs/design.md, "Where kernel time goes"): the special-function unit (MUFU)
+does 16 ops/clock/SM, so per score each exp2 / log2 / cos costs about a quarter of the matmul
+work at D=128. So:
 - round(t) is two float adds with the 1.5 * 2**23 trick (a conversion would go to a slow pipe);
 - d ** alpha is a Taylor series in the relative distance around the tile's centre when the tile
   lies far from the diagonal (its degree TAYLOR_ORDER and the band where it applies, `taylor_rho`,
