@@ -41,9 +41,9 @@ from torch import nn
 
 from tapa.model.config import ModelConfig
 from tapa.ops import split_dims, tapa_attention, tapa_attention_varlen, tapa_attention_with_kvcache
+from tapa.ops.local import document_starts, local_attention
 from tapa.ops.tapa.decode import decode_kernel_applies
 from tapa.positional.rope import apply_rope, rope_cos_sin, rope_frequencies
-from tapa.ops.local import local_attention
 
 PHASE_PARAMETERS = ("wq_phase", "wk_phase", "phase_matrix")
 
@@ -98,13 +98,11 @@ class Documents:
         if ids.dim() != 2:
             raise ValueError(f"document_ids must be (batch, seqlen), got shape {tuple(ids.shape)}")
         batch, length = ids.shape
-        starts = torch.ones_like(ids, dtype=torch.bool)
-        starts[:, 1:] = ids[:, 1:] != ids[:, :-1]
+        positions = torch.arange(length, device=ids.device) - document_starts(ids)
+        starts = positions == 0
         index = starts.long().cumsum(-1) - 1  # document index within the row
         flat_starts = torch.nonzero(starts.flatten()).flatten()
         cu = torch.cat([flat_starts, flat_starts.new_tensor([batch * length])]).to(torch.int32)
-        first = torch.where(starts, torch.arange(length, device=ids.device).expand(batch, length), 0)
-        positions = torch.arange(length, device=ids.device) - first.cummax(-1).values
         return cls(index, positions, cu, int(cu.diff().max()) if batch * length else 0)
 
     @classmethod
@@ -142,7 +140,7 @@ class AttentionContext:
     key_mask: torch.Tensor | None = None
     left_pad: torch.Tensor | None = None
     uniform: bool = True
-    tables: dict = field(default_factory=dict)  # RoPE cos/sin of this pass, per (local, method)
+    tables: dict = field(default_factory=dict)  # per pass: RoPE cos/sin per (local, method), padding
     documents: Documents | None = None
     parallel: object | None = None
 
@@ -203,6 +201,17 @@ class AttentionContext:
                 positions = torch.cat([positions[:, :start], position_ids], dim=1)
                 return cls(start, seq_len, positions, key_mask, left_pad, uniform=False)
         return cls(start, seq_len, positions, key_mask, left_pad, uniform=key_mask is None)
+
+    def padded_sequences(self):
+        """(key_mask, query_mask, offsets (2, B + 1) int32 of the queries' and keys' real tokens,
+        longest query run, longest key run): the padded batch as varlen sequences. Made once a
+        pass (the lengths' maxima are a device sync), shared by every TAPA layer."""
+        if "padded" not in self.tables:
+            query_mask = self.key_mask[:, self.start:]
+            lengths = torch.stack([query_mask.sum(1), self.key_mask.sum(1)])  # (2, B)
+            offsets = F.pad(lengths.cumsum(1), (1, 0)).to(torch.int32)
+            self.tables["padded"] = (self.key_mask, query_mask, offsets, *lengths.amax(1).tolist())
+        return self.tables["padded"]
 
     @property
     def query_positions(self) -> torch.Tensor:
@@ -484,11 +493,7 @@ def _padded_tapa(q, k, v, ctx: AttentionContext, *, impl, **op_args):
     the varlen op (positions count real tokens only, so distances skip the padding). The new
     tokens are a row's last slots, so its real queries are its last real keys: the varlen op's
     bottom-right alignment. Queries at padded slots get 0 (their outputs are never used)."""
-    key_mask = ctx.key_mask.to(q.device)
-    query_mask = key_mask[:, ctx.start:]
-    lengths = torch.stack([query_mask.sum(1), key_mask.sum(1)])  # (2, B)
-    offsets = F.pad(lengths.cumsum(1), (1, 0)).to(torch.int32)
-    longest_q, longest_k = lengths.amax(1).tolist()
+    key_mask, query_mask, offsets, longest_q, longest_k = ctx.padded_sequences()
     packed = tapa_attention_varlen(q[query_mask], k[key_mask], v[key_mask], offsets[0], offsets[1],
                                    longest_q, longest_k, causal=True, impl=impl,
                                    check_seqlens=False, **op_args)

@@ -151,6 +151,16 @@ def _attend_block(q_block, k_span, v_span, mask, gqa):
                                           enable_gqa=gqa)
 
 
+def document_starts(document_ids: torch.Tensor) -> torch.Tensor:
+    """(B, N) index of each token's document's first token, for labels (B, N) that are equal
+    within a document and change where a new one starts (and at each row's start)."""
+    batch, length = document_ids.shape
+    starts = torch.ones_like(document_ids, dtype=torch.bool)
+    starts[:, 1:] = document_ids[:, 1:] != document_ids[:, :-1]
+    index = torch.arange(length, device=document_ids.device).expand(batch, length)
+    return torch.where(starts, index, 0).cummax(-1).values
+
+
 def _chunked(q, k, v, window, q_offset, k_offset, block_size, document_ids=None):
     batch, q_len, heads, head_dim = q.shape
     if q_len == 0:
@@ -158,12 +168,8 @@ def _chunked(q, k, v, window, q_offset, k_offset, block_size, document_ids=None)
     shift = q_offset - k_offset  # query i's own position is key index i + shift
     if document_ids is not None:
         document_ids = document_ids.to(q.device)
-        # each key's document start: no block's span reaches before its first query's document
-        index = torch.arange(document_ids.shape[1], device=q.device).expand_as(document_ids)
-        starts = torch.ones_like(document_ids, dtype=torch.bool)
-        starts[:, 1:] = document_ids[:, 1:] != document_ids[:, :-1]
-        doc_start = torch.where(starts, index, 0).cummax(-1).values.amin(0)  # over the batch
-        doc_start = doc_start.tolist()
+        # no block's span reaches before its first query's document (in any row)
+        doc_start = document_starts(document_ids).amin(0).tolist()
     gqa = heads != k.shape[2]
     q_heads_first, k_heads_first, v_heads_first = (t.transpose(1, 2) for t in (q, k, v))
     outs = []

@@ -26,12 +26,12 @@ import numbers
 
 import torch
 
-from tapa.ops.tapa.checks import MAX_POSITION, check_args, check_flag, check_impl, check_variant
+from tapa.ops.tapa.checks import MAX_POSITION, _check_qkv, check_flag, check_impl, check_variant
 
 MAX_SEQLEN_NAMES = ("max_seqlen_q", "max_seqlen_k")
 
 
-def _check_cu_seqlens(name: str, cu: torch.Tensor, total: int, device) -> None:
+def _check_cu_seqlens(name: str, cu: torch.Tensor, device) -> None:
     if not isinstance(cu, torch.Tensor) or cu.dtype != torch.int32 or cu.dim() != 1:
         raise ValueError(f"{name} must be a 1-D int32 tensor of B + 1 offsets, got "
                          f"{tuple(cu.shape) if isinstance(cu, torch.Tensor) else type(cu).__name__}"
@@ -51,8 +51,8 @@ def check_varlen_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
             raise ValueError(f"{name} must have rank 3 (total, heads, head_dim), got "
                              f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
     check_flag("check_seqlens", check_seqlens)
-    _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], q.device)
-    _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], q.device)
+    _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.device)
+    _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, q.device)
     if cu_seqlens_q.numel() != cu_seqlens_k.numel():
         raise ValueError(f"cu_seqlens_q and cu_seqlens_k must hold the same number of sequences, got "
                          f"{cu_seqlens_q.numel() - 1} and {cu_seqlens_k.numel() - 1}")
@@ -60,13 +60,10 @@ def check_varlen_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
         if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 0:
             raise ValueError(f"{name} must be a non-negative int, got {value!r}")
     check_flag("causal", causal)
+    check_flag("return_lse", return_lse)
+    # shapes, dtypes, devices and heads as the dense op checks them (empty packs included)
+    _check_qkv(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0))
     check_variant(q.shape[-1], theta=theta, alpha=alpha, distance=distance, phase=phase)
-    if q.shape[0] and k.shape[0]:  # shapes, dtypes and heads as the dense op checks them
-        check_args(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), theta=theta, alpha=alpha,
-                   distance=distance, phase=phase, causal=False, q_offset=0, k_offset=0,
-                   return_lse=return_lse)
-    else:
-        _check_empty(q, k, v)
     if not check_seqlens:
         return
     for name, cu, total, longest in (("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q),
@@ -84,14 +81,6 @@ def check_varlen_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
         if max(lengths) > longest:
             raise ValueError(f"{MAX_SEQLEN_NAMES[name == 'cu_seqlens_k']} ({longest}) is below the "
                              f"longest sequence in {name} ({max(lengths)})")
-
-
-def _check_empty(q, k, v) -> None:
-    """Shape checks when a side holds no rows at all (every sequence empty)."""
-    if q.shape[1] % k.shape[1] or q.shape[2] != k.shape[2] or k.shape[:2] != v.shape[:2]:
-        raise ValueError(f"shapes disagree: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
-    if not (q.dtype == k.dtype == v.dtype) or not q.is_floating_point():
-        raise ValueError(f"q, k and v must share a floating-point dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
 
 
 def varlen_positions(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, total_q: int,
@@ -212,13 +201,12 @@ def tapa_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max
         from tapa.ops.tapa.checks import check_triton_device
 
         backend = _triton_backend()
-        fused = backend is not None and hasattr(backend, "tapa_attention_varlen_triton")
         if impl == "triton":
-            if not fused:
+            if backend is None:
                 raise ValueError("impl='triton' but the fused kernel is unavailable "
                                  "(pip install 'tapa-attention[triton]')")
             check_triton_device(q.device, backend.interpreting())
             return backend.tapa_attention_varlen_triton(*args, **kwargs)
-        if q.is_cuda and fused and backend.supports(q, k, v, theta=theta):
+        if q.is_cuda and backend is not None and backend.supports(q, k, v, theta=theta):
             return backend.tapa_attention_varlen_triton(*args, **kwargs)
     return sequence_tapa_attention_varlen(*args, impl="reference", **kwargs)
