@@ -9,7 +9,13 @@ import os
 import sys
 from pathlib import Path
 
-import torch
+import pytest
+
+try:
+    import torch
+except ImportError:  # the test environment was not installed: say how, in one line
+    raise pytest.UsageError('torch is not installed in this Python: run the README\'s commands, '
+                            'pip install torch==2.13.0 && pip install -e ".[test]"') from None
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
