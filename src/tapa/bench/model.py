@@ -135,35 +135,42 @@ def document_ids(batch: int, seq_len: int, mean_len: int, device, seed: int = 0)
     return torch.stack(rows).to(device)
 
 
-def measure(cfg: ModelConfig, *, seq_len: int, batch: int, warmup: int, steps: int,
-            device: torch.device, compile_model: bool = False, checkpointing: bool = False,
-            doc_mask: int = 0) -> dict:
-    """Time `steps` training steps of a fresh model (the loss by the model's chunked
-    cross-entropy, as training computes it); returns the measured row (no MFU)."""
+def new_model(cfg: ModelConfig, device: torch.device, *, checkpointing: bool = False,
+              compile_model: bool = False) -> tuple[TapaLM, torch.optim.Optimizer]:
+    """A fresh model (seed 0: the same weights in every process) on `device`, and its AdamW
+    (fused on CUDA)."""
     torch.manual_seed(0)
     model = TapaLM(cfg).to(device)
     model.checkpoint_blocks = checkpointing
     if compile_model:
         for block in model.layers:
             block.compile()
-    fused = device.type == "cuda"
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused)
-    path = attention_path(cfg, device)
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
+
+
+def training_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: str,
+                  device: torch.device, *inputs, **forward):
+    """A closure that runs one training step, `model(*inputs, **forward)` (the loss) under bf16
+    autocast on CUDA, its backward and the optimizer step, and returns the loss."""
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
-    tokens = torch.randint(0, cfg.vocab_size, (batch, seq_len + 1), device=device)
-    documents = Documents.from_ids(document_ids(batch, seq_len, doc_mask, device)) if doc_mask else None
 
     def step():
         # the backward inside the backend context too: with checkpointing it recomputes the
         # forward, which must take the same SDPA backend (its saved tensors' shapes differ)
         with _sdpa_context(path):
             with autocast:
-                loss = model(tokens[:, :-1], targets=tokens[:, 1:], document_ids=documents)
+                loss = model(*inputs, **forward)
             loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         return loss
 
+    return step
+
+
+def time_steps(step, *, warmup: int, steps: int, device: torch.device) -> tuple[float, torch.Tensor]:
+    """(seconds per step, last loss) of `steps` timed calls of `step` after `warmup` untimed ones
+    (compilation, autotuning); CUDA's peak-memory counter is reset first."""
     def sync():
         if device.type == "cuda":
             torch.cuda.synchronize(device)
@@ -177,10 +184,23 @@ def measure(cfg: ModelConfig, *, seq_len: int, batch: int, warmup: int, steps: i
     for _ in range(steps):
         loss = step()
     sync()
-    elapsed = time.perf_counter() - start
+    return (time.perf_counter() - start) / steps, loss
+
+
+def measure(cfg: ModelConfig, *, seq_len: int, batch: int, warmup: int, steps: int,
+            device: torch.device, compile_model: bool = False, checkpointing: bool = False,
+            doc_mask: int = 0) -> dict:
+    """Time `steps` training steps of a fresh model (the loss by the model's chunked
+    cross-entropy, as training computes it); returns the measured row (no MFU)."""
+    model, optimizer = new_model(cfg, device, checkpointing=checkpointing, compile_model=compile_model)
+    path = attention_path(cfg, device)
+    tokens = torch.randint(0, cfg.vocab_size, (batch, seq_len + 1), device=device)
+    documents = Documents.from_ids(document_ids(batch, seq_len, doc_mask, device)) if doc_mask else None
+    step = training_step(model, optimizer, path, device, tokens[:, :-1], targets=tokens[:, 1:],
+                         document_ids=documents)
+    step_s, loss = time_steps(step, warmup=warmup, steps=steps, device=device)
     if not torch.isfinite(loss):
         raise RuntimeError(f"non-finite loss in the {cfg.pe} benchmark at seq_len {seq_len}")
-    step_s = elapsed / steps
     row = {
         "model": f"{cfg.dim}d x {cfg.n_layers}L x {cfg.n_heads}h", "pe": cfg.label, "attention": path,
         "seq_len": seq_len, "batch": batch, "checkpointing": checkpointing, "doc_mask": doc_mask,
@@ -190,7 +210,7 @@ def measure(cfg: ModelConfig, *, seq_len: int, batch: int, warmup: int, steps: i
         "peak_mem_gib": (round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
                          if device.type == "cuda" else None),
     }
-    del model, optimizer
+    del model, optimizer, step
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return row
