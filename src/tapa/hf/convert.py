@@ -1,9 +1,13 @@
-"""`tapa convert SRC_DIR OUT_DIR`: a Llama-layout RoPE checkpoint -> a TAPA (or hybrid) model directory.
+"""`tapa convert SRC_DIR OUT_DIR`: a RoPE model -> a TAPA (or hybrid) model directory.
 
 The starting point for continual pretraining of an existing model with TAPA attention.
 Supported families (transformers' Llama layout): Llama, Mistral, and Qwen2 when its q/k/v biases
 are all zero (TAPA's decoder has no biases). Qwen3 is refused: its QK-norm (q_norm/k_norm) has no
 counterpart in TAPA's decoder. Any other model_type is refused in one line naming these.
+tapa's own RoPE models convert too (`tapa.hf.rope_source`): a `tapa train --pe rope` run (or one
+of a RoPE rule) whose layers are all global, given as a run, a checkpoint or a `tapa export`
+directory; a TAPA, NoPE or hybrid one is refused in one line. Its tokenizer travels with it: the
+run's (from its token cache), or the export's files.
 
 Layers (`--layer-pattern`, e.g. LLLG, repeated over the layers as in training):
 - local layers (L) keep the checkpoint's q/k weights exactly; they use plain RoPE with the
@@ -16,7 +20,9 @@ Layers (`--layer-pattern`, e.g. LLLG, repeated over the layers as in training):
 Every weight is kept; in TAPA global layers only the q/k rows are reordered and rescaled, per head:
 
 - Order. Llama's rotary layout pairs dim i with dim i + D/2 (rotate_half) at frequency
-  base^(-2i/D). TAPA has no rotation; it splits each head into an amplitude part (the first
+  base^(-2i/D); tapa's decoder (`tapa.positional.rope`) uses the same layout and frequencies, so
+  its W_q/W_k rows split the same way (its RoPE rules rescale pair i's frequency, and the split
+  goes by pair, as for Llama). TAPA has no rotation; it splits each head into an amplitude part (the first
   d_A = round(theta * D) dims) and a phase part (the rest). The rows are reordered pair by pair
   from the lowest frequency to the highest, so the amplitude part receives the low-frequency
   pairs, which RoPE barely rotates over the trained context (content more than position), and
@@ -44,15 +50,18 @@ import torch
 
 from tapa._optional import require
 from tapa._paths import check_output_dir, replacing_outputs
+from tapa.hf.export import _NO_TOKENIZER_HINT, run_tokenizer, save_tokenizer
+from tapa.hf.rope_source import (SUPPORTED_TAPA_LINE, RopeSource, hybrid_config, is_tapa_source,
+                                 read_rope_source)
 from tapa.hf.writer import MODEL_FILES, TOKENIZER_FILES, write_pretrained
-from tapa.model.loading import read_json
+from tapa.model.loading import MODEL_TYPE, read_json
 from tapa.model import ModelConfig
 from tapa.ops import PHASES, split_dims
 from tapa.positional.kinds import KINDS, get_kind
 
 SUPPORTED = ("llama", "mistral", "qwen2")  # model_type values of the Llama layout that convert
 SUPPORTED_LINE = ("supported: Llama, Mistral and Qwen2 (model_type 'llama', 'mistral', 'qwen2'); "
-                  "Qwen3 is refused (QK-norm)")
+                  f"Qwen3 is refused (QK-norm); and {SUPPORTED_TAPA_LINE}")
 
 CONVERT_MARKER = "tapa_convert.json"
 CONVERT_FILES = (*MODEL_FILES, *TOKENIZER_FILES, CONVERT_MARKER)  # all that a conversion writes
@@ -138,14 +147,25 @@ def read_llama_weights(llama_dir: Path) -> dict[str, torch.Tensor]:
     return weights
 
 
-def _reorder_qk(weight: torch.Tensor, heads: int, head_dim: int, order: torch.Tensor) -> torch.Tensor:
-    return weight.view(heads, head_dim, -1)[:, order, :].reshape(heads * head_dim, -1)
+def tapa_qk(name: str, tensor: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:
+    """A TapaLM tensor as the converted model holds it: a global TAPA layer's W_q or W_k (rows in
+    the rotate_half RoPE layout) reordered and rescaled (module docstring); any other tensor as it is."""
+    parts = name.split(".")
+    if not (cfg.family == "tapa" and parts[0] == "layers" and name.endswith(("attn.wq.weight", "attn.wk.weight"))
+            and cfg.layer_kind(int(parts[1])) == "global"):
+        return tensor
+    is_query = name.endswith("wq.weight")
+    heads = cfg.n_heads if is_query else cfg.n_kv_heads
+    amp_dim, _ = split_dims(cfg.head_dim, cfg.theta)
+    rows = tensor.view(heads, cfg.head_dim, -1)[:, low_frequency_first(cfg.head_dim)]  # a copy: the source stays
+    rows[:, amp_dim:] *= cfg.phase_init_scale
+    if is_query:
+        rows[:, :amp_dim] *= math.sqrt(amp_dim / cfg.head_dim)
+    return rows.reshape(heads * cfg.head_dim, -1)
 
 
 def llama_to_tapa_state(weights: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
     """Rename every Llama tensor to its TapaLM name; reorder/rescale q and k (module docstring)."""
-    amp_dim, _ = split_dims(cfg.head_dim, cfg.theta)
-    order = low_frequency_first(cfg.head_dim)
     state, unused = {}, []
     for name, tensor in weights.items():
         if name.endswith(("q_norm.weight", "k_norm.weight")):
@@ -164,21 +184,61 @@ def llama_to_tapa_state(weights: dict[str, torch.Tensor], cfg: ModelConfig) -> d
             unused.append(name)
             continue
         target = f"layers.{parts[2]}.{LAYER_NAMES[layer_name]}"
-        tapa_layer = cfg.family == "tapa" and cfg.layer_kind(int(parts[2])) == "global"
-        if tapa_layer and target.endswith(("attn.wq.weight", "attn.wk.weight")):
-            is_query = target.endswith("wq.weight")
-            heads = cfg.n_heads if is_query else cfg.n_kv_heads
-            tensor = _reorder_qk(tensor, heads, cfg.head_dim, order).clone()
-            rows = tensor.view(heads, cfg.head_dim, -1)
-            rows[:, amp_dim:] *= cfg.phase_init_scale
-            if is_query:
-                rows[:, :amp_dim] *= math.sqrt(amp_dim / cfg.head_dim)
-        state[target] = tensor
+        state[target] = tapa_qk(target, tensor, cfg)
     if unused:
         raise ValueError(f"Llama weights with no TAPA counterpart: {unused[:8]}")
     if cfg.tie_embeddings:
         state.pop("lm_head.weight", None)
     return state
+
+
+def _checked_paths(src_dir: str | Path, out_dir: str | Path, overwrite: bool, src_name: str) -> tuple[Path, Path]:
+    """(source, output directory), the output checked by tapa._paths' rule and never the source."""
+    src_dir = Path(src_dir).expanduser()
+    if Path(out_dir).expanduser().resolve() == src_dir.resolve():
+        raise ValueError(f"OUT_DIR must differ from {src_name}: the conversion would overwrite its input")
+    return src_dir, check_output_dir(out_dir, outputs=CONVERT_FILES, marker=CONVERT_MARKER,
+                                     overwrite=overwrite, command="tapa convert")
+
+
+def _global_pe(pe: str, phase: str, phase_init_scale: float) -> str:
+    """The global layers' kind: for TAPA, the variant of `phase`."""
+    if phase_init_scale < 0:
+        raise ValueError(f"phase_init_scale must be >= 0, got {phase_init_scale}")
+    if get_kind(pe).family == "tapa":
+        pe = next((kind.name for kind in KINDS.values() if kind.family == "tapa" and kind.phase == phase), None)
+        if pe is None:
+            raise ValueError(f"phase must be one of the TAPA phase variants {PHASES}, got {phase!r}")
+    return pe
+
+
+def _generation_ids(model_dir: Path, config: dict) -> tuple[int | None, int | None]:
+    """(eos_token_id, pad_token_id) of a transformers directory: its generation config's, else its config's."""
+    eos, pad = config.get("eos_token_id"), config.get("pad_token_id")
+    generation_file = model_dir / "generation_config.json"
+    if generation_file.is_file():
+        generation = read_json(generation_file, "generation config")
+        eos, pad = generation.get("eos_token_id", eos), generation.get("pad_token_id", pad)
+    return eos, pad
+
+
+def _copy_tokenizer(model_dir: Path, out_dir: Path) -> None:
+    for name in TOKENIZER_FILES:
+        if (model_dir / name).is_file():
+            shutil.copy2(model_dir / name, out_dir / name)
+
+
+def _record(src_dir: Path, cfg: ModelConfig, model_type: str, *, theta: float, alpha: float, distance: str,
+            phase: str, phase_init_scale: float, **extra) -> str:
+    """tapa_convert.json: what was converted and how."""
+    return json.dumps({
+        "from": str(src_dir.resolve()), "model_type": model_type, **extra, "pe": cfg.pe,
+        "layer_pattern": cfg.layer_pattern, "local_window": cfg.local_window,
+        "local_layers": "the checkpoint's q/k weights, plain RoPE (rope_base) in the window",
+        "theta": theta, "alpha": alpha, "distance": distance,
+        "phase": phase, "phase_init_scale": phase_init_scale,
+        "q_k_row_order": "rotary pairs from lowest to highest frequency",
+        "amplitude_q_scale": "sqrt(d_A / head_dim)"}, indent=2)
 
 
 def convert_llama(llama_dir: str | Path, out_dir: str | Path, *, theta: float = 0.5, alpha: float = 0.1,
@@ -189,48 +249,82 @@ def convert_llama(llama_dir: str | Path, out_dir: str | Path, *, theta: float = 
     AutoModelForCausalLM). pe: the global layers' kind ("tapa" takes `phase`; "nope"; a RoPE rule);
     layer_pattern/local_window: a hybrid (module docstring). out_dir follows tapa._paths' rule:
     files of other programs there only with overwrite=True."""
-    llama_dir = Path(llama_dir)
-    if Path(out_dir).resolve() == llama_dir.resolve():
-        raise ValueError("OUT_DIR must differ from LLAMA_DIR: the conversion would overwrite its input")
-    out_dir = check_output_dir(out_dir, outputs=CONVERT_FILES, marker=CONVERT_MARKER,
-                               overwrite=overwrite, command="tapa convert")
+    llama_dir, out_dir = _checked_paths(llama_dir, out_dir, overwrite, "LLAMA_DIR")
     if not (llama_dir / "config.json").is_file():
-        raise ValueError(f"{str(llama_dir)!r} is not a model directory (no config.json)")
-    if phase_init_scale < 0:
-        raise ValueError(f"phase_init_scale must be >= 0, got {phase_init_scale}")
-    if get_kind(pe).family == "tapa":
-        pe = next((kind.name for kind in KINDS.values() if kind.family == "tapa" and kind.phase == phase), None)
-        if pe is None:
-            raise ValueError(f"phase must be one of the TAPA phase variants {PHASES}, got {phase!r}")
+        raise ValueError(f"{str(llama_dir)!r} is neither a model directory (no config.json) nor a tapa run "
+                         "or checkpoint")
+    pe = _global_pe(pe, phase, phase_init_scale)
     llama = read_json(llama_dir / "config.json", "model config")
     cfg = tapa_config_from_llama(llama, pe=pe, theta=theta, alpha=alpha, distance=distance,
                                  phase_init_scale=phase_init_scale, layer_pattern=layer_pattern,
                                  local_window=local_window)
     state = llama_to_tapa_state(read_llama_weights(llama_dir), cfg)
-    eos, pad = llama.get("eos_token_id"), llama.get("pad_token_id")
-    generation_file = llama_dir / "generation_config.json"
-    if generation_file.is_file():
-        generation = read_json(generation_file, "generation config")
-        eos, pad = generation.get("eos_token_id", eos), generation.get("pad_token_id", pad)
+    eos, pad = _generation_ids(llama_dir, llama)
     with replacing_outputs(out_dir, CONVERT_FILES) as out_dir:
         write_pretrained(out_dir, cfg, state, eos_token_id=eos, pad_token_id=pad, source=str(llama_dir))
-        for name in TOKENIZER_FILES:
-            if (llama_dir / name).is_file():
-                shutil.copy2(llama_dir / name, out_dir / name)
-        (out_dir / CONVERT_MARKER).write_text(json.dumps({
-            "from": str(llama_dir.resolve()), "model_type": llama.get("model_type"), "pe": cfg.pe,
-            "layer_pattern": cfg.layer_pattern, "local_window": cfg.local_window,
-            "local_layers": "the checkpoint's q/k weights, plain RoPE (rope_base) in the window",
-            "theta": theta, "alpha": alpha, "distance": distance,
-            "phase": phase, "phase_init_scale": phase_init_scale,
-            "q_k_row_order": "rotary pairs from lowest to highest frequency",
-            "amplitude_q_scale": "sqrt(d_A / head_dim)"}, indent=2))
+        _copy_tokenizer(llama_dir, out_dir)
+        (out_dir / CONVERT_MARKER).write_text(_record(
+            llama_dir, cfg, llama.get("model_type"), theta=theta, alpha=alpha, distance=distance,
+            phase=phase, phase_init_scale=phase_init_scale))
     return out_dir
 
 
+def _run_tokenizer(source: RopeSource) -> tuple[Path, dict]:
+    """The tokenizer.json of a run's token cache and the run's record of it (eot_id, eot_token);
+    ValueError in one line saying how to bring a tokenizer when it cannot be found."""
+    try:
+        path = run_tokenizer(source.run_config)
+    except ValueError as err:
+        reason = str(err).removesuffix(f"; {_NO_TOKENIZER_HINT}")
+        raise ValueError(f"{reason}; the conversion takes the run's tokenizer with it: export the run with "
+                         "one (tapa export RUN DIR --tokenizer TOKENIZER) and convert DIR") from err
+    return path, source.run_config.get("corpus", {}).get("tokenizer", {})
+
+
+def convert_tapa_rope(src_dir: str | Path, out_dir: str | Path, *, theta: float = 0.5, alpha: float = 0.1,
+                      distance: str = "power", phase: str = "quadratic", phase_init_scale: float = 1.0,
+                      overwrite: bool = False, pe: str = "tapa", layer_pattern: str = "G",
+                      local_window: int = 256) -> Path:
+    """Convert a tapa model whose layers are all global RoPE-family layers (a run, a checkpoint or
+    a tapa export: `tapa.hf.rope_source`) as convert_llama converts a Llama: the same flags, the
+    same q/k split, the same output directory, with the source's tokenizer. Returns out_dir."""
+    src_dir, out_dir = _checked_paths(src_dir, out_dir, overwrite, "SRC_DIR")
+    pe = _global_pe(pe, phase, phase_init_scale)
+    source = read_rope_source(src_dir)
+    cfg = hybrid_config(source.config, pe=pe, theta=theta, alpha=alpha, distance=distance,
+                        phase_init_scale=phase_init_scale, layer_pattern=layer_pattern, local_window=local_window)
+    state = {name: tapa_qk(name, tensor, cfg) for name, tensor in source.weights.items()}
+    if source.run_config is None:  # a tapa export: its own tokenizer and generation files
+        tokenizer_json, tokenizer_meta = None, {}
+        eos, pad = _generation_ids(source.checkpoint, read_json(source.checkpoint / "config.json", "model config"))
+    else:
+        tokenizer_json, tokenizer_meta = _run_tokenizer(source)
+        eos = pad = tokenizer_meta.get("eot_id")
+    with replacing_outputs(out_dir, CONVERT_FILES) as out_dir:
+        write_pretrained(out_dir, cfg, state, eos_token_id=eos, pad_token_id=pad, source=str(src_dir))
+        if tokenizer_json is None:
+            _copy_tokenizer(source.checkpoint, out_dir)
+        else:
+            save_tokenizer(tokenizer_json, out_dir, tokenizer_meta.get("eot_token"))
+        (out_dir / CONVERT_MARKER).write_text(_record(
+            src_dir, cfg, MODEL_TYPE, theta=theta, alpha=alpha, distance=distance, phase=phase,
+            phase_init_scale=phase_init_scale, checkpoint=str(source.checkpoint.resolve()),
+            source_pe=source.config.pe))
+    return out_dir
+
+
+def convert_model(src_dir: str | Path, out_dir: str | Path, **options) -> Path:
+    """`tapa convert`: a tapa run, checkpoint or export (convert_tapa_rope), else a Llama-layout
+    directory (convert_llama); the same options for both."""
+    convert = convert_tapa_rope if is_tapa_source(src_dir) else convert_llama
+    return convert(src_dir, out_dir, **options)
+
+
 def add_arguments(parser) -> None:
-    parser.add_argument("llama_dir", metavar="SRC_DIR",
-                        help="local Llama, Mistral or Qwen2 model directory (safetensors)")
+    parser.add_argument("src_dir", metavar="SRC_DIR",
+                        help="a local Llama, Mistral or Qwen2 model directory (safetensors), or a tapa model "
+                             "whose layers are all global RoPE-family layers: a run directory (its latest "
+                             "checkpoint), a checkpoint directory, or a tapa export of one")
     parser.add_argument("out_dir", metavar="OUT_DIR", help="TAPA model directory to write")
     parser.add_argument("--layer-pattern", default="G",
                         help="per-layer codes repeated over the layers: L = local (the checkpoint's RoPE "
@@ -245,15 +339,16 @@ def add_arguments(parser) -> None:
     parser.add_argument("--distance", default="power", choices=["power", "linear"])
     parser.add_argument("--phase", default="quadratic", choices=["quadratic", "linear"])
     parser.add_argument("--phase-init-scale", type=float, default=1.0,
-                        help="multiplies the phase rows of W_q and W_k; 0 gives Llama attention without rotary")
+                        help="multiplies the phase rows of W_q and W_k; 0 gives the source's attention "
+                             "without rotary")
     parser.add_argument("--overwrite", action="store_true",
                         help="write into OUT_DIR even if it holds files tapa convert did not write")
 
 
 def run(args) -> int:
-    out_dir = convert_llama(args.llama_dir, args.out_dir, theta=args.theta, alpha=args.alpha,
+    out_dir = convert_model(args.src_dir, args.out_dir, theta=args.theta, alpha=args.alpha,
                             distance=args.distance, phase=args.phase, phase_init_scale=args.phase_init_scale,
                             overwrite=args.overwrite, pe=args.pe, layer_pattern=args.layer_pattern,
                             local_window=args.local_window)
-    print(f"converted {args.llama_dir} -> {out_dir}")
+    print(f"converted {args.src_dir} -> {out_dir}")
     return 0
