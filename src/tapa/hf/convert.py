@@ -13,20 +13,22 @@ Layers (`--layer-pattern`, e.g. LLLG, repeated over the layers as in training):
 - local layers (L) keep the checkpoint's q/k weights exactly; they use plain RoPE with the
   checkpoint's rope_theta inside a sliding window of `--local-window` tokens, so inside the window
   a local layer computes what the original layer computes (a checkpoint with a rope_type other
-  than "default", e.g. Llama 3's, is converted with a warning: local layers drop that scaling);
+  than "default", e.g. Llama 3's, is converted with a warning: local layers drop that scaling; so
+  is a tapa source of a RoPE rule other than plain rope, or with a query temperature);
 - global layers (G) take `--pe`: TAPA (the split below), NoPE (the same weights, no rotary), or a
   RoPE rule (the same weights; rope, pi, ntk, dynamic-ntk, yarn).
 
 Every weight is kept; in TAPA global layers only the q/k rows are reordered and rescaled, per head:
 
 - Order. Llama's rotary layout pairs dim i with dim i + D/2 (rotate_half) at frequency
-  base^(-2i/D); tapa's decoder (`tapa.positional.rope`) uses the same layout and frequencies, so
-  its W_q/W_k rows split the same way (its RoPE rules rescale pair i's frequency, and the split
-  goes by pair, as for Llama). TAPA has no rotation; it splits each head into an amplitude part (the first
-  d_A = round(theta * D) dims) and a phase part (the rest). The rows are reordered pair by pair
-  from the lowest frequency to the highest, so the amplitude part receives the low-frequency
-  pairs, which RoPE barely rotates over the trained context (content more than position), and
-  the phase part the high-frequency ones. The same order for q and k keeps every q.k product.
+  base^(-2i/D); tapa's decoder (`tapa.positional.rope`) has the same layout and frequencies, so a
+  tapa RoPE model's rows split the same way (its RoPE rules only rescale each pair's frequency:
+  the split goes by pair, the same bands as for Llama). TAPA has no rotation; it splits each head
+  into an amplitude part (the first d_A = round(theta * D) dims) and a phase part (the rest).
+  The rows are reordered pair by pair from the lowest frequency to the highest, so the amplitude
+  part receives the low-frequency pairs, which RoPE barely rotates over the trained context
+  (content more than position), and the phase part the high-frequency ones. The same order for
+  q and k keeps every q.k product.
 - Scale. Llama divides q.k by sqrt(D); TAPA divides the amplitude q_A.k_A by sqrt(d_A). The
   amplitude rows of W_q are multiplied by sqrt(d_A / D), so the amplitude logit equals Llama's
   contribution of those dims, q_A.k_A / sqrt(D).
@@ -157,7 +159,7 @@ def tapa_qk(name: str, tensor: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:
     is_query = name.endswith("wq.weight")
     heads = cfg.n_heads if is_query else cfg.n_kv_heads
     amp_dim, _ = split_dims(cfg.head_dim, cfg.theta)
-    rows = tensor.view(heads, cfg.head_dim, -1)[:, low_frequency_first(cfg.head_dim)]  # a copy: the source stays
+    rows = tensor.view(heads, cfg.head_dim, -1)[:, low_frequency_first(cfg.head_dim)]  # a copy
     rows[:, amp_dim:] *= cfg.phase_init_scale
     if is_query:
         rows[:, :amp_dim] *= math.sqrt(amp_dim / cfg.head_dim)
@@ -296,7 +298,8 @@ def convert_tapa_rope(src_dir: str | Path, out_dir: str | Path, *, theta: float 
     state = {name: tapa_qk(name, tensor, cfg) for name, tensor in source.weights.items()}
     if source.run_config is None:  # a tapa export: its own tokenizer and generation files
         tokenizer_json, tokenizer_meta = None, {}
-        eos, pad = _generation_ids(source.checkpoint, read_json(source.checkpoint / "config.json", "model config"))
+        config = read_json(source.checkpoint / "config.json", "model config")
+        eos, pad = _generation_ids(source.checkpoint, config)
     else:
         tokenizer_json, tokenizer_meta = _run_tokenizer(source)
         eos = pad = tokenizer_meta.get("eot_id")
