@@ -57,16 +57,22 @@ STAGE_NAMES = {"eval0": "zero-shot", "eval1": "continual"}
 # ---------------------------------------------------------------------------------------------
 # reading
 
-# protocol fields that only plan or analyse runs: jobs that differ in them are comparable
-PLAN_ONLY = ("name", "sweep_lrs", "seeds", "theory_len", "theory_sequences", "rate_scale")
+# protocol fields that only plan or analyse runs: jobs that differ in them are comparable (the
+# second domain adds evaluations and changes none of the others)
+PLAN_ONLY = ("name", "sweep_lrs", "seeds", "theory_len", "theory_sequences", "rate_scale", "domain")
 # the continual stage and what is measured after it: jobs that differ only here share their
 # pretraining numbers (zero-shot, learning-rate sweep, theory) but not their continual ones
 CONTINUAL_FIELDS = ("continual_len", "continual_batch", "continual_steps", "continual_tokens",
                     "continual_flags", "continual_lr_scale", "passkey_lengths", "passkey_depths",
-                    "passkey_trials")
+                    "passkey_trials", "retrieval_tasks", "task_trials")
 # fields added after jobs were recorded, with the value those jobs ran with: that value hashes as
 # if the field were absent, so the older jobs keep their ids
-ADDED_LATER = {"continual_lr_scale": 1.0}
+ADDED_LATER = {"continual_lr_scale": 1.0, "retrieval_tasks": [], "task_trials": None}
+
+
+def _same(a, b) -> bool:
+    """Equal as JSON (a protocol's tuples are a job JSON's lists)."""
+    return json.dumps(a) == json.dumps(b)
 
 
 def protocol_fingerprint(protocol: dict, part: str = "all") -> str:
@@ -77,7 +83,7 @@ def protocol_fingerprint(protocol: dict, part: str = "all") -> str:
         raise ValueError(f"part must be 'all' or 'pretrain', not {part!r}")
     left_out = PLAN_ONLY + (CONTINUAL_FIELDS if part == "pretrain" else ())
     values = {k: v for k, v in protocol.items()
-              if k not in left_out and not (k in ADDED_LATER and ADDED_LATER[k] == v)}
+              if k not in left_out and not (k in ADDED_LATER and _same(ADDED_LATER[k], v))}
     return hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()[:12]
 
 

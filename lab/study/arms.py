@@ -70,7 +70,9 @@ def _globals_screen() -> list:
             levers += [(f"alpha{a[2:]}", f"alpha {a}", (*HYBRID, "--alpha", a), ())
                        for a in ("0.05", "0.2")]
         for tag, what, model, continual in levers:
-            arms.append(Arm(f"{name}-{tag}", f"{label}, {what}", "hybrid", (*pe, *model),
+            # in the base hybrid arms' order (--pe, model, then TAPA's phase lr), so that an arm
+            # with the base model (pk10) shares their pretraining run
+            arms.append(Arm(f"{name}-{tag}", f"{label}, {what}", "hybrid", (*pe[:2], *model, *pe[2:]),
                             continual=continual, zero_shot=not continual))
     return arms
 
@@ -122,7 +124,15 @@ FAMILIES = ("rope", "nope", "tapa", "hybrid")
 SWEEP_ARM = {"rope": "rope", "nope": "nope", "tapa": "tapa", "hybrid": "hybrid-tapa"}
 # theory: logit moments vs distance of the pretrained model's middle global layer on held-out text
 # (python3 -m tapa.theory.trained), for the arm that owns the pretraining run
-STAGES = ("pretrain", "eval0", "continual", "eval1", "passkey", "theory")
+# domain0/domain1: perplexity on the protocol's second text domain (Protocol.domain), zero-shot and
+# after the continual stage
+STAGES = ("pretrain", "eval0", "domain0", "continual", "eval1", "domain1", "passkey", "theory")
+DOMAIN_STAGES = ("domain0", "domain1")
+
+
+def stages_of(protocol) -> list[str]:
+    """Every stage a job of this protocol can have (the domain stages need its second domain)."""
+    return [s for s in STAGES if protocol.domain or s not in DOMAIN_STAGES]
 
 
 @dataclass(frozen=True)
@@ -160,6 +170,9 @@ class Protocol:
     # depths; empty: passkey only. task_trials None: tapa eval's default (+-5 points a length)
     retrieval_tasks: tuple = ()
     task_trials: int | None = None
+    # a second text domain for perplexity (lab.study.domain builds it where the study runs; the
+    # stages domain0 and domain1 evaluate on it with the evaluation's lengths); None: none
+    domain: str | None = None
     theory_len: int = 4096  # 8x the pretraining length: distances past training
     theory_sequences: int = 8
     sweep_lrs: tuple = (5e-4, 1e-3, 2e-3)
@@ -202,9 +215,11 @@ SCALE_768 = dataclasses.replace(TOY_GPU, name="scale-768",
                                 model=("--dim", "768", "--n-layers", "12", "--n-heads", "6"),
                                 pretrain_steps=2500, rate_scale=0.49)
 
-# issue 37's screen: toy-gpu with the retrieval suite after the continual stage, and its lever "the
-# continual stage at 4096" (the same tokens at twice the length)
-TOY_GPU_SCREEN = dataclasses.replace(TOY_GPU, name="toy-gpu-screen", retrieval_tasks=("all",))
+# issue 37's screen: toy-gpu with the retrieval suite after the continual stage, perplexity on a
+# second domain (prose: the installed packages' READMEs), and its lever "the continual stage at
+# 4096" (the same tokens at twice the length)
+TOY_GPU_SCREEN = dataclasses.replace(TOY_GPU, name="toy-gpu-screen", retrieval_tasks=("all",),
+                                     domain="package-docs")
 TOY_GPU_C4096 = dataclasses.replace(TOY_GPU_SCREEN, name="toy-gpu-c4096", continual_len=4096,
                                     continual_batch=8)
 
@@ -226,7 +241,14 @@ TINY_CPU = Protocol(
     theory_len=128, theory_sequences=2,
     sweep_lrs=(1e-3, 3e-3), seeds=(0, 1))
 
-PROTOCOLS = {p.name: p for p in (TOY_GPU, TOY_GPU_SCREEN, TOY_GPU_C4096, SCALE_768, TINY_CPU)}
+# the screen's machinery on CPU: the retrieval suite (two tasks, one trial a cell) and the second
+# domain
+TINY_CPU_SCREEN = dataclasses.replace(TINY_CPU, name="tiny-cpu-screen",
+                                      retrieval_tasks=("single-key", "multi-key"), task_trials=1,
+                                      passkey_lengths=(512, 1024), domain="package-docs")
+
+PROTOCOLS = {p.name: p for p in (TOY_GPU, TOY_GPU_SCREEN, TOY_GPU_C4096, SCALE_768, TINY_CPU,
+                                 TINY_CPU_SCREEN)}
 
 
 @dataclass
@@ -256,6 +278,9 @@ class Estimates:
     eval_s_per_method: float = 14.0  # 6 lengths x 64k scored tokens, up to 16k windows
     passkey_s_per_method: float = 18.0  # 4 lengths x 5 depths x 50 trials, up to 16k prompts
     theory_s: float = 12.0  # load, 8 x 4096 tokens through one layer, binning, iid samples
+    # a retrieval-suite prompt: the passkey grid's 1000 prompts (2k-16k) took 13.6 s at the median
+    # (above); not yet measured for the suite, whose answers are longer
+    task_s_per_prompt: float = 0.02
     # fresh machine: BPE on 50 MB + tokenizing ~400 MB (64 s, then 77 s twice, 53 s with the
     # batched encoder), then the kernels' preflight (15 s): 68 s on 2026-12-01 21:58 UTC
     data_build_s: float = 80.0
@@ -267,4 +292,5 @@ class Estimates:
 
 TINY_ESTIMATES = Estimates(tokens_per_s=5_000.0, speedup={1: 1.0, 2: 1.0}, startup_s=3.0,
                            eval_s_per_method=1.0, passkey_s_per_method=1.0, theory_s=1.0,
+                           task_s_per_prompt=0.01,
                            data_build_s=2.0)

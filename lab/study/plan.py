@@ -40,6 +40,7 @@ class Stage:
     needs: list = field(default_factory=list)
     tokens: int = 0  # training tokens (train stages)
     methods: int = 0  # models evaluated (evaluation stages)
+    prompts: int = 0  # retrieval-suite prompts per model (the passkey stage of screen protocols)
 
     def command(self) -> str:
         return ("python3 " if self.argv[0] == "-m" else "tapa ") + shlex.join(self.argv)
@@ -139,7 +140,7 @@ def stage_closure(stages) -> list[str]:
     unknown = wanted - set(STAGES)
     if unknown:
         raise ValueError(f"--stages: unknown {sorted(unknown)}; choose from {STAGES}")
-    if wanted & {"eval1", "passkey"}:
+    if wanted & {"eval1", "domain1", "passkey"}:
         wanted.add("continual")
     if wanted:
         wanted.add("pretrain")
@@ -151,9 +152,10 @@ def job_stages(job: Job, stages) -> list[str]:
     run reads its theory stage (the others share the same weights)."""
     arm = ARMS[job.arm]
     owner = continual_owner(arm)
-    names = {"pretrain": "pretrain", "eval0": "eval0", "continual": f"continual-{owner}",
-             "eval1": f"eval1-{owner}", "passkey": f"passkey-{owner}", "theory": "theory"}
-    skip = {"eval0"} if not arm.zero_shot else set()
+    names = {"pretrain": "pretrain", "eval0": "eval0", "domain0": "domain0",
+             "continual": f"continual-{owner}", "eval1": f"eval1-{owner}",
+             "domain1": f"domain1-{owner}", "passkey": f"passkey-{owner}", "theory": "theory"}
+    skip = {"eval0", "domain0"} if not arm.zero_shot else set()
     if pretrain_owner(arm) != arm.name:
         skip.add("theory")
     return [names[s] for s in stages if s not in skip]
@@ -182,9 +184,9 @@ def build_groups(jobs: list[Job], protocol: Protocol, stages, root: Path,
         train_common = ["train", "--recipe", protocol.recipe, *protocol.data, "--cache-dir", cache_dir,
                         *protocol.model, *_fill(arm0.pretrain, protocol), "--lr", f"{lr:g}", "--seed", str(seed),
                         "--device", protocol.device, "--no-progress", "--name", group.id]
-        evaluation = ["--lengths", _csv(protocol.eval_lengths), "--stride", str(protocol.eval_stride),
-                      "--max-tokens", str(protocol.eval_tokens), "--split", "test",
-                      "--device", protocol.device, "--no-progress"]
+        windows = ["--lengths", _csv(protocol.eval_lengths), "--stride", str(protocol.eval_stride),
+                   "--max-tokens", str(protocol.eval_tokens)]
+        evaluation = [*windows, "--split", "test", "--device", protocol.device, "--no-progress"]
         passkey = ["--lengths", str(protocol.continual_len), "--max-tokens",
                    str(protocol.continual_len),  # tapa eval always scores perplexity: one window
                    "--passkey", "--passkey-lengths", _csv(protocol.passkey_lengths),
@@ -197,6 +199,9 @@ def build_groups(jobs: list[Job], protocol: Protocol, stages, root: Path,
                         "--task-depths", _csv(protocol.passkey_depths)]
             if protocol.task_trials:
                 passkey += ["--task-trials", str(protocol.task_trials)]
+        # the second domain: all of its text (--data reads every document), the same lengths
+        domain = ["--data", str(domain_dir(root, protocol)), *windows, "--device", protocol.device,
+                  "--no-progress"] if protocol.domain else None
         pre_dir = str(base / "pretrain")
         needed = {name for job in group.jobs for name in job_stages(job, stages)}
         if "pretrain" in needed:
@@ -210,6 +215,9 @@ def build_groups(jobs: list[Job], protocol: Protocol, stages, root: Path,
         zero_shot = [ARMS[j.arm] for j in group.jobs if ARMS[j.arm].zero_shot]
         if "eval0" in needed:
             group.stages.append(_eval_stage("eval0", "eval0", pre_dir, base, evaluation,
+                                            zero_shot, ["pretrain"]))
+        if "domain0" in needed and domain:
+            group.stages.append(_eval_stage("domain0", "domain0", pre_dir, base, domain,
                                             zero_shot, ["pretrain"]))
         if "theory" in needed:
             group.stages.append(Stage(
@@ -234,11 +242,29 @@ def build_groups(jobs: list[Job], protocol: Protocol, stages, root: Path,
                                     "--lr", f"{lr * continual_scale(ARMS[owner], protocol):g}",
                                     *train_extra, "--run-dir", cont_dir],
                     cont_dir, needs=["pretrain"], tokens=protocol.continual_tokens))
-            for kind, flags in (("eval1", evaluation), ("passkey", passkey)):
-                if f"{kind}-{owner}" in needed:
-                    group.stages.append(_eval_stage(f"{kind}-{owner}", kind, cont_dir, base, flags,
-                                                    users, [f"continual-{owner}"]))
+            for kind, flags in (("eval1", evaluation), ("domain1", domain), ("passkey", passkey)):
+                if f"{kind}-{owner}" in needed and flags:
+                    stage = _eval_stage(f"{kind}-{owner}", kind, cont_dir, base, flags, users,
+                                        [f"continual-{owner}"])
+                    stage.prompts = task_prompts(protocol) if kind == "passkey" else 0
+                    group.stages.append(stage)
     return list(by_key.values())
+
+
+def task_prompts(protocol: Protocol) -> int:
+    """Prompts the retrieval suite runs per model: tasks x lengths x depths x trials."""
+    if not protocol.retrieval_tasks:
+        return 0
+    from tapa.eval.tasks import default_trials, parse_tasks
+
+    tasks = parse_tasks(",".join(protocol.retrieval_tasks))
+    trials = protocol.task_trials or default_trials(len(protocol.passkey_depths))
+    return len(tasks) * len(protocol.passkey_lengths) * len(protocol.passkey_depths) * trials
+
+
+def domain_dir(root: Path, protocol: Protocol) -> Path:
+    """Where the runner builds the protocol's second domain (lab.study.domain)."""
+    return root / "domain" / protocol.domain
 
 
 def _fill(flags, protocol: Protocol) -> list[str]:
@@ -291,8 +317,8 @@ def estimate_stage(stage: Stage, est: Estimates, concurrent: int, observed: dict
         if stage.kind in observed:
             return observed[stage.kind] * stage.tokens
         return est.startup_s + stage.tokens / est.process_rate(concurrent)
-    default = {"passkey": est.passkey_s_per_method, "theory": est.theory_s}.get(stage.kind,
-                                                                             est.eval_s_per_method)
+    default = {"passkey": est.passkey_s_per_method + stage.prompts * est.task_s_per_prompt,
+               "theory": est.theory_s}.get(stage.kind, est.eval_s_per_method)
     return (observed.get(stage.kind) or default) * stage.methods
 
 

@@ -41,11 +41,13 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from lab.study import preflight
+from lab.study import domain, preflight
 from lab.study.aggregate import load_jobs
-from lab.study.arms import ARMS, FAMILIES, PROTOCOLS, STAGES, TINY_ESTIMATES, Estimates
-from lab.study.plan import (Group, build_groups, check_flags, estimate_stage, parse_jobs, job_stages,
-                            parse_lr_map, plan_jobs, pretrain_owner, split_batches, stage_closure)
+from lab.study.arms import (ARMS, DOMAIN_STAGES, FAMILIES, PROTOCOLS, STAGES, TINY_ESTIMATES,
+                            Estimates, stages_of)
+from lab.study.plan import (Group, build_groups, check_flags, domain_dir, estimate_stage,
+                            parse_jobs, job_stages, parse_lr_map, plan_jobs, pretrain_owner,
+                            split_batches, stage_closure)
 from lab.study.summarize import (corpus_summary, done_marker, finished_stages, job_summary, pack,
                                  read_json, write_json_atomic)
 from tapa.train.rundir import read_metrics
@@ -134,7 +136,10 @@ def configure(args):
     else:
         jobs = plan_jobs(args.plan, protocol, families=args.families, arms=args.arms,
                          lrs=parse_lr_map(args.lr), seeds=args.seeds)
-    default = ["pretrain", "eval0"] if args.plan == "lr-sweep" else list(STAGES)
+    default = ["pretrain", "eval0"] if args.plan == "lr-sweep" else stages_of(protocol)
+    if not protocol.domain and set(args.stages or ()) & set(DOMAIN_STAGES):
+        raise SystemExit(f"--stages {','.join(DOMAIN_STAGES)}: protocol {protocol.name} has no "
+                         f"second domain")
     stages = stage_closure(args.stages or default)
     if args.skip_done:
         done = done_jobs(args.skip_done, protocol.fingerprint(), stages)
@@ -284,6 +289,17 @@ def build_data(protocol, cache_dir: Path, log) -> tuple[dict, list]:
     summary["tokenizer_file"] = str(corpus.tokenizer_dir / "tokenizer.json")
     summary["manifest_file"] = str(corpus.directory / "manifest.json")
     return summary, argv
+
+
+def build_domain(protocol, root: Path, log) -> dict:
+    """Build the protocol's second domain where the domain stages read it; its manifest."""
+    if protocol.domain != domain.NAME:
+        raise SystemExit(f"protocol {protocol.name}: unknown domain {protocol.domain!r} "
+                         f"(lab.study.domain builds {domain.NAME!r})")
+    manifest = domain.build(domain_dir(root, protocol))
+    log(f"domain {manifest['domain']}: {manifest['files']} files, {manifest['bytes']:,} bytes, "
+        f"sha256 {manifest['sha256'][:12]}")
+    return {k: v for k, v in manifest.items() if k != "names"}  # the job JSONs carry the summary
 
 
 def observed_rates(root: Path, groups: list[Group], call: str) -> dict:
@@ -464,6 +480,8 @@ def main(argv=None) -> int:
     log(f"data: {corpus['train_tokens']:,} train tokens ({corpus['seconds_this_call']:.0f} s); "
         f"pretraining reads {protocol.pretrain_tokens:,} = "
         f"{protocol.pretrain_tokens / corpus['train_tokens']:.2f} passes")
+    if protocol.domain and set(stages) & set(DOMAIN_STAGES):
+        corpus["domain"] = build_domain(protocol, root, log)
     if corpus["train_tokens"] < protocol.pretrain_tokens:
         log("WARNING: the corpus holds fewer tokens than one pretraining run reads; the protocol "
             "asks for one pass (raise --max-train-bytes in arms.py)")

@@ -99,8 +99,13 @@ def _evaluation_summary(out_dir: Path, pe: str | None, passkey: bool) -> dict:
                "train_len": method["train_len"], "split": results["split"],
                "stride": results["stride"], "max_tokens": results["max_tokens"],
                "hardware": results["hardware"], "date": results["date"]}
+    if results.get("data"):  # which text it read: the run's corpus or a --data source
+        summary["data"] = {k: results["data"].get(k) for k in ("source", "split", "tokens",
+                                                                "run_corpus")}
     if passkey:
         summary["passkey"] = method["passkey"]
+        if method.get("tasks"):  # the retrieval suite, on the passkey's grid
+            summary["tasks"] = method["tasks"]
         return summary
     rows = sorted(method["perplexity"], key=lambda r: r["length"])
     summary["perplexity"] = [{k: r[k] for k in ("length", "perplexity", "loss", "tokens", "windows",

@@ -59,7 +59,9 @@ def test_runner_end_to_end_two_jobs_at_once(study_root, capsys):
         grid = job["results"]["passkey"]["passkey"]
         assert grid["lengths"] == list(protocol.passkey_lengths) and grid["trials"] == 2
         owner = job["arm"] == "nope"  # rope-eval-yarn reads the RoPE arm's run: no theory of its own
-        assert set(job["commands"]) == set(arms.STAGES) - ({"theory"} if not owner else set())
+        # tiny-cpu has no second domain: no domain stages
+        assert set(job["commands"]) == (set(arms.stages_of(protocol))
+                                        - ({"theory"} if not owner else set()))
         assert job["commands"]["pretrain"].startswith("tapa train --recipe tiny")
         assert job["corpus"]["train_tokens"] > 0 and job["hardware"]
         if importlib.util.find_spec("triton") is not None:  # the kernels each stage trained with
@@ -134,7 +136,7 @@ def test_skip_done_leaves_out_only_complete_jobs_of_this_protocol(tmp_path, caps
         if protocol is not None:
             job["protocol"] = protocol
         (tmp_path / f"{name}.job.json").write_text(json.dumps(job))
-    assert run.done_jobs(tmp_path, full_id, arms.STAGES) == {"tapa:0.002:2", "rope-eval-yarn:0.001:2"}
+    assert run.done_jobs(tmp_path, full_id, arms.stages_of(arms.TOY_GPU)) == {"tapa:0.002:2", "rope-eval-yarn:0.001:2"}
     assert run.done_jobs(tmp_path, full_id, ["pretrain", "eval0"]) == {
         "tapa:0.002:2", "nope:0.001:2", "rope-eval-yarn:0.001:2", "rope-eval-yarn:0.001:3"}
     args = run.parse_args(["--plan", "seeds", "--families", "tapa,nope", "--arms", "tapa,nope",
@@ -166,7 +168,7 @@ def test_skip_done_leaves_out_only_complete_jobs_of_this_protocol(tmp_path, caps
 
 def test_plan_shares_runs_and_fills_the_protocol():
     jobs = plan.parse_jobs("rope:1e-3:0,rope-yarn:0.001:0,rope-eval-yarn:1e-3:0,tapa:1e-3:1")
-    groups = plan.build_groups(jobs, arms.TOY_GPU, arms.STAGES, Path("/r"))
+    groups = plan.build_groups(jobs, arms.TOY_GPU, arms.stages_of(arms.TOY_GPU), Path("/r"))
     rope, tapa = groups
     assert [len(g.jobs) for g in groups] == [3, 1] and rope.id == "rope-lr0.001-s0"
     assert [s.name for s in rope.stages] == ["pretrain", "eval0", "theory", "continual-rope", "eval1-rope",
@@ -223,7 +225,7 @@ def test_an_arms_own_continual_lr_scale_shares_the_pretraining_run():
     """hybrid-tapa-clr03 reads hybrid-tapa's pretraining run and continues at its own 0.3x the lr
     (not the protocol's 0.1x) in a run of its own: cphase's continual flags are the same."""
     jobs = plan.parse_jobs("hybrid-tapa:1e-3:0,hybrid-tapa-cphase:1e-3:0,hybrid-tapa-clr03:1e-3:0")
-    (group,) = plan.build_groups(jobs, arms.TOY_GPU, arms.STAGES, Path("/r"))
+    (group,) = plan.build_groups(jobs, arms.TOY_GPU, arms.stages_of(arms.TOY_GPU), Path("/r"))
     assert [s.name for s in group.stages if s.kind == "pretrain"] == ["pretrain"]
     assert [s.name for s in group.stages if s.kind == "continual"] == [
         "continual-hybrid-tapa", "continual-hybrid-tapa-cphase", "continual-hybrid-tapa-clr03"]
@@ -233,7 +235,7 @@ def test_an_arms_own_continual_lr_scale_shares_the_pretraining_run():
     clr03 = group.stage("continual-hybrid-tapa-clr03").argv
     assert (last(clr03, "--lr"), last(clr03, "--phase-lr-scale")) == ("0.0003", "1.0")
     assert last(group.stage("continual-hybrid-tapa").argv, "--lr") == "0.0001"
-    assert plan.job_stages(jobs[2], arms.STAGES) == ["pretrain", "continual-hybrid-tapa-clr03",
+    assert plan.job_stages(jobs[2], arms.stages_of(arms.TOY_GPU)) == ["pretrain", "continual-hybrid-tapa-clr03",
                                                      "eval1-hybrid-tapa-clr03", "passkey-hybrid-tapa-clr03"]
 
 
