@@ -1,0 +1,346 @@
+"""Issue 37's screen in tables and plots: which global layers, under which lever, for the hybrid?
+
+    python3 -m lab.study.screen --in ARCHIVES_OR_FOLDERS --out results/toy-study/globals
+
+reads the study's job JSONs (lab/study/run.py) of the screen protocols (toy-gpu-screen, and
+toy-gpu-c4096 for the lever "continual stage at 4096") and writes to --out:
+    perplexity.csv        arm, seed, stage (zero-shot, continual), data (test split or the second
+                          domain), length, perplexity
+    retrieval.csv         arm, seed, task, length: correct of trials over every depth, accuracy and
+                          its 95% Wilson interval
+    retrieval_cells.csv   the same per depth
+    screen.md             each lever against its global kind's base arm (the screen's headline),
+                          then perplexity and retrieval per arm
+    perplexity.png        perplexity vs length: stage x data panels, TAPA solid, NoPE dashed
+    retrieval.png         accuracy vs length per task, with Wilson intervals
+    retrieval_heatmap.png per task, accuracy by arm and length
+Every number comes from the job JSONs; an arm missing a stage shows an empty cell.
+An arm run under toy-gpu-c4096 is named ARM@c4096.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections import defaultdict
+from pathlib import Path
+
+from lab.study.aggregate import load_jobs
+
+from tapa._paths import write_csv
+from tapa.eval.plots import _pyplot, length_label
+from tapa.eval.tasks import wilson_interval
+
+PROTOCOL_TAGS = {"toy-gpu-screen": "", "toy-gpu-c4096": "@c4096", "tiny-cpu-screen": ""}
+STAGES = {"eval0": ("zero-shot", "test"), "eval1": ("continual", "test"),
+          "domain0": ("zero-shot", "domain"), "domain1": ("continual", "domain")}
+BASES = {"tapa": "hybrid-tapa", "nope": "hybrid-nope"}  # each global kind's base arm
+OUTPUTS = ("perplexity.csv", "retrieval.csv", "retrieval_cells.csv", "screen.md",
+           "perplexity.png", "retrieval.png", "retrieval_heatmap.png")
+
+
+def arm_id(job: dict) -> str:
+    return job["arm"] + PROTOCOL_TAGS.get(job["protocol"]["name"], f"@{job['protocol']['name']}")
+
+
+def global_kind(arm: str) -> str:
+    """'tapa' or 'nope' for the screen's hybrids, else the arm's own name (an anchor)."""
+    for kind, base in BASES.items():
+        if arm == base or arm.startswith(base + "-") or arm.startswith(base + "@"):
+            return kind
+    return arm
+
+
+def base_of(arm: str) -> str | None:
+    kind = global_kind(arm)
+    return BASES.get(kind) if arm != BASES.get(kind) else None
+
+
+def _label(job: dict) -> str:
+    tag = PROTOCOL_TAGS.get(job["protocol"]["name"])
+    extra = ", continual at 4096" if tag == "@c4096" else ""
+    return job["label"] + extra
+
+
+def screen_jobs(paths) -> list[dict]:
+    """The screen protocols' jobs among the inputs (ValueError if none)."""
+    jobs = [j for j in load_jobs(paths) if j["protocol"]["name"] in PROTOCOL_TAGS]
+    if not jobs:
+        raise ValueError(f"no jobs of the screen protocols ({', '.join(PROTOCOL_TAGS)}) in the inputs")
+    return jobs
+
+
+def perplexity_rows(jobs: list[dict]) -> list[dict]:
+    rows = []
+    for job in jobs:
+        for stage, (when, data) in STAGES.items():
+            result = job["results"].get(stage)
+            if not result:
+                continue
+            source = (Path(result.get("data", {}).get("source") or "domain").name
+                      if data == "domain" else "test split")
+            for row in result["perplexity"]:
+                rows.append({"arm": arm_id(job), "label": _label(job), "kind": global_kind(job["arm"]),
+                             "seed": job["seed"], "lr": job["lr"], "stage": when, "data": data,
+                             "source": source, "length": row["length"],
+                             "perplexity": row["perplexity"], "tokens": row["tokens"]})
+    return rows
+
+
+def retrieval_rows(jobs: list[dict]) -> tuple[list[dict], list[dict]]:
+    """(per length over every depth, per cell) rows of the retrieval suite."""
+    lengths, cells = [], []
+    for job in jobs:
+        tasks = (job["results"].get("passkey") or {}).get("tasks") or {}
+        for task, grid in tasks.items():
+            common = {"arm": arm_id(job), "label": _label(job), "kind": global_kind(job["arm"]),
+                      "seed": job["seed"], "task": task}
+            for li, length in enumerate(grid["lengths"]):
+                hits = grid["correct"][li]
+                trials = grid["trials"] * len(hits)
+                low, high = wilson_interval(sum(hits), trials)
+                lengths.append({**common, "length": length, "correct": sum(hits), "trials": trials,
+                                "accuracy": sum(hits) / trials, "low": low, "high": high})
+                for di, depth in enumerate(grid["depths"]):
+                    cells.append({**common, "length": length, "depth": depth, "correct": hits[di],
+                                  "trials": grid["trials"], "accuracy": hits[di] / grid["trials"]})
+    return lengths, cells
+
+
+def _mean_by(rows: list[dict], keys: tuple, value: str) -> dict:
+    """Mean of `value` over the seeds, keyed by the other `keys`."""
+    groups = defaultdict(list)
+    for row in rows:
+        groups[tuple(row[k] for k in keys)].append(row[value])
+    return {key: sum(v) / len(v) for key, v in groups.items()}
+
+
+def _arms(rows: list[dict]) -> list[str]:
+    """Arms in screen order: TAPA's, then NoPE's, then anchors; each kind's base first."""
+    arms = list(dict.fromkeys(r["arm"] for r in rows))
+    kinds = list(BASES) + sorted({global_kind(a) for a in arms} - set(BASES))
+    return sorted(arms, key=lambda a: (kinds.index(global_kind(a)), base_of(a) is not None, a))
+
+
+def _number(value) -> str:
+    return "" if value is None else f"{value:.2f}"
+
+
+def lever_table(ppl: list[dict], retrieval: list[dict]) -> str:
+    """Each lever's change against its kind's base arm at the lengths that decide the question."""
+    ppl_mean = _mean_by(ppl, ("arm", "stage", "data", "length"), "perplexity")
+    hits = _mean_by(retrieval, ("arm", "task", "length"), "accuracy")
+    # the two longest lengths of each measure: 8x-32x the pretraining length in the screen
+    far = sorted({r["length"] for r in ppl})[-2:]
+    prompts = sorted({r["length"] for r in retrieval})[-2:]
+    checks = [("continual", "test", n) for n in far] + [("continual", "domain", n) for n in far]
+    header = ([f"{data} ppl {length_label(n)}" for _, data, n in checks]
+              + [f"{task} {length_label(n)}" for task in ("single-key", "multi-key") for n in prompts])
+    lines = ["Change against the base arm of the same global kind (perplexity: ratio - 1, lower is "
+             "better; retrieval: accuracy points over every depth, higher is better). Continual "
+             "stage.", "", "| arm | base | " + " | ".join(header) + " |",
+             "|---|---|" + "---|" * len(header)]
+    for arm in _arms(ppl + retrieval):
+        base = base_of(arm)
+        if base is None:
+            continue
+        cells = []
+        for stage, data, n in checks:
+            mine, theirs = ppl_mean.get((arm, stage, data, n)), ppl_mean.get((base, stage, data, n))
+            cells.append(f"{mine / theirs - 1:+.1%}" if mine and theirs else "")
+        for task in ("single-key", "multi-key"):
+            for n in prompts:
+                mine, theirs = hits.get((arm, task, n)), hits.get((base, task, n))
+                cells.append(f"{100 * (mine - theirs):+.0f}" if None not in (mine, theirs) else "")
+        lines.append(f"| {arm} | {base} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def perplexity_table(rows: list[dict], stage: str, data: str) -> str:
+    mine = [r for r in rows if r["stage"] == stage and r["data"] == data]
+    if not mine:
+        return ""
+    means = _mean_by(mine, ("arm", "length"), "perplexity")
+    lengths = sorted({r["length"] for r in mine})
+    source = next(r["source"] for r in mine)
+    lines = [f"**Perplexity, {stage}, {source}** (mean over seeds)", "",
+             "| arm | " + " | ".join(length_label(n) for n in lengths) + " |",
+             "|---|" + "---|" * len(lengths)]
+    for arm in _arms(mine):
+        lines.append(f"| {arm} | " + " | ".join(_number(means.get((arm, n))) for n in lengths) + " |")
+    return "\n".join(lines)
+
+
+def retrieval_table(rows: list[dict], task: str) -> str:
+    mine = [r for r in rows if r["task"] == task]
+    if not mine:
+        return ""
+    lengths = sorted({r["length"] for r in mine})
+    by = defaultdict(list)
+    for r in mine:
+        by[(r["arm"], r["length"])].append(r)
+    lines = [f"**{task}**: % correct over every depth (95% Wilson interval, seeds pooled)", "",
+             "| arm | " + " | ".join(length_label(n) for n in lengths) + " |",
+             "|---|" + "---|" * len(lengths)]
+    for arm in _arms(mine):
+        cells = []
+        for n in lengths:
+            found = by.get((arm, n))
+            if not found:
+                cells.append("")
+                continue
+            correct, trials = sum(r["correct"] for r in found), sum(r["trials"] for r in found)
+            low, high = wilson_interval(correct, trials)
+            cells.append(f"{100 * correct / trials:.0f} ({100 * low:.0f}-{100 * high:.0f})")
+        lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _style(arm: str, index: int, cycle: list) -> dict:
+    return {"color": cycle[index % len(cycle)],
+            "linestyle": "--" if global_kind(arm) == "nope" else "-", "marker": "o", "markersize": 3}
+
+
+def plot_perplexity(rows: list[dict], path: Path) -> Path | None:
+    panels = [(s, d) for s in ("zero-shot", "continual") for d in ("test", "domain")
+              if any(r["stage"] == s and r["data"] == d for r in rows)]
+    if not panels:
+        return None
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.6), squeeze=False)
+    cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"] + ["black", "grey", "olive"]
+    arms = _arms(rows)
+    means = _mean_by(rows, ("arm", "stage", "data", "length"), "perplexity")
+    for ax, (stage, data) in zip(axes[0], panels):
+        for index, arm in enumerate(arms):
+            points = sorted((n, v) for (a, s, d, n), v in means.items()
+                            if (a, s, d) == (arm, stage, data))
+            if points:
+                ax.plot(*zip(*points), label=arm, **_style(arm, index, cycle))
+        source = next(r["source"] for r in rows if r["stage"] == stage and r["data"] == data)
+        ax.set(xscale="log", yscale="log", title=f"{stage}, {source}", xlabel="length (tokens)")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].set_ylabel("perplexity (lower is better)")
+    axes[0][-1].legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.suptitle("Issue 37 screen: perplexity vs length (TAPA globals solid, NoPE dashed)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_retrieval(rows: list[dict], path: Path) -> Path | None:
+    tasks = list(dict.fromkeys(r["task"] for r in rows))
+    if not tasks:
+        return None
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(tasks), figsize=(4.6 * len(tasks), 4.4), squeeze=False)
+    cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"] + ["black", "grey", "olive"]
+    arms = _arms(rows)
+    for ax, task in zip(axes[0], tasks):
+        for index, arm in enumerate(arms):
+            mine = defaultdict(lambda: [0, 0])
+            for r in rows:
+                if r["task"] == task and r["arm"] == arm:
+                    mine[r["length"]][0] += r["correct"]
+                    mine[r["length"]][1] += r["trials"]
+            if not mine:
+                continue
+            lengths = sorted(mine)
+            acc = [mine[n][0] / mine[n][1] for n in lengths]
+            bounds = [wilson_interval(*mine[n]) for n in lengths]
+            ax.errorbar(lengths, [100 * a for a in acc],
+                        yerr=[[100 * (a - lo) for a, (lo, _) in zip(acc, bounds)],
+                              [100 * (hi - a) for a, (_, hi) in zip(acc, bounds)]],
+                        capsize=2, label=arm, **_style(arm, index, cycle))
+        ax.set(xscale="log", ylim=(-3, 103), title=task, xlabel="prompt length (tokens)")
+        ax.grid(True, alpha=0.3)
+    axes[0][0].set_ylabel("% correct over every depth")
+    axes[0][-1].legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.suptitle("Issue 37 screen: retrieval after the continual stage (95% Wilson intervals)",
+                 fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_heatmap(rows: list[dict], path: Path) -> Path | None:
+    tasks = list(dict.fromkeys(r["task"] for r in rows))
+    if not tasks:
+        return None
+    plt = _pyplot()
+    arms = _arms(rows)
+    lengths = sorted({r["length"] for r in rows})
+    means = _mean_by(rows, ("arm", "task", "length"), "accuracy")
+    fig, axes = plt.subplots(1, len(tasks), figsize=(2.2 + 1.1 * len(lengths) * len(tasks),
+                                                     1.2 + 0.32 * len(arms)), squeeze=False)
+    for column, (ax, task) in enumerate(zip(axes[0], tasks)):
+        grid = [[means.get((arm, task, n), math.nan) for n in lengths] for arm in arms]
+        image = ax.imshow([[100 * v for v in row] for row in grid], vmin=0, vmax=100,
+                          cmap="viridis", aspect="auto")
+        for i, row in enumerate(grid):
+            for j, value in enumerate(row):
+                if value == value:
+                    ax.text(j, i, f"{100 * value:.0f}", ha="center", va="center", fontsize=6,
+                            color="white" if value < 0.6 else "black")
+        ax.set_xticks(range(len(lengths)), [length_label(n) for n in lengths], fontsize=7)
+        ax.set_yticks(range(len(arms)), arms if column == 0 else [""] * len(arms), fontsize=7)
+        ax.set_title(task, fontsize=9)
+    fig.colorbar(image, ax=axes[0].tolist(), shrink=0.8, label="% correct")
+    fig.suptitle("Retrieval by arm and prompt length (mean over seeds, every depth)", fontsize=10)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def screen(paths, out_dir: str | Path, command: str) -> list[Path]:
+    jobs = screen_jobs(paths)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    ppl = perplexity_rows(jobs)
+    retrieval, cells = retrieval_rows(jobs)
+    written = []
+    for name, rows in (("perplexity.csv", ppl), ("retrieval.csv", retrieval),
+                       ("retrieval_cells.csv", cells)):
+        if rows:
+            write_csv(out / name, rows)
+            written.append(out / name)
+    hardware = sorted({h for j in jobs for h in j.get("hardware", [])})
+    dates = sorted(j["date"] for j in jobs)
+    domains = {(d["domain"], d["files"], d["bytes"], d["sha256"][:12])
+               for j in jobs if (d := (j.get("corpus") or {}).get("domain"))}
+    domain_line = "; ".join(f"second domain {name}: {files} files, {size:,} bytes, sha256 {sha}"
+                            for name, files, size, sha in sorted(domains))
+    sections = [f"Generated by `{command}` from {len(jobs)} job JSONs "
+                f"({', '.join(sorted({j['protocol']['name'] for j in jobs}))}); hardware: "
+                f"{'; '.join(hardware) or 'unknown'}; jobs dated {dates[0][:10]} to "
+                f"{dates[-1][:10]}" + (f"; {domain_line}." if domain_line else "."),
+                lever_table(ppl, retrieval)]
+    sections += [perplexity_table(ppl, s, d) for s in ("continual", "zero-shot") for d in ("test", "domain")]
+    sections += [retrieval_table(retrieval, t) for t in dict.fromkeys(r["task"] for r in retrieval)]
+    plots = [plot_perplexity(ppl, out / "perplexity.png"), plot_retrieval(retrieval, out / "retrieval.png"),
+             plot_heatmap(retrieval, out / "retrieval_heatmap.png")]
+    sections += [f"![{p.stem}]({p.name})" for p in plots if p]
+    (out / "screen.md").write_text("\n\n".join(s for s in sections if s) + "\n")
+    return written + [out / "screen.md"] + [p for p in plots if p]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python3 -m lab.study.screen", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--in", dest="inputs", nargs="+", required=True,
+                        help="folders, *.job.json files or the runner's .tar.gz archives")
+    parser.add_argument("--out", default="results/toy-study/globals")
+    args = parser.parse_args(argv)
+    command = f"python3 -m lab.study.screen --in {' '.join(args.inputs)} --out {args.out}"
+    try:
+        written = screen(args.inputs, args.out, command)
+    except ValueError as err:
+        raise SystemExit(f"lab.study.screen: {err}") from err
+    print(f"wrote {len(written)} files to {args.out}: " + ", ".join(p.name for p in written))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,164 @@
+"""Issue 37's screen machinery: the second text domain (lab/study/domain.py), the runner's domain
+and retrieval stages (lab/study/plan.py, run.py), and the screen's tables (lab/study/screen.py)."""
+
+import csv
+import json
+import tarfile
+from email.message import Message
+from pathlib import Path
+
+import pytest
+
+from lab.study import arms, domain, plan, run, screen
+
+
+class FakeDistribution:
+    def __init__(self, name, version, text, kind="text/markdown"):
+        self.metadata = Message()
+        self.metadata["Name"], self.metadata["Version"] = name, version
+        self.metadata["Description-Content-Type"] = kind
+        self.metadata.set_payload(text)
+
+
+def test_domain_keeps_long_distinct_descriptions(tmp_path, monkeypatch):
+    prose = "A sentence about a package. " * 100
+    dists = [FakeDistribution("beta", "1.0", prose), FakeDistribution("Alpha", "2.0", prose + "more"),
+             FakeDistribution("beta-copy", "1.0", prose),  # the same text: kept once
+             FakeDistribution("short", "0.1", "too short"),
+             FakeDistribution("rst", "3", prose * 2, kind="text/x-rst; charset=UTF-8")]
+    monkeypatch.setattr(domain.importlib.metadata, "distributions", lambda: dists)
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "stale.md").write_text("left by an earlier build")
+    manifest = domain.build(tmp_path / "docs", min_bytes=1000)
+    assert manifest["names"] == ["alpha-2.0.md", "beta-1.0.md", "rst-3.rst"]
+    assert sorted(p.name for p in (tmp_path / "docs").iterdir()) == manifest["names"]
+    assert (tmp_path / "docs" / "rst-3.rst").read_text() == prose * 2
+    assert manifest["bytes"] == len(prose * 4) + len("more")
+    assert json.loads((tmp_path / "docs.json").read_text())["sha256"] == manifest["sha256"]
+    again = domain.build(tmp_path / "docs", min_bytes=1000)
+    assert again["sha256"] == manifest["sha256"]  # the same packages, the same text
+    monkeypatch.setattr(domain.importlib.metadata, "distributions", lambda: dists[3:4])
+    with pytest.raises(ValueError, match="no installed distribution"):
+        domain.build(tmp_path / "none", min_bytes=1000)
+
+
+def test_screen_plan_has_domain_stages_and_shares_pretraining():
+    jobs = plan.parse_jobs("hybrid-tapa:0.001:0,hybrid-tapa-pk10:0.001:0,hybrid-nope-w64:0.001:0")
+    groups = plan.build_groups(jobs, arms.TOY_GPU_SCREEN, list(arms.STAGES), Path("/r"))
+    # pk10 changes the continual stage only: it shares hybrid-tapa's pretraining run
+    assert [g.id for g in groups] == ["hybrid-tapa-lr0.001-s0", "hybrid-nope-w64-lr0.001-s0"]
+    tapa = groups[0]
+    names = [s.name for s in tapa.stages]
+    assert {"domain0", "domain1-hybrid-tapa", "domain1-hybrid-tapa-pk10"} <= set(names)
+    assert names.index("domain1-hybrid-tapa") > names.index("continual-hybrid-tapa")
+    argv = tapa.stage("domain1-hybrid-tapa").argv
+    assert argv[argv.index("--data") + 1] == "/r/domain/package-docs" and "--split" not in argv
+    assert argv[argv.index("--lengths") + 1] == "512,1024,2048,4096,8192,16384"
+    passkey = tapa.stage("passkey-hybrid-tapa")
+    assert passkey.argv[passkey.argv.index("--tasks") + 1] == "all"
+    # 4 tasks x 4 lengths x 5 depths x 77 trials (+-5 points a length)
+    assert passkey.prompts == 4 * 4 * 5 * 77
+    estimate = plan.estimate_stage(passkey, arms.Estimates(), 1)
+    assert estimate == pytest.approx(arms.Estimates().passkey_s_per_method + 6160 * 0.02)
+    # a protocol without a domain plans no domain stage
+    plain = plan.build_groups(jobs[:1], arms.TOY_GPU, list(arms.STAGES), Path("/r"))
+    assert not [s for s in plain[0].stages if s.kind in arms.DOMAIN_STAGES]
+
+
+def test_runner_refuses_domain_stages_without_a_domain():
+    with pytest.raises(SystemExit, match="no second domain"):
+        run.configure(run.parse_args(["--protocol", "tiny-cpu", "--jobs", "nope:0.001:0",
+                                      "--stages", "domain1"]))
+
+
+def screen_job(arm, seed, continual, domain_ppl, tasks, protocol="toy-gpu-screen"):
+    """A job JSON with continual perplexity at 4096 and 16384 on both texts, and a retrieval grid
+    of two lengths x two depths at 10 trials a cell (tasks: {task: [[hits]]})."""
+    proto = arms.PROTOCOLS[protocol].to_dict()
+    ppl = lambda values: {"perplexity": [{"length": n, "perplexity": v, "tokens": 100}
+                                         for n, v in zip((4096, 16384), values)]}
+    grids = {task: {"lengths": [8192, 16384], "depths": [0.0, 1.0], "trials": 10,
+                    "correct": hits, "accuracy": [[h / 10 for h in row] for row in hits]}
+             for task, hits in tasks.items()}
+    return {"kind": "tapa-study-job", "job": f"{arm}:0.001:{seed}", "arm": arm, "label": arm,
+            "seed": seed, "lr": 0.001, "protocol": proto, "stages_done": ["pretrain"],
+            "date": "2026-12-05T00:00:00", "hardware": ["H200"],
+            "corpus": {"domain": {"domain": "package-docs", "files": 3, "bytes": 1000,
+                                  "sha256": "ab" * 32}},
+            "results": {"eval1": ppl(continual),
+                        "domain1": {**ppl(domain_ppl), "data": {"source": "/x/package-docs"}},
+                        "passkey": {"passkey": {}, "tasks": grids}}}
+
+
+def test_screen_tables_compare_each_lever_with_its_base(tmp_path):
+    full, half = [[10, 10], [10, 10]], [[5, 5], [5, 5]]
+    jobs = [screen_job("hybrid-tapa", 0, [10.0, 20.0], [30.0, 40.0], {"single-key": half, "multi-key": half}),
+            screen_job("hybrid-tapa-w64", 0, [10.0, 18.0], [30.0, 44.0], {"single-key": full, "multi-key": [[0, 0], [5, 5]]}),
+            screen_job("hybrid-tapa", 0, [10.0, 25.0], [30.0, 40.0], {"single-key": half}, protocol="toy-gpu-c4096"),
+            screen_job("hybrid-nope", 0, [11.0, 30.0], [31.0, 50.0], {"single-key": full, "multi-key": full})]
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for index, job in enumerate(jobs):
+        (folder / f"{index}.job.json").write_text(json.dumps(job))
+    written = screen.screen([folder], tmp_path / "out", "cmd")
+    assert {p.name for p in written} == set(screen.OUTPUTS)
+    text = (tmp_path / "out" / "screen.md").read_text()
+    levers = next(part for part in text.split("\n\n") if part.startswith("| arm | base |"))
+    rows = {line.split(" | ")[0].strip("| "): line for line in levers.splitlines()[2:]}
+    # w64 against hybrid-tapa: test 16k 18/20 - 1 = -10%, domain 16k 44/40 - 1 = +10%,
+    # single-key 100 - 50 = +50 points at both lengths, multi-key 0 - 50 and 50 - 50
+    lever = rows["hybrid-tapa-w64"]
+    assert "| hybrid-tapa | +0.0% | -10.0% | +0.0% | +10.0% | +50 | +50 | -50 | +0 |" in lever
+    assert "+25.0%" in rows["hybrid-tapa@c4096"]  # the continual stage at 4096, against the base
+    assert set(rows) == {"hybrid-tapa-w64", "hybrid-tapa@c4096"}  # a base has no lever row
+    assert "second domain package-docs: 3 files" in text
+    with open(tmp_path / "out" / "retrieval.csv", newline="") as handle:
+        found = {(r["arm"], r["task"], r["length"]): r for r in csv.DictReader(handle)}
+    cell = found[("hybrid-tapa-w64", "multi-key", "16384")]
+    assert (cell["correct"], cell["trials"], float(cell["accuracy"])) == ("10", "20", 0.5)
+    assert 0.27 < float(cell["low"]) < 0.5 < float(cell["high"]) < 0.73  # Wilson, n = 20
+    with open(tmp_path / "out" / "perplexity.csv", newline="") as handle:
+        sources = {r["source"] for r in csv.DictReader(handle) if r["data"] == "domain"}
+    assert sources == {"package-docs"}
+
+
+def test_screen_refuses_inputs_without_screen_jobs(tmp_path):
+    job = screen_job("hybrid-tapa", 0, [1.0, 1.0], [1.0, 1.0], {})
+    job["protocol"]["name"] = "toy-gpu"
+    (tmp_path / "a.job.json").write_text(json.dumps(job))
+    with pytest.raises(ValueError, match="no jobs of the screen protocols"):
+        screen.screen_jobs([tmp_path])
+
+
+@pytest.mark.slow  # trains and evaluates two tiny groups on CPU (~90 s)
+def test_tiny_screen_end_to_end(tmp_path, capsys):
+    out = tmp_path / "out"
+    rc = run.main(["--protocol", "tiny-cpu-screen", "--jobs", "hybrid-tapa:0.001:0,hybrid-nope:0.001:0",
+                   "--root", str(tmp_path), "--out", str(out), "--time-budget", "600"])
+    printed = capsys.readouterr().out
+    assert rc == 0, printed
+    (archive,) = out.glob("study-*.tar.gz")
+    with tarfile.open(archive) as tar:
+        jobs = [json.load(tar.extractfile(m)) for m in tar.getmembers() if m.name.endswith(".job.json")]
+    for job in jobs:
+        assert job["complete"], job["stages_done"]
+        assert job["results"]["domain1"]["data"]["source"].endswith("domain/package-docs")
+        assert job["corpus"]["domain"]["files"] > 0
+        assert set(job["results"]["passkey"]["tasks"]) == {"single-key", "multi-key"}
+    written = screen.screen([out], tmp_path / "agg", "cmd")
+    assert {p.name for p in written} == set(screen.OUTPUTS)
+
+
+def test_retrieval_defaults_keep_older_jobs_ids():
+    """Jobs recorded before the retrieval fields existed keep their protocol id; a job JSON's
+    lists hash like the protocol's tuples; the screen's suite changes the id."""
+    from lab.study.aggregate import protocol_fingerprint
+
+    new = arms.TOY_GPU.to_dict()
+    old = {k: v for k, v in new.items() if k not in ("retrieval_tasks", "task_trials", "domain")}
+    as_json = json.loads(json.dumps(new))
+    assert protocol_fingerprint(old) == protocol_fingerprint(new) == protocol_fingerprint(as_json)
+    assert arms.TOY_GPU_SCREEN.fingerprint() != arms.TOY_GPU.fingerprint()
+    # the screen shares the toy protocol's pretraining
+    assert protocol_fingerprint(arms.TOY_GPU_SCREEN.to_dict(), "pretrain") == \
+        protocol_fingerprint(old, "pretrain")
