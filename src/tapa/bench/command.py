@@ -1,4 +1,4 @@
-"""`tapa bench {attention,model,decode,generate,varlen,local}`: each benchmark module defines add_arguments and run."""
+"""`tapa bench {attention,model,cp,decode,generate,varlen,local}`: each benchmark module defines add_arguments and run."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import importlib
 BENCHMARKS = {
     "attention": ("tapa.bench.attention", "fused TAPA kernel vs SDPA flash/cuDNN: time, TFLOP/s, memory"),
     "model": ("tapa.bench.model", "training tokens/s and MFU, TAPA model vs RoPE model"),
+    "cp": ("tapa.bench.cp", "context parallelism under torchrun: tokens/s and memory per GPU "
+           "against CP 1 at the same row"),
     "decode": ("tapa.bench.decode", "split-KV decode step time vs SDPA"),
     "generate": ("tapa.bench.generate", "greedy decoding of whole models: ms per token, eager vs CUDA graphs"),
     "varlen": ("tapa.bench.varlen", "packed-document (varlen) TAPA kernel vs the dense kernel and "
