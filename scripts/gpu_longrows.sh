@@ -8,9 +8,14 @@
 #   docmask       `tapa bench model --doc-mask 2048`: TAPA, the TAPA hybrid and RoPE at 8k and 32k
 #                 with packed documents (mean 2048 tokens), against the same without
 #   decode        `tapa bench decode` (a second sample of the decode table)
+#   cp            `tapa bench cp` under torchrun on every GPU of the machine (NCCL_NVLS_ENABLE=0):
+#                 the 124M hybrid and RoPE, 128k and 256k rows, activation checkpointing, at CP
+#                 sizes NGPUS, NGPUS/2, ..., 1 (CP 1: each GPU its own row, the reference); on one
+#                 GPU, CP 1 only. Not in the default steps: it wants a machine of several GPUs
 #   usage:  bash scripts/gpu_longrows.sh NAME [STEP ...]   (steps: varlen_tests varlen rows
-#           rows256k docmask decode; default all)
+#           rows256k docmask decode cp; default all but cp)
 #   device: run(command="bash scripts/gpu_longrows.sh longrows", kind="nvidia-h200")
+#           run(command="bash scripts/gpu_longrows.sh cp cp", kind="nvidia-h200-x8")
 # Logs and tables go to /tmp/NAME and come back as $OUT/NAME.tar.gz; the tables are printed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -35,6 +40,13 @@ for mask in 0 2048; do
         --steps 3 --out "$WORK/docmask$mask"
 done
 want decode && step decode 50 python3 -m tapa.cli bench decode --out "$WORK/decode"
+if want cp; then
+    sizes=() && for ((size = NGPUS; size >= 1; size /= 2)); do ((NGPUS % size)) || sizes+=("$size"); done
+    [[ $NGPUS -eq 1 ]] && echo "cp: one GPU, so CP 1 only (context parallelism needs 2 or more)"
+    step cp 540 env NCCL_NVLS_ENABLE=0 torchrun --standalone --nproc-per-node "$NGPUS" -m tapa.cli \
+        bench cp --lengths 131072 262144 --pes tapa:LLLG:256 rope --checkpointing on \
+        --cp "${sizes[@]}" --warmup 1 --steps 3 --csv "$WORK/cp/cp.csv"
+fi
 tar czf "$OUT/$NAME.tar.gz" -C /tmp "$NAME"
 echo "done at +$(($(date +%s) - START))s"
 cat "$WORK/steps.txt"
@@ -44,3 +56,4 @@ for name in rows65536 rows131072 rows262144 docmask0 docmask2048; do
     grep -h "L=" "$WORK/$name.log" 2>/dev/null | grep -v "^\["
 done
 grep -E "^\| (1|8|32) \| " "$WORK/decode/decode.md" 2>/dev/null | head -18 | cut -c1-120
+grep "^|" "$WORK/cp.log" 2>/dev/null | cut -c1-220

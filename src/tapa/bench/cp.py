@@ -10,8 +10,8 @@ ranks, each group training one row a step, sharded over its ranks (ContextParall
 model in DDP over all W. CP 1 is thus plain data parallelism, each GPU training a whole row: the
 reference, measured in the same run on the same GPUs with the same gradient all-reduce. One
 training step is bench model's (training_step: bf16 autocast, float32 loss, backward, fused AdamW),
-timed after `warmup` untimed steps. Sizes run largest first: a run whose CP 1 does not fit has
-measured the sharded rows by then.
+timed after `warmup` untimed steps. At each row the sizes run largest first: an out of memory at
+CP 1, which ends a multi-process run (below), comes after that row's sharded measurements.
 
 Columns: tokens_per_s = rows a step (W / n) x row length / step time; tokens_per_s_per_gpu = that
 / W; step_ms and peak_mem_gib (torch.cuda.max_memory_allocated) are the slowest and the largest
