@@ -31,7 +31,6 @@ from contextlib import nullcontext
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from tapa.model import Documents, ModelConfig, TapaLM
 
