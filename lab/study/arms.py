@@ -10,6 +10,9 @@ An arm is a recipe under test. Its flags are `tapa train` flags (every config fi
   starts from the RoPE pretraining, so its zero-shot numbers are the RoPE arm's.
 - `continual_lr_scale`: the continual stage's peak lr over the pretraining one for this arm; None
   takes the protocol's (plan.continual_scale).
+- `convert`: `tapa convert` flags applied to the pretrained run before the continual stage, which
+  then starts from the converted model (a retrofit: a RoPE model made a hybrid). The continual
+  flags must then name the converted model's settings (they are checked against it).
 Arms with equal `pretrain` flags share one pretraining run (at the same lr and seed), and arms with
 equal `pretrain` + `continual` flags and `continual_lr_scale` share the continual run too; the
 runner never trains twice.
@@ -44,6 +47,7 @@ class Arm:
     eval_pe: str | None = None
     zero_shot: bool = True
     continual_lr_scale: float | None = None
+    convert: tuple = ()
 
 
 GLOBAL_KINDS = {"tapa": ("--pe", "tapa", *PHASE_LR), "nope": ("--pe", "nope")}
@@ -119,6 +123,16 @@ ARMS = {arm.name: arm for arm in (
     # (TAPA and NoPE), against hybrid-tapa and hybrid-nope; the continual stage at 4096 is the
     # protocol toy-gpu-c4096 on the same arms
     *_globals_screen(),
+    # issue 38's retrofit: the RoPE arm's pretrained model converted to the LLLG hybrid (local
+    # layers keep its RoPE weights, the globals become TAPA or NoPE), then the continual stage;
+    # against the hybrids trained from scratch (hybrid-tapa, hybrid-nope) and RoPE + YaRN. The
+    # phase rows start at 0.1x, as the models' own init and the toy recipe have it.
+    *[Arm(f"retrofit-{kind}", f"RoPE retrofitted to the {'TAPA' if kind == 'tapa' else 'NoPE'} "
+          "hybrid (LLLG, w256)", "rope", ("--pe", "rope"), zero_shot=False,
+          convert=(*HYBRID, "--pe", kind, "--phase-init-scale", "0.1"),
+          continual=(*HYBRID, "--pe", kind, "--phase-init-scale", "0.1",
+                     *(PHASE_LR if kind == "tapa" else ())))
+      for kind in ("tapa", "nope")],
 )}
 FAMILIES = ("rope", "nope", "tapa", "hybrid")
 SWEEP_ARM = {"rope": "rope", "nope": "nope", "tapa": "tapa", "hybrid": "hybrid-tapa"}
@@ -284,6 +298,9 @@ class Estimates:
     # fresh machine: BPE on 50 MB + tokenizing ~400 MB (64 s, then 77 s twice, 53 s with the
     # batched encoder), then the kernels' preflight (15 s): 68 s on 2026-12-01 21:58 UTC
     data_build_s: float = 80.0
+    # a retrofit's conversion, and the corpus its continual stage tokenizes again with the converted
+    # folder's copy of the tokenizer (not measured yet: the data build's time)
+    convert_s: float = 90.0
 
     def process_rate(self, concurrent: int) -> float:
         speedup = self.speedup.get(concurrent, max(self.speedup.values()))

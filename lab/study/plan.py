@@ -15,6 +15,8 @@ from pathlib import Path
 
 from lab.study.arms import ARMS, FAMILIES, STAGES, SWEEP_ARM, Arm, Estimates, Protocol
 
+from tapa.train.config import load_recipe
+
 
 @dataclass(frozen=True)
 class Job:
@@ -125,7 +127,7 @@ def pretrain_owner(arm: Arm) -> str:
 
 
 def continual_owner(arm: Arm) -> str:
-    return _owner(arm, lambda a: (a.pretrain, a.continual, a.continual_lr_scale))
+    return _owner(arm, lambda a: (a.pretrain, a.continual, a.continual_lr_scale, a.convert))
 
 
 def continual_scale(arm: Arm, protocol: Protocol) -> float:
@@ -158,7 +160,10 @@ def job_stages(job: Job, stages) -> list[str]:
     skip = {"eval0", "domain0"} if not arm.zero_shot else set()
     if pretrain_owner(arm) != arm.name:
         skip.add("theory")
-    return [names[s] for s in stages if s not in skip]
+    wanted = [names[s] for s in stages if s not in skip]
+    if ARMS[owner].convert and f"continual-{owner}" in wanted:  # a retrofit converts first
+        wanted.insert(wanted.index(f"continual-{owner}"), f"convert-{owner}")
+    return wanted
 
 
 def _csv(values) -> str:
@@ -228,12 +233,22 @@ def build_groups(jobs: list[Job], protocol: Protocol, stages, root: Path,
         for owner in dict.fromkeys(continual_owner(ARMS[j.arm]) for j in group.jobs):
             users = [ARMS[j.arm] for j in group.jobs if continual_owner(ARMS[j.arm]) == owner]
             cont_dir = str(base / f"continual-{owner}")
+            init, start, needs = pre_dir, [], ["pretrain"]
+            if ARMS[owner].convert and f"convert-{owner}" in needed:
+                # a retrofit: the pretrained run converted, then continued from the converted
+                # folder, which names its tokenizer but not its text: the recipe's source
+                init = str(base / f"convert-{owner}")
+                start = ["--data", load_recipe(protocol.recipe)["data"].get("source", "builtin")]
+                needs = ["pretrain", f"convert-{owner}"]
+                group.stages.append(Stage(f"convert-{owner}", "convert",
+                                          ["convert", pre_dir, init, *ARMS[owner].convert],
+                                          init, needs=["pretrain"], methods=1))
             if f"continual-{owner}" in needed:
                 group.stages.append(Stage(
                     f"continual-{owner}", "continual",
                     # the arm's continual flags after the protocol's: a repeated flag keeps its
                     # last value, so an arm may change the protocol's (e.g. --passkey-fraction)
-                    train_common + ["--init-from", pre_dir,
+                    train_common + ["--init-from", init, *start,
                                     "--seq-len", str(protocol.continual_len),
                                     "--batch-size", str(protocol.continual_batch),
                                     "--steps", str(protocol.continual_steps),
@@ -241,7 +256,7 @@ def build_groups(jobs: list[Job], protocol: Protocol, stages, root: Path,
                                     *_fill(ARMS[owner].continual, protocol),
                                     "--lr", f"{lr * continual_scale(ARMS[owner], protocol):g}",
                                     *train_extra, "--run-dir", cont_dir],
-                    cont_dir, needs=["pretrain"], tokens=protocol.continual_tokens))
+                    cont_dir, needs=needs, tokens=protocol.continual_tokens))
             for kind, flags in (("eval1", evaluation), ("domain1", domain), ("passkey", passkey)):
                 if f"{kind}-{owner}" in needed and flags:
                     stage = _eval_stage(f"{kind}-{owner}", kind, cont_dir, base, flags, users,
@@ -287,12 +302,14 @@ def check_flags(groups: list[Group]) -> list[str]:
     """Problems with the commands as this tapa parses them (a flag another branch adds and this
     checkout lacks), found before any GPU time is spent."""
     from tapa.eval import command as eval_command
+    from tapa.hf import convert as convert_command
     from tapa.train import command as train_command
 
     from tapa.theory import trained
 
     parsers = {"-m": trained.build_parser()}
-    for name, module in (("train", train_command), ("eval", eval_command)):
+    for name, module in (("train", train_command), ("eval", eval_command),
+                         ("convert", convert_command)):
         parsers[name] = argparse.ArgumentParser(prog=f"tapa {name}", add_help=False)
         module.add_arguments(parsers[name])
     problems = []
@@ -318,7 +335,7 @@ def estimate_stage(stage: Stage, est: Estimates, concurrent: int, observed: dict
             return observed[stage.kind] * stage.tokens
         return est.startup_s + stage.tokens / est.process_rate(concurrent)
     default = {"passkey": est.passkey_s_per_method + stage.prompts * est.task_s_per_prompt,
-               "theory": est.theory_s}.get(stage.kind, est.eval_s_per_method)
+               "theory": est.theory_s, "convert": est.convert_s}.get(stage.kind, est.eval_s_per_method)
     return (observed.get(stage.kind) or default) * stage.methods
 
 

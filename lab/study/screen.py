@@ -15,7 +15,10 @@ toy-gpu-c4096 for the lever "continual stage at 4096") and writes to --out:
     retrieval.png         accuracy vs length per task, with Wilson intervals
     retrieval_heatmap.png per task, accuracy by arm and length
 Every number comes from the job JSONs; an arm missing a stage shows an empty cell.
-An arm run under toy-gpu-c4096 is named ARM@c4096.
+An arm run under toy-gpu-c4096 is named ARM@c4096. The retrofits of issue 38 (retrofit-tapa,
+retrofit-nope) are compared with the hybrid of their kind trained from scratch; --arms keeps the
+named arms only (results/retrofit: `--arms rope-yarn,hybrid-tapa,hybrid-nope,retrofit-tapa,
+retrofit-nope`).
 """
 
 from __future__ import annotations
@@ -44,9 +47,11 @@ def arm_id(job: dict) -> str:
 
 
 def global_kind(arm: str) -> str:
-    """'tapa' or 'nope' for the screen's hybrids, else the arm's own name (an anchor)."""
+    """'tapa' or 'nope' for the screen's hybrids and the retrofits (issue 38: a RoPE model made
+    such a hybrid, against the hybrid trained from scratch), else the arm's own name (an anchor)."""
     for kind, base in BASES.items():
-        if arm == base or arm.startswith(base + "-") or arm.startswith(base + "@"):
+        if any(arm == stem or arm.startswith((stem + "-", stem + "@"))
+               for stem in (base, f"retrofit-{kind}")):
             return kind
     return arm
 
@@ -294,8 +299,12 @@ def plot_heatmap(rows: list[dict], path: Path) -> Path | None:
     return path
 
 
-def screen(paths, out_dir: str | Path, command: str) -> list[Path]:
+def screen(paths, out_dir: str | Path, command: str, arms: list[str] | None = None) -> list[Path]:
     jobs = screen_jobs(paths)
+    if arms:
+        jobs = [j for j in jobs if arm_id(j) in arms]
+        if not jobs:
+            raise ValueError(f"none of the arms {arms} has a job in the inputs")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     ppl = perplexity_rows(jobs)
@@ -332,10 +341,14 @@ def main(argv=None) -> int:
     parser.add_argument("--in", dest="inputs", nargs="+", required=True,
                         help="folders, *.job.json files or the runner's .tar.gz archives")
     parser.add_argument("--out", default="results/toy-study/globals")
+    parser.add_argument("--arms", default=None,
+                        help="comma-separated arms (ARM or ARM@c4096) to report; default: all")
     args = parser.parse_args(argv)
-    command = f"python3 -m lab.study.screen --in {' '.join(args.inputs)} --out {args.out}"
+    arms = args.arms.split(",") if args.arms else None
+    command = (f"python3 -m lab.study.screen --in {' '.join(args.inputs)} --out {args.out}"
+               + (f" --arms {args.arms}" if arms else ""))
     try:
-        written = screen(args.inputs, args.out, command)
+        written = screen(args.inputs, args.out, command, arms)
     except ValueError as err:
         raise SystemExit(f"lab.study.screen: {err}") from err
     print(f"wrote {len(written)} files to {args.out}: " + ", ".join(p.name for p in written))

@@ -158,6 +158,8 @@ def job_summary(job: Job, group: Group, stages: list[str], protocol: Protocol, r
             kernels[kind] = marker["kernels"]
         if kind in ("pretrain", "continual"):
             summary["results"][kind] = _training_summary(Path(stage.out))
+        elif kind == "convert":  # a retrofit's converted model: its command says it all
+            summary["results"][kind] = {"out": stage.out}
         elif kind == "theory":
             summary["results"][kind] = _theory_summary(Path(stage.out))
         else:

@@ -27,7 +27,7 @@ COMMANDS = {
     "report": ("tapa.eval.report", "merge several evaluated runs into one table and plot"),
     "bench": ("tapa.bench.command", "GPU benchmarks: attention kernel, local attention, model throughput, decoding"),
     "export": ("tapa.hf.export", "export a tapa training checkpoint to a transformers model directory"),
-    "convert": ("tapa.hf.convert", "convert a Llama, Mistral or Qwen2 directory to TAPA attention (or a TAPA hybrid)"),
+    "convert": ("tapa.hf.convert", "convert a Llama, Mistral or Qwen2 directory, or a tapa RoPE run, to TAPA attention (or a TAPA hybrid)"),
 }
 
 # What a user's mistake raises: ValueError (bad arguments and configs; CheckpointError is one) and

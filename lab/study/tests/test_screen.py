@@ -65,6 +65,27 @@ def test_screen_plan_has_domain_stages_and_shares_pretraining():
     assert not [s for s in plain[0].stages if s.kind in arms.DOMAIN_STAGES]
 
 
+def test_retrofit_converts_the_rope_run_then_continues_from_the_converted_model():
+    jobs = plan.parse_jobs("rope:0.001:0,retrofit-tapa:0.001:0,retrofit-nope:0.001:0")
+    (group,) = plan.build_groups(jobs, arms.TOY_GPU_SCREEN, list(arms.STAGES), Path("/r"))
+    names = [s.name for s in group.stages]
+    assert names.count("pretrain") == 1  # the retrofits read the RoPE arm's pretraining
+    for kind in ("tapa", "nope"):
+        convert, continual = group.stage(f"convert-retrofit-{kind}"), group.stage(f"continual-retrofit-{kind}")
+        assert names.index(convert.name) < names.index(continual.name)
+        assert convert.argv[:3] == ["convert", "/r/runs/rope-lr0.001-s0/pretrain", convert.out]
+        argv = continual.argv
+        assert argv[argv.index("--init-from") + 1] == convert.out
+        assert argv[argv.index("--data") + 1] == "builtin"  # the toy-gpu recipe's source
+        assert len(argv) - argv[::-1].index("--pe") == argv.index(kind)  # the last --pe wins
+        assert continual.needs == ["pretrain", convert.name]
+        assert plan.job_stages(plan.Job(f"retrofit-{kind}", 0.001, 0), arms.stages_of(arms.TOY_GPU_SCREEN)) == [
+            "pretrain", convert.name, continual.name, f"eval1-retrofit-{kind}",
+            f"domain1-retrofit-{kind}", f"passkey-retrofit-{kind}"]
+    assert screen.base_of("retrofit-tapa") == "hybrid-tapa" and screen.base_of("retrofit-nope") == "hybrid-nope"
+    assert plan.check_flags([group]) == []  # every command parses with this checkout's tapa
+
+
 def test_runner_refuses_domain_stages_without_a_domain():
     with pytest.raises(SystemExit, match="no second domain"):
         run.configure(run.parse_args(["--protocol", "tiny-cpu", "--jobs", "nope:0.001:0",
@@ -130,10 +151,11 @@ def test_screen_refuses_inputs_without_screen_jobs(tmp_path):
         screen.screen_jobs([tmp_path])
 
 
-@pytest.mark.slow  # trains and evaluates two tiny groups on CPU (~90 s)
+@pytest.mark.slow  # trains and evaluates three tiny groups on CPU (~2 min)
 def test_tiny_screen_end_to_end(tmp_path, capsys):
     out = tmp_path / "out"
-    rc = run.main(["--protocol", "tiny-cpu-screen", "--jobs", "hybrid-tapa:0.001:0,hybrid-nope:0.001:0",
+    rc = run.main(["--protocol", "tiny-cpu-screen", "--jobs",
+                   "hybrid-tapa:0.001:0,hybrid-nope:0.001:0,retrofit-tapa:0.001:0",
                    "--root", str(tmp_path), "--out", str(out), "--time-budget", "600"])
     printed = capsys.readouterr().out
     assert rc == 0, printed
@@ -145,8 +167,10 @@ def test_tiny_screen_end_to_end(tmp_path, capsys):
         assert job["results"]["domain1"]["data"]["source"].endswith("domain/package-docs")
         assert job["corpus"]["domain"]["files"] > 0
         assert set(job["results"]["passkey"]["tasks"]) == {"single-key", "multi-key"}
+    assert {j["arm"] for j in jobs} == {"hybrid-tapa", "hybrid-nope", "retrofit-tapa"}
     written = screen.screen([out], tmp_path / "agg", "cmd")
     assert {p.name for p in written} == set(screen.OUTPUTS)
+    assert "| retrofit-tapa | hybrid-tapa |" in (tmp_path / "agg" / "screen.md").read_text()
 
 
 def test_retrieval_defaults_keep_older_jobs_ids():
