@@ -123,6 +123,12 @@ ARMS = {arm.name: arm for arm in (
     # (TAPA and NoPE), against hybrid-tapa and hybrid-nope; the continual stage at 4096 is the
     # protocol toy-gpu-c4096 on the same arms
     *_globals_screen(),
+    # issue 35's question: does training on packed rows with document masking (no token attends
+    # across a document, in pretraining and the continual stage) change length or passkey?
+    # Against hybrid-tapa and rope, which train on rows that cross documents
+    Arm("hybrid-tapa-docmask", "TAPA hybrid (LLLG, w256), document masking", "hybrid",
+        ("--pe", "tapa", *HYBRID, *PHASE_LR, "--doc-mask")),
+    Arm("rope-docmask", "RoPE, document masking", "rope", ("--pe", "rope", "--doc-mask")),
     # issue 38's retrofit: the RoPE arm's pretrained model converted to the LLLG hybrid (local
     # layers keep its RoPE weights, the globals become TAPA or NoPE), then the continual stage;
     # against the hybrids trained from scratch (hybrid-tapa, hybrid-nope) and RoPE + YaRN. The
