@@ -15,23 +15,30 @@ Nq = Nk; decoding and chunked prefill pass the last Nq positions of the keys
 (q_offset + Nq == k_offset + Nk). Keys after a query's own position, or window or more before it,
 are simply not seen.
 
+Packed documents (document_ids (B, Nk), a label per key; query i is key i + q_offset - k_offset):
+a document is a run of equal labels in a row, and a query also sees only keys of its own document.
+Every path takes them: its window then starts at max(p - window + 1, its document's first key).
+
 Three implementations of the one function:
-- `dense_local_attention`: materializes the (Nq, Nk) mask and scores; the spec, float64-capable.
+- `dense_local_attention`: materializes the (Nq, Nk) mask ((B, Nq, Nk) with documents) and the
+  scores; the spec, float64-capable.
 - `chunked_local_attention`: query blocks of C rows, each against only its own key span of at most
   C + window - 1 keys (SDPA with a (C, C + window - 1) boolean mask). Exact, differentiable,
   memory O(N * (C + window)); never an N x N tensor. CPU, and wherever FlexAttention is missing.
 - FlexAttention (`impl="flex"`): `torch.nn.attention.flex_attention`, compiled once with
   dynamic=False, with a BlockMask built from the window arithmetic (a block table of
-  (Nq/128) x (Nk/128) entries, never an element mask). The mask_mod captures the position shift
-  and the window as 0-d tensors, so a new offset or window reuses the compiled kernel; each new
-  (shape, dtype, grad mode) compiles once.
+  (Nq/128) x (Nk/128) entries, never an element mask; with documents one table per row, from each
+  query's first visible key). The mask_mod captures the position shift and the window as 0-d
+  tensors and the document labels as a tensor, so a new offset, window or packing reuses the
+  compiled kernel; each new (shape, dtype, grad mode, documents or not) compiles once. Tables
+  without documents are cached by their sizes; with documents they are made on every call.
 
 `local_attention` checks the arguments and dispatches; impl="auto" takes FlexAttention on CUDA for
-query blocks of 128 rows and more (fp16/bf16/fp32), the chunked path otherwise: decoding steps,
-CPU, float64, a FlexAttention that failed to import or to compile (with a warning), and new shapes
-once dynamo's recompile limit is reached (past it torch would run flex_attention unfused, with an
-N x N score matrix). Inside a model compiled by the caller, the outer graph takes flex_attention
-itself and the block table is made outside it (a graph break).
+query blocks of 128 rows and more (fp16/bf16/fp32), with or without documents, the chunked path
+otherwise: decoding steps, CPU, float64, a FlexAttention that failed to import or to compile (with
+a warning), and new shapes once dynamo's recompile limit is reached (past it torch would run
+flex_attention unfused, with an N x N score matrix). Inside a model compiled by the caller, the
+outer graph takes flex_attention itself and the block table is made outside it (a graph break).
 """
 
 from __future__ import annotations
@@ -106,7 +113,7 @@ def check_local_arguments(q, k, v, window, q_offset, k_offset):
 # The spec: a materialized mask
 
 
-def _dense(q, k, v, window, q_offset, k_offset):
+def _dense(q, k, v, window, q_offset, k_offset, document_ids=None):
     batch, q_len, heads, head_dim = q.shape
     k_len, kv_heads = k.shape[1], k.shape[2]
     compute = torch.float64 if q.dtype == torch.float64 else torch.float32
@@ -114,6 +121,9 @@ def _dense(q, k, v, window, q_offset, k_offset):
     k_pos = torch.arange(k_offset, k_offset + k_len, device=q.device)
     distance = q_pos[:, None] - k_pos[None, :]
     visible = (distance >= 0) & (distance < window)
+    if document_ids is not None:  # (B, 1, 1, Nq, Nk) over (batch, kv head, group): and the
+        own = document_ids[:, q_pos - k_offset]  # query's own document
+        visible = (visible & (own[:, :, None] == document_ids[:, None, :]))[:, None, None]
     bias = torch.zeros(visible.shape, dtype=compute, device=q.device).masked_fill(~visible,
                                                                                 float("-inf"))
     # query heads grouped onto their kv head (h = kv_head * group + g), never repeating k and v
@@ -161,13 +171,21 @@ def document_starts(document_ids: torch.Tensor) -> torch.Tensor:
     return torch.where(starts, index, 0).cummax(-1).values
 
 
+def _document_index(document_ids: torch.Tensor) -> torch.Tensor:
+    """(B, N) int32 index of each token's document in its row (a new one wherever the label
+    changes): equal indices then mean one run, as the label comparisons of every path assume,
+    even for labels that come back (0, 0, 1, 0)."""
+    changes = torch.zeros_like(document_ids, dtype=torch.int32)
+    changes[:, 1:] = document_ids[:, 1:] != document_ids[:, :-1]
+    return changes.cumsum(-1, dtype=torch.int32)
+
+
 def _chunked(q, k, v, window, q_offset, k_offset, block_size, document_ids=None):
     batch, q_len, heads, head_dim = q.shape
     if q_len == 0:
         return q.new_zeros(batch, 0, heads, head_dim)
     shift = q_offset - k_offset  # query i's own position is key index i + shift
     if document_ids is not None:
-        document_ids = document_ids.to(q.device)
         # no block's span reaches before its first query's document (in any row)
         doc_start = document_starts(document_ids).amin(0).tolist()
     gqa = heads != k.shape[2]
@@ -239,31 +257,42 @@ def _compiled():
 
 
 def _ordered_blocks(blocks: torch.Tensor):
-    """Dense (Qb, KVb) block flags -> (count per row, column indices with the set ones first),
-    shaped (1, 1, ...) to broadcast over batch and heads, as BlockMask stores them."""
+    """Block flags (1 or B, Qb, KVb) -> (count per row, column indices with the set ones first),
+    shaped (1 or B, 1, ...) to broadcast over heads, as BlockMask stores them."""
     counts = blocks.sum(dim=-1, dtype=torch.int32)
     indices = torch.argsort(blocks.to(torch.int8), dim=-1, descending=True, stable=True)
-    return counts[None, None], indices.to(torch.int32)[None, None]
+    return counts[:, None], indices.to(torch.int32)[:, None]
 
 
 def window_block_mask(q_len: int, k_len: int, window: int, shift: int, device,
-                      block: int = FLEX_BLOCK):
-    """FlexAttention BlockMask of the window: query i sees key j iff 0 <= i + shift - j < window.
+                      block: int = FLEX_BLOCK, document_ids: torch.Tensor | None = None):
+    """FlexAttention BlockMask of the window: query i sees key j iff 0 <= i + shift - j < window,
+    and, given document_ids (B, Nk) (each label one run of keys, as `_document_index` makes
+    them), iff also document_ids[b, i + shift] == document_ids[b, j]: one block table per row.
 
-    Built from block arithmetic, never from an element mask. A block is partial where the window
-    cuts it or where it overhangs the sequence end (as create_block_mask pads), full where every
-    element is visible, absent where none is.
+    Built from block arithmetic, never from an element mask: query i sees the keys from its first
+    visible one (window start, or its document's first key) to its own, two ends that never
+    decrease with i; so a block's corners decide it. A block is partial where the window or a
+    document boundary cuts it or where it overhangs the sequence end (as create_block_mask pads),
+    full where every element is visible, absent where none is.
     """
     flex = _flex_api()
+    own = torch.arange(q_len, device=device) + shift  # each query's own key index
+    first_visible = (own - window + 1)[None]  # (1, Nq), or (B, Nq) with documents
+    if document_ids is not None:
+        first_visible = torch.maximum(first_visible, document_starts(document_ids)[:, own])
     q_first = torch.arange(0, q_len, block, device=device)
     k_first = torch.arange(0, k_len, block, device=device)
     q_last = torch.clamp(q_first + block, max=q_len) - 1
     k_last = torch.clamp(k_first + block, max=k_len) - 1
-    nearest = q_first[:, None] + shift - k_last[None, :]  # smallest distance in the block
-    farthest = q_last[:, None] + shift - k_first[None, :]  # largest distance in the block
-    touched = (farthest >= 0) & (nearest < window)
     whole = ((q_last - q_first + 1) == block)[:, None] & ((k_last - k_first + 1) == block)[None, :]
-    full = touched & whole & (nearest >= 0) & (farthest < window)
+    # full: the last query sees back to the first key, the first query up to the last key
+    full = whole & (first_visible[:, q_last, None] <= k_first) & (
+        q_first[:, None] + shift >= k_last[None, :])
+    # touched: the first query sees back to the last key, the last query up to the first key
+    # (then the first query whose own key is at or past the first key sees a key of the block)
+    touched = (first_visible[:, q_first, None] <= k_last) & (
+        q_last[:, None] + shift >= k_first[None, :])
     partial = touched & ~full
     shift_t = torch.tensor(shift, dtype=torch.int32, device=device)
     window_t = torch.tensor(window, dtype=torch.int32, device=device)
@@ -272,9 +301,14 @@ def window_block_mask(q_len: int, k_len: int, window: int, shift: int, device,
         distance = q_idx + shift_t - kv_idx
         return (distance >= 0) & (distance < window_t)
 
-    return flex.BlockMask.from_kv_blocks(*_ordered_blocks(partial), *_ordered_blocks(full),
-                                         BLOCK_SIZE=block, mask_mod=sliding_window,
-                                         seq_lengths=(q_len, k_len))
+    def window_in_document(batch, head, q_idx, kv_idx):
+        return sliding_window(batch, head, q_idx, kv_idx) & (
+            document_ids[batch, q_idx + shift_t] == document_ids[batch, kv_idx])
+
+    return flex.BlockMask.from_kv_blocks(
+        *_ordered_blocks(partial), *_ordered_blocks(full), BLOCK_SIZE=block,
+        mask_mod=sliding_window if document_ids is None else window_in_document,
+        seq_lengths=(q_len, k_len))
 
 
 def _cached_block_mask(q_len, k_len, window, shift, device):
@@ -295,34 +329,43 @@ def _recompile_limit() -> int:
     return int(getattr(config, "recompile_limit", getattr(config, "cache_size_limit", 8)))
 
 
-def _flex_signature(q, k, v):
+def _flex_signature(q, k, v, documents: bool = False):
+    """What one compiled flex_attention is specialized on; the document mask_mod and its per-row
+    block table make another kernel than the window alone."""
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     return (tuple(q.shape), tuple(k.shape), q.stride(), k.stride(), v.stride(), q.dtype,
-            str(q.device), grad)
+            str(q.device), grad, documents)
 
 
-def _flex_budget_left(q, k, v) -> bool:
+def _flex_budget_left(q, k, v, documents: bool = False) -> bool:
     """Whether the compiled op can take these inputs without passing dynamo's recompile limit,
     past which torch silently runs flex_attention unfused, with an N x N score matrix."""
-    signature = _flex_signature(q, k, v)
+    signature = _flex_signature(q, k, v, documents)
     return signature in _flex_signatures or len(_flex_signatures) < _recompile_limit()
 
 
-def _flex(q, k, v, window, q_offset, k_offset):
+def _block_mask(q_len, k_len, window, shift, device, document_ids):
+    """The window's cached table, or (new labels every batch) a document table made afresh."""
+    if document_ids is None:
+        return _cached_block_mask(q_len, k_len, window, shift, device)
+    return window_block_mask(q_len, k_len, window, shift, device, document_ids=document_ids)
+
+
+def _flex(q, k, v, window, q_offset, k_offset, document_ids=None):
     flex = _flex_api()
     shift = q_offset - k_offset
     gqa = q.shape[2] != k.shape[2]
-    sizes = (q.shape[1], k.shape[1], window, shift, q.device)
+    table_args = (q.shape[1], k.shape[1], window, shift, q.device, document_ids)
     if torch.compiler.is_compiling():  # inside a compiled model: the outer graph fuses flex
         # The block table is made outside the graph (a graph break): inductor lowers a
         # flex_attention whose table is a graph input, but failed (torch 2.13, CPU) on one
         # computed inside the graph.
-        block_mask = torch.compiler.disable(_cached_block_mask)(*sizes)
+        block_mask = torch.compiler.disable(_block_mask)(*table_args)
         attend = flex.flex_attention
     else:
-        block_mask = _cached_block_mask(*sizes)
+        block_mask = _block_mask(*table_args)
         attend = _compiled()
-        _flex_signatures.add(_flex_signature(q, k, v))
+        _flex_signatures.add(_flex_signature(q, k, v, document_ids is not None))
     out = attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), block_mask=block_mask,
                  enable_gqa=gqa)
     return out.transpose(1, 2)
@@ -336,16 +379,17 @@ def _is_fatal(err: Exception) -> bool:
             or "CUDA error" in str(err))
 
 
-def _auto(q, k, v, window, q_offset, k_offset):
+def _auto(q, k, v, window, q_offset, k_offset, document_ids=None):
     global _budget_warned
     flex_shape = q.is_cuda and q.dtype in FLEX_DTYPES and q.shape[1] >= FLEX_BLOCK
     if flex_shape and torch.compiler.is_compiling():  # the outer compile owns flex's kernel
-        return _flex(q, k, v, window, q_offset, k_offset)
-    failure_key = (q.device.type, q.dtype, q.shape[3], q.shape[2] != k.shape[2])
+        return _flex(q, k, v, window, q_offset, k_offset, document_ids)
+    documents = document_ids is not None
+    failure_key = (q.device.type, q.dtype, q.shape[3], q.shape[2] != k.shape[2], documents)
     if flex_shape and failure_key not in _flex_failures:
-        if _flex_budget_left(q, k, v):
+        if _flex_budget_left(q, k, v, documents):
             try:
-                return _flex(q, k, v, window, q_offset, k_offset)
+                return _flex(q, k, v, window, q_offset, k_offset, document_ids)
             except Exception as err:  # noqa: BLE001 - import or compile failure: say why, fall back
                 if _is_fatal(err):
                     raise
@@ -358,7 +402,7 @@ def _auto(q, k, v, window, q_offset, k_offset):
             warnings.warn(f"local_attention: FlexAttention was compiled for "
                           f"{len(_flex_signatures)} input shapes, dynamo's recompile limit; new "
                           f"shapes take the chunked path", stacklevel=3)
-    return _chunked(q, k, v, window, q_offset, k_offset, default_block_size(window))
+    return _chunked(q, k, v, window, q_offset, k_offset, default_block_size(window), document_ids)
 
 
 def local_attention(q, k, v, window: int, *, q_offset: int = 0, k_offset: int = 0,
@@ -375,9 +419,11 @@ def local_attention(q, k, v, window: int, *, q_offset: int = 0, k_offset: int = 
     "flex" (FlexAttention or a RuntimeError), "chunked", "dense" (materialized float mask; the
     test reference).
 
-    document_ids: (B, Nk) labels of the keys' documents (packed rows; the queries are the keys at
-    their positions): a query also sees only keys of its own document. Taken by the chunked path
-    ("auto" goes there; memory O(N * (block + window)), never an N x N mask).
+    document_ids: (B, Nk) labels of the keys' documents (packed rows; query i is the key at its
+    position, i + q_offset - k_offset; a document is a run of equal labels): a query also sees
+    only keys of its own document. Every impl takes them, and "auto" chooses as without them
+    (FlexAttention with a per-row block table and the labels in its mask_mod on CUDA, the chunked
+    path elsewhere); no path builds an (N, N) mask but "dense".
     """
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
@@ -386,17 +432,14 @@ def local_attention(q, k, v, window: int, *, q_offset: int = 0, k_offset: int = 
         if tuple(document_ids.shape) != (k.shape[0], k.shape[1]):
             raise ValueError(f"document_ids must be (batch, Nk) = {(k.shape[0], k.shape[1])}, got "
                              f"{tuple(document_ids.shape)}")
-        if impl not in ("auto", "chunked"):
-            raise ValueError(f"document_ids take the chunked path (impl 'auto' or 'chunked'), "
-                             f"got impl={impl!r}")
+        document_ids = _document_index(document_ids.to(q.device))
+    if impl == "dense":
+        return _dense(q, k, v, window, q_offset, k_offset, document_ids)
+    if impl == "chunked":
         return _chunked(q, k, v, window, q_offset, k_offset, default_block_size(window),
                         document_ids)
-    if impl == "dense":
-        return _dense(q, k, v, window, q_offset, k_offset)
-    if impl == "chunked":
-        return _chunked(q, k, v, window, q_offset, k_offset, default_block_size(window))
     if q.shape[1] == 0:
         return q.new_zeros(q.shape)
     if impl == "flex":
-        return _flex(q, k, v, window, q_offset, k_offset)
-    return _auto(q, k, v, window, q_offset, k_offset)
+        return _flex(q, k, v, window, q_offset, k_offset, document_ids)
+    return _auto(q, k, v, window, q_offset, k_offset, document_ids)
