@@ -351,5 +351,3 @@ def test_document_ids_are_checked():
     q = torch.randn(1, 8, 2, 16)
     with pytest.raises(ValueError, match="document_ids must be"):
         local.local_attention(q, q, q, 4, document_ids=torch.zeros(1, 7, dtype=torch.long))
-    with pytest.raises(ValueError, match="chunked path"):
-        local.local_attention(q, q, q, 4, impl="dense", document_ids=torch.zeros(1, 8, dtype=torch.long))

@@ -17,8 +17,8 @@ row's real tokens as one sequence of the varlen op), and a query always sees its
 padded rows stay finite (their outputs are never used). With packed documents (`Documents`: each
 row a run of whole documents, as training packs them), no token sees another document: TAPA
 layers take the varlen op (their distances are already each document's own), the other layers
-the chunked window with the documents in its masks, and RoPE positions restart at 0 at each
-document's first token.
+the sliding-window op with the documents in its mask (FlexAttention on CUDA, the chunked path
+elsewhere), and RoPE positions restart at 0 at each document's first token.
 
 Context parallelism (training only): each rank holds a share of every row, at global positions
 (`AttentionContext.parallel`, set by the trainer); the layer hands its queries, keys and values
@@ -466,8 +466,8 @@ class Attention(nn.Module):
 
     def _global_softmax(self, q, k, v, key_slots, ctx: AttentionContext):
         """Keys are the slots 0 .. start + N - 1."""
-        if ctx.documents is not None:  # whole packed rows: causal inside each document, by query
-            # blocks against their documents' keys (no (N, N) mask)
+        if ctx.documents is not None:  # whole packed rows: causal inside each document (a
+            # window of the whole row), never an (N, N) mask
             return local_attention(q, k, v, k.shape[1], document_ids=ctx.documents.ids)
         if ctx.start == 0:  # prefill, training: torch's choice of backend
             if ctx.key_mask is None:
