@@ -1,5 +1,7 @@
 """`tapa bench varlen`: its packing and offsets (the timing itself needs a GPU)."""
 
+import importlib.util
+
 import pytest
 import torch
 
@@ -23,3 +25,20 @@ def test_needs_a_gpu(capsys):
 
     with pytest.raises(SystemExit, match="needs a CUDA GPU"):
         main(["bench", "varlen", "--out", "unused"])
+
+
+def test_torch_varlen_anchor_is_torchs_causal_varlen_attention_where_it_exists(monkeypatch):
+    """The anchor is None without torch.nn.attention.varlen; where it exists (torch 2.10+) the
+    bench calls it causal ((-1, 0) window) on the pack's offsets."""
+    from tapa.bench import varlen
+
+    if importlib.util.find_spec("torch.nn.attention.varlen") is None:
+        assert varlen._sdpa_varlen_fn(cu_seqlens([3, 5], device="cpu"), 5) is None
+        return
+    calls = []
+    module = importlib.import_module("torch.nn.attention.varlen")
+    monkeypatch.setattr(module, "varlen_attn", lambda *args, **kwargs: calls.append((args, kwargs)) or "out")
+    fn = varlen._sdpa_varlen_fn(cu_seqlens([3, 5], device="cpu"), 5)
+    assert fn("q", "k", "v") == "out"
+    (args, kwargs), = calls
+    assert args[3].tolist() == [0, 3, 8] and args[5:] == (5, 5) and kwargs == {"window_size": (-1, 0)}

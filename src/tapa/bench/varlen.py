@@ -8,7 +8,9 @@ Three tables, bf16, causal, H heads, fwd+bwd times as triton.testing.do_bench me
   into rows of R tokens (a document that does not fit is cut at the row's end, as training packs
   them); varlen time against the dense kernel's time for the FLOPs the mask keeps (the dense
   kernel's causal FLOP rate at length R, measured in the same run; target at most 1.2x), and
-  against FlexAttention's document-masked causal attention on the same pack (target 1.25x);
+  against FlexAttention's document-masked causal attention on the same pack (target 1.25x), and
+  against torch's own varlen attention (`torch.nn.attention.varlen.varlen_attn`, FlashAttention's
+  varlen kernel) where this torch has it;
 - accuracy: the varlen kernel's bf16 error against float64 over its same-dtype reference's
   (outputs and every gradient; target at most 1.5).
 FLOPs of one causal document of L tokens: 4 * H * L^2 * D / 2 forward, 2.5x that backward.
@@ -150,6 +152,18 @@ def _flex_fn(lengths, total, heads, device):
     return run
 
 
+def _sdpa_varlen_fn(cu, longest):
+    """torch's varlen attention (causal), or None where this torch has none."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+
+    def run(q, k, v):
+        return varlen_attn(q, k, v, cu, cu, longest, longest, window_size=(-1, 0))
+    return run
+
+
 def _kept_flops(lengths, heads, head_dim) -> float:
     return sum(4 * heads * n * n * head_dim / 2 for n in lengths)
 
@@ -180,11 +194,16 @@ def packed_corpus(head_dim, heads, rows, flex=True):
     times = {"varlen": _fwd_bwd_ms(_varlen_fn(cu_seqlens(lengths), max(lengths)), (q, k, v), dout)}
     dense = [t.detach().view(len(rows), row_len, heads, head_dim).requires_grad_() for t in (q, k, v)]
     times["dense_row"] = _fwd_bwd_ms(_dense_fn, dense, dout.view(len(rows), row_len, heads, -1))
+    anchors = {"sdpa_varlen": lambda: _sdpa_varlen_fn(cu_seqlens(lengths), max(lengths))}
     if flex:
+        anchors["flex"] = lambda: _flex_fn(lengths, total, heads, q.device)
+    for name, make in anchors.items():
         try:
-            times["flex"] = _fwd_bwd_ms(_flex_fn(lengths, total, heads, q.device), (q, k, v), dout)
-        except Exception as err:  # noqa: BLE001  (FlexAttention missing or failing: say so)
-            print(f"  flex: {str(err).splitlines()[0] if str(err) else type(err).__name__}",
+            fn = make()
+            if fn is not None:
+                times[name] = _fwd_bwd_ms(fn, (q, k, v), dout)
+        except Exception as err:  # noqa: BLE001  (an anchor missing or failing: say so)
+            print(f"  {name}: {str(err).splitlines()[0] if str(err) else type(err).__name__}",
                   file=sys.stderr)
     dense_flops = len(rows) * 4 * heads * row_len * row_len * head_dim / 2
     kept = _kept_flops(lengths, heads, head_dim)
@@ -251,10 +270,15 @@ def run(args) -> int:
             print(lines[-1], flush=True)
     doc_lengths = corpus_document_lengths(args.corpus_bytes, args.vocab_size, args.cache_dir)
     median = sorted(doc_lengths)[len(doc_lengths) // 2]
+    no_torch_varlen = ([f"torch {torch.__version__} has no varlen attention "
+                        "(torch.nn.attention.varlen): its columns are empty.", ""]
+                       if _sdpa_varlen_fn(None, 0) is None else [])
     lines += ["", f"## Packed corpus ({len(doc_lengths)} built-in documents, median {median} "
               f"tokens at vocab {args.vocab_size}; targets: x kept-FLOPs dense <= 1.2, x flex <= 1.25)",
-              "", "| D | row len | rows | docs | kept FLOPs | varlen ms | dense row ms | "
-              "x dense on kept FLOPs | flex ms | x flex |", "|---|---|---|---|---|---|---|---|---|---|"]
+              "", *no_torch_varlen,
+              "| D | row len | rows | docs | kept FLOPs | varlen ms | dense row ms | "
+              "x dense on kept FLOPs | flex ms | x flex | torch varlen ms | x torch varlen |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for head_dim in args.head_dims:
         for row_len in args.row_lens:
             pack = pack_documents(doc_lengths, row_len, max(1, args.pack_tokens // row_len))
@@ -262,14 +286,17 @@ def run(args) -> int:
                                                               flex=not args.no_flex)
             dense_on_kept = times["dense_row"] * kept / dense_flops
             flex = times.get("flex", float("nan"))
+            torch_varlen = times.get("sdpa_varlen", float("nan"))
             rows.append(dict(case="corpus", head_dim=head_dim, row_len=row_len, docs=len(lengths),
                              kept_share=kept / dense_flops, varlen_ms=times["varlen"],
                              dense_ms=times["dense_row"], x_dense=times["varlen"] / dense_on_kept,
-                             flex_ms=flex, x_flex=times["varlen"] / flex))
+                             flex_ms=flex, x_flex=times["varlen"] / flex,
+                             torch_varlen_ms=torch_varlen, x_torch_varlen=times["varlen"] / torch_varlen))
             lines.append(f"| {head_dim} | {row_len} | {len(pack)} | {len(lengths)} | "
                          f"{kept / dense_flops:.3f} | {times['varlen']:.3f} | "
                          f"{times['dense_row']:.3f} | {times['varlen'] / dense_on_kept:.3f} | "
-                         f"{flex:.3f} | {times['varlen'] / flex:.3f} |")
+                         f"{flex:.3f} | {times['varlen'] / flex:.3f} | {torch_varlen:.3f} | "
+                         f"{times['varlen'] / torch_varlen:.3f} |")
             print(lines[-1], flush=True)
     lines += ["", "## bf16 accuracy vs float64 (ragged documents, GQA 2:1; target ratio <= 1.5)",
               "", "| D | tensor | kernel | same-dtype reference | ratio |", "|---|---|---|---|---|"]
