@@ -42,6 +42,16 @@ def test_documents_from_tokens():
     assert docs.cu_seqlens.dtype == torch.int32 and docs.max_seqlen == 6
 
 
+def _with_kv_cache(model, doc):
+    """The document's logits through the KV cache: its first half prefilled, then one token a step."""
+    cache = model.new_kv_cache(1, len(doc))
+    half = max(1, len(doc) // 2)
+    parts = [model(doc[None, :half], 0, cache)[0]]
+    for slot in range(half, len(doc)):
+        parts.append(model(doc[None, slot:slot + 1], slot, cache)[0])
+    return torch.cat(parts)
+
+
 @pytest.mark.parametrize("pe, pattern", [("tapa", "G"), ("rope", "G"), ("nope", "G"),
                                          ("tapa", "LLLG"), ("nope", "LLLG"), ("rope-yarn", "LG")])
 def test_packed_row_equals_each_document_alone(pe, pattern):
@@ -55,8 +65,11 @@ def test_packed_row_equals_each_document_alone(pe, pattern):
         for doc in row_docs:
             with torch.no_grad():
                 alone = model(doc[None])[0]
+                cached = _with_kv_cache(model, doc)
             got = packed[row, start:start + len(doc)]
             assert float((got - alone).norm() / alone.norm()) < 1e-10, (row, start)
+            # and as served: the document alone through the KV cache, a prefill then token by token
+            assert float((got - cached).norm() / cached.norm()) < 1e-10, (row, start)
             start += len(doc)
     # without the mask, later documents do see earlier ones
     assert float((crossing[0, 8:] - packed[0, 8:]).abs().max()) > 1e-6
