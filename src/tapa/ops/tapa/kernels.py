@@ -11,10 +11,15 @@ atomics.
 VARLEN (packed sequences, FlashAttention's varlen form): the tensors are (1, total, H, D) views
 of the packed rows and the grid's batch index is a sequence's. Each program reads its sequence's
 rows from CuQ and CuK (int32 offsets), shifts its base pointers there (the host passes batch
-strides of 0), and aligns the sequence's queries bottom-right (q_offset = Lk - Lq, k_offset = 0).
-n_q then carries total_q, the row stride of the (H, total_q) lse and delta. Programs past their
-sequence's end return at once. Without VARLEN the host passes CuQ = CuK = None, which Triton
-folds away, so the dense kernels compile as before.
+strides of 0), and aligns the sequence's queries bottom-right (q_offset = Lk - Lq, k_offset = 0;
+the dK/dV kernel, whose inner loops run over queries, counts positions from the first query
+instead: q_offset = 0, k_offset = Lq - Lk). The forward's lse is (H, total_q), n_q carrying
+total_q. The backward reads lse and delta padded (`_bwd_varlen_preprocess_kernel`, as
+FlashAttention-2 pads its softmax_d): sequence b's rows start at row `_padded_first_row` of an
+(H, n_padded) buffer, a multiple of SEQUENCE_ALIGN, and run on to the next multiple with lse +inf
+and delta 0, so that the query loops load them whole and aligned, without a row mask; n_q then
+carries n_padded. Programs past their sequence's end return at once. Without VARLEN the host
+passes CuQ = CuK = None, which Triton folds away, so the dense kernels compile as before.
 
 The constexprs each kernel takes beyond the shapes are the ones the config table sets
 (`tapa.ops.tapa.configs`), turned into flags by `tapa.ops.tapa.launch`.
@@ -27,6 +32,9 @@ from tapa.ops.tapa.logits import tile_logits, tile_logits_and_derivatives
 
 LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
+# The backward's padded lse and delta rows (VARLEN): each sequence's start and end rounded to this
+# multiple, a multiple of every query tile (BLOCK_M) the backward launches.
+SEQUENCE_ALIGN = tl.constexpr(128)
 
 
 @triton.jit
@@ -76,6 +84,14 @@ def _sequence(CuQ, CuK, seq):
     q_start = tl.load(CuQ + seq)
     k_start = tl.load(CuK + seq)
     return q_start, tl.load(CuQ + seq + 1) - q_start, k_start, tl.load(CuK + seq + 1) - k_start
+
+
+@triton.jit
+def _padded_first_row(q_start, seq):
+    """Packed sequence seq's first row in the backward's padded lse and delta (its first packed
+    row is q_start): SEQUENCE_ALIGN x (q_start // SEQUENCE_ALIGN + seq), which leaves each
+    sequence room for its rows rounded up to a multiple of SEQUENCE_ALIGN."""
+    return (q_start // SEQUENCE_ALIGN + seq) * SEQUENCE_ALIGN
 
 
 @triton.jit
@@ -314,6 +330,40 @@ def _bwd_preprocess_kernel(Out, DOut, DLse, Delta, stride_ob, stride_on, stride_
 
 
 @triton.jit
+def _bwd_varlen_preprocess_kernel(Out, DOut, DLse, Lse, Delta, LsePadded, CuQ, stride_on,
+                                  stride_oh, stride_dn, stride_dh, n_total, n_padded, heads,
+                                  V_DIM: tl.constexpr, BLOCK_DV: tl.constexpr,
+                                  BLOCK_M: tl.constexpr, HAS_DLSE: tl.constexpr):
+    """The packed sequences' delta (as `_bwd_preprocess_kernel`'s) and a copy of lse, both in the
+    backward's padded (H, n_padded) layout (module docstring): BLOCK_M rows of one sequence and
+    head a program, the grid (padded row blocks, sequences x heads). Rows past the sequence's end,
+    to the next multiple of SEQUENCE_ALIGN, get lse = +inf and delta = 0, so that p = 0 there.
+    Out, DOut: (1, total_q, H, Dv); Lse and DLse: (H, total_q)."""
+    seq = tl.program_id(1) // heads
+    head = tl.program_id(1) % heads
+    q_start = tl.load(CuQ + seq)
+    n_q = tl.load(CuQ + seq + 1) - q_start
+    if tl.program_id(0) * BLOCK_M >= tl.cdiv(n_q, SEQUENCE_ALIGN) * SEQUENCE_ALIGN:
+        return
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = offs_m < n_q
+    offs_dv = tl.arange(0, BLOCK_DV)
+    mask = row_ok[:, None] & (offs_dv < V_DIM)[None, :]
+    rows = (q_start + offs_m).to(tl.int64)[:, None]
+    out = tl.load(Out + head.to(tl.int64) * stride_oh + rows * stride_on + offs_dv[None, :],
+                  mask=mask, other=0.0).to(tl.float32)
+    dout = tl.load(DOut + head.to(tl.int64) * stride_dh + rows * stride_dn + offs_dv[None, :],
+                   mask=mask, other=0.0).to(tl.float32)
+    delta = tl.sum(out * dout, axis=1)
+    packed = head.to(tl.int64) * n_total + q_start + offs_m
+    if HAS_DLSE:
+        delta -= tl.load(DLse + packed, mask=row_ok, other=0.0)
+    padded = head.to(tl.int64) * n_padded + _padded_first_row(q_start, seq) + offs_m
+    tl.store(Delta + padded, delta)
+    tl.store(LsePadded + padded, tl.load(Lse + packed, mask=row_ok, other=float("inf")))
+
+
+@triton.jit
 def _dkdv_inner(dk_a, dk_p, dk_psum, dv, k_a, k_p, k_sum, v, pos_n, key_first,
                 q_base, do_base, dq_base, lse_ptr, delta_ptr, stride_qn, stride_dn, stride_dqn, n_q,
                 q_offset, lo, hi, logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5,
@@ -324,7 +374,7 @@ def _dkdv_inner(dk_a, dk_p, dk_psum, dv, k_a, k_p, k_sum, v, pos_n, key_first,
                 PHASE_QUAD: tl.constexpr, TRIG_POLY: tl.constexpr, TAYLOR_ORDER: tl.constexpr,
                 PTX_ASM: tl.constexpr, LONG_PHASE: tl.constexpr, DOT_PRECISION: tl.constexpr,
                 DQ_ATOMIC: tl.constexpr, DQ_TRANSPOSE: tl.constexpr, COS_RADIANS: tl.constexpr,
-                FAST_SCALARS: tl.constexpr):
+                FAST_SCALARS: tl.constexpr, PADDED_ROWS: tl.constexpr):
     """dK/dV of one key block against query blocks [lo, hi); tiles are (keys, queries).
 
     With DQ_ATOMIC the tile's share of dQ is also added (float32 atomics) into dq_base, so that
@@ -335,6 +385,9 @@ def _dkdv_inner(dk_a, dk_p, dk_psum, dv, k_a, k_p, k_sum, v, pos_n, key_first,
 
     COS_RADIANS: the forward's `COS_RADIANS` (the host scales phase_scale and phase_grad_scale to
     match). FAST_SCALARS: the forward's (a far tile's log2(d0) and 1 / d0 from the MUFU).
+    PADDED_ROWS: lse and delta come padded past n_q (VARLEN's layout, lse +inf and delta 0 there)
+    and aligned, and load without the row mask: whole vectors rather than a predicated element
+    each, since a loaded n_q has no known divisibility.
     """
     offs_da = tl.arange(0, BLOCK_DA)
     offs_dp = AMP_DIM + tl.arange(0, BLOCK_DP)
@@ -354,7 +407,10 @@ def _dkdv_inner(dk_a, dk_p, dk_psum, dv, k_a, k_p, k_sum, v, pos_n, key_first,
             TRIG_POLY, TAYLOR_ORDER, False, PTX_ASM, LONG_PHASE, DOT_PRECISION, 0, FAST_SCALARS,
             COS_RADIANS)
         # padding query rows load lse = +inf, so p = 0 there
-        lse2 = tl.load(lse_ptr + offs_m, mask=row_ok, other=float("inf")) * LOG2E
+        if PADDED_ROWS:
+            lse2 = tl.load(lse_ptr + offs_m) * LOG2E
+        else:
+            lse2 = tl.load(lse_ptr + offs_m, mask=row_ok, other=float("inf")) * LOG2E
         p = tl.exp2(qk_amp * cos * logit_scale - lse2[None, :])
         if MASKED:
             p = tl.where(s >= 0, p, 0.0)
@@ -362,7 +418,10 @@ def _dkdv_inner(dk_a, dk_p, dk_psum, dv, k_a, k_p, k_sum, v, pos_n, key_first,
                         True, BLOCK_DV != V_DIM)
         dv += tl.dot(p.to(do.dtype), do, input_precision=DOT_PRECISION)
         dp = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
-        delta = tl.load(delta_ptr + offs_m, mask=row_ok, other=0.0)
+        if PADDED_ROWS:
+            delta = tl.load(delta_ptr + offs_m)
+        else:
+            delta = tl.load(delta_ptr + offs_m, mask=row_ok, other=0.0)
         ds = p * (dp - delta[None, :])
         grad_amp = (ds * cos).to(q_a.dtype)
         dk_a += tl.dot(grad_amp, q_a, input_precision=DOT_PRECISION)
@@ -418,7 +477,8 @@ def _bwd_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV, DQ, CuQ, CuK,
     its dQ shares there), else unused."""
     if VARLEN:
         n_total = n_q
-        q_start, n_q, k_start, n_k = _sequence(CuQ, CuK, tl.program_id(1) // kv_heads)
+        seq = tl.program_id(1) // kv_heads
+        q_start, n_q, k_start, n_k = _sequence(CuQ, CuK, seq)
         if tl.program_id(0) * BLOCK_N >= n_k:
             return
         Q += q_start.to(tl.int64) * stride_qn
@@ -428,8 +488,11 @@ def _bwd_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV, DQ, CuQ, CuK,
         V += k_start.to(tl.int64) * stride_vn
         DK += k_start.to(tl.int64) * stride_dkn
         DV += k_start.to(tl.int64) * stride_dvn
-        q_offset = n_k - n_q
-        k_offset = 0
+        # Positions from the first query (bottom-right all the same): the query loops then read
+        # q_offset as the constant 0, where Lk - Lq would hold a register through them (the
+        # dense kernel reads it from its arguments).
+        q_offset = 0
+        k_offset = n_q - n_k
     start_n, batch, kv_head, _, offs_n, key_ok, rows, k_a, k_p, k_sum = _row_block(
         K, tl.program_id(0), tl.program_id(1), n_k, kv_heads, 1, stride_kb, stride_kn, stride_kh,
         AMP_DIM, HEAD_DIM, BLOCK_DA, BLOCK_DP, BLOCK_N)
@@ -456,6 +519,10 @@ def _bwd_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV, DQ, CuQ, CuK,
     dk_p = tl.zeros([BLOCK_N, BLOCK_DP], dtype=tl.float32)
     dk_psum = tl.zeros([BLOCK_N], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
+    unmasked_lo = mid
+    if VARLEN:  # the same rows; a multiple of BLOCK_M as the compiler sees it, so that the
+        # unmasked loop's lse and delta tiles load aligned
+        unmasked_lo = tl.cdiv(mid, BLOCK_M) * BLOCK_M
     heads = kv_heads * group
     for member in range(0, group):  # the query heads that share this kv head
         head = kv_head * group + member
@@ -463,8 +530,8 @@ def _bwd_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV, DQ, CuQ, CuK,
         q_base = Q + batch.to(tl.int64) * stride_qb + head.to(tl.int64) * stride_qh
         do_base = DOut + batch.to(tl.int64) * stride_db + head.to(tl.int64) * stride_dh
         dq_base = DQ + batch.to(tl.int64) * stride_dqb + head.to(tl.int64) * stride_dqh
-        if VARLEN:  # lse and delta are (H, total_q)
-            row0 = head.to(tl.int64) * n_total + q_start
+        if VARLEN:  # lse and delta in the padded layout
+            row0 = head.to(tl.int64) * n_total + _padded_first_row(q_start, seq)
         else:
             row0 = bh * n_q
         dk_a, dk_p, dk_psum, dv = _dkdv_inner(
@@ -473,14 +540,16 @@ def _bwd_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV, DQ, CuQ, CuK,
             mid, logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6,
             amp_grad_scale, phase_grad_scale, AMP_DIM, HEAD_DIM, V_DIM, BLOCK_DA, BLOCK_DP,
             BLOCK_DV, BLOCK_M, BLOCK_N, CAUSAL, DIST_POWER, PHASE_QUAD, TRIG_POLY, TAYLOR_ORDER,
-            PTX_ASM, LONG_PHASE, DOT_PRECISION, DQ_ATOMIC, DQ_TRANSPOSE, COS_RADIANS, FAST_SCALARS)
+            PTX_ASM, LONG_PHASE, DOT_PRECISION, DQ_ATOMIC, DQ_TRANSPOSE, COS_RADIANS, FAST_SCALARS,
+            VARLEN)
         dk_a, dk_p, dk_psum, dv = _dkdv_inner(
             dk_a, dk_p, dk_psum, dv, k_a, k_p, k_sum, v, pos_n, key_first, q_base, do_base, dq_base,
-            Lse + row0, Delta + row0, stride_qn, stride_dn, stride_dqn, n_q, q_offset, mid,
+            Lse + row0, Delta + row0, stride_qn, stride_dn, stride_dqn, n_q, q_offset, unmasked_lo,
             n_q, logit_scale, phase_scale, alpha, taylor_rho, b1, b2, b3, b4, b5, b6,
             amp_grad_scale, phase_grad_scale, AMP_DIM, HEAD_DIM, V_DIM, BLOCK_DA, BLOCK_DP,
             BLOCK_DV, BLOCK_M, BLOCK_N, False, DIST_POWER, PHASE_QUAD, TRIG_POLY, TAYLOR_ORDER,
-            PTX_ASM, LONG_PHASE, DOT_PRECISION, DQ_ATOMIC, DQ_TRANSPOSE, COS_RADIANS, FAST_SCALARS)
+            PTX_ASM, LONG_PHASE, DOT_PRECISION, DQ_ATOMIC, DQ_TRANSPOSE, COS_RADIANS, FAST_SCALARS,
+            VARLEN)
 
     dk_base = DK + batch.to(tl.int64) * stride_dkb + kv_head.to(tl.int64) * stride_dkh
     tl.store(dk_base + rows * stride_dkn + offs_da[None, :],
@@ -570,7 +639,8 @@ def _bwd_dq_kernel(Q, K, V, DOut, Lse, Delta, DQ, CuQ, CuK,
         block = tl.num_programs(0) - 1 - block
     if VARLEN:
         n_total = n_q
-        q_start, n_q, k_start, n_k = _sequence(CuQ, CuK, tl.program_id(1) // heads)
+        seq = tl.program_id(1) // heads
+        q_start, n_q, k_start, n_k = _sequence(CuQ, CuK, seq)
         if block * BLOCK_M >= n_q:
             return
         Q += q_start.to(tl.int64) * stride_qn
@@ -589,8 +659,8 @@ def _bwd_dq_kernel(Q, K, V, DOut, Lse, Delta, DQ, CuQ, CuK,
     do = _load_tile(DOut + batch.to(tl.int64) * stride_db + head.to(tl.int64) * stride_dh
                     + rows * stride_dn + offs_dv[None, :], row_ok, offs_dv < V_DIM, True,
                     BLOCK_DV != V_DIM)
-    if VARLEN:  # lse and delta are (H, total_q)
-        row_index = head.to(tl.int64) * n_total + q_start + offs_m
+    if VARLEN:  # lse and delta in the backward's padded layout
+        row_index = head.to(tl.int64) * n_total + _padded_first_row(q_start, seq) + offs_m
     else:
         row_index = tl.program_id(1).to(tl.int64) * n_q + offs_m
     lse2 = tl.load(Lse + row_index, mask=row_ok, other=0.0) * LOG2E

@@ -370,12 +370,15 @@ def backward(dout, dlse, q, k, v, out, lse, *, amp_dim, alpha, distance, phase, 
     n_k, kv_heads = k.shape[1], k.shape[2]
     v_dim = v.shape[-1]
     configs = configs or configs_for(q, v)
-    delta = torch.empty((batch, heads, n_q), dtype=torch.float32, device=q.device)
-    preprocess_rows = 64
-    kernels._bwd_preprocess_kernel[(triton.cdiv(n_q, preprocess_rows), batch * heads)](
-        out, dout, dlse if dlse is not None else delta, delta, *_row_strides(out),
-        *_row_strides(dout), n_q, heads, V_DIM=v_dim, BLOCK_DV=_pow2(v_dim),
-        BLOCK_M=preprocess_rows, HAS_DLSE=dlse is not None)
+    if varlen is None:
+        delta = torch.empty((batch, heads, n_q), dtype=torch.float32, device=q.device)
+        preprocess_rows = 64
+        kernels._bwd_preprocess_kernel[(triton.cdiv(n_q, preprocess_rows), batch * heads)](
+            out, dout, dlse if dlse is not None else delta, delta, *_row_strides(out),
+            *_row_strides(dout), n_q, heads, V_DIM=v_dim, BLOCK_DV=_pow2(v_dim),
+            BLOCK_M=preprocess_rows, HAS_DLSE=dlse is not None)
+    else:  # the kernels' n_q then carries the padded rows' stride
+        lse, delta, n_q = _padded_row_terms(out, dout, dlse, lse, varlen, configs)
     scalars, constexprs = _common_args(q, k, v, amp_dim, alpha, distance, phase, causal, q_offset,
                                        k_offset, configs, varlen)
     grad_scales = [1 / math.sqrt(amp_dim), -2 * math.pi / math.sqrt(amp_dim)]
@@ -419,6 +422,29 @@ def backward(dout, dlse, q, k, v, out, lse, *, amp_dim, alpha, distance, phase, 
         **tile.launch_options(), **constexprs, **dq_own)
     _remember("dq", tile, {**constexprs, **dq_own}, compiled)
     return _unpacked(varlen, dq, dk, dv)
+
+
+def _padded_row_terms(out, dout, dlse, lse, varlen: Varlen, configs: KernelConfigs):
+    """The varlen backward's lse and delta in the padded layout of `tapa.ops.tapa.kernels` (each
+    sequence's rows from a multiple of SEQUENCE_ALIGN): (lse, delta, n_padded), both (H, n_padded)
+    float32. out, dout: (1, total_q, H, Dv); lse and dlse (or None): (1, H, total_q)."""
+    align = kernels.SEQUENCE_ALIGN.value
+    block_m = max(configs.dkdv.block_m, configs.dq.block_m)
+    if block_m > align:
+        raise ValueError(f"varlen: the backward's query tiles (block_m) must be at most {align}, "
+                         f"the padding of its lse rows; got {block_m}")
+    _, total_q, heads, v_dim = out.shape
+    n_padded = (total_q // align + varlen.sequences) * align
+    lse_padded = torch.empty((heads, n_padded), dtype=torch.float32, device=out.device)
+    delta = torch.empty_like(lse_padded)
+    rows = 64
+    grid = (triton.cdiv(max(varlen.max_seqlen_q, 1), align) * (align // rows),
+            varlen.sequences * heads)
+    kernels._bwd_varlen_preprocess_kernel[grid](
+        out, dout, dlse, lse, delta, lse_padded, varlen.cu_seqlens_q, out.stride(1),
+        out.stride(2), dout.stride(1), dout.stride(2), total_q, n_padded, heads, V_DIM=v_dim,
+        BLOCK_DV=_pow2(v_dim), BLOCK_M=rows, HAS_DLSE=dlse is not None)
+    return lse_padded, delta, n_padded
 
 
 def _unpacked(varlen, *tensors):
