@@ -4,26 +4,17 @@ TAPA_DEBUG=1 show the traceback."""
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from helpers import one_line_error as fail
+
 from tapa.cli import main
 
 SRC = Path(__file__).resolve().parents[1] / "src"
-
-
-def fail(argv, match):
-    """main(argv) must end with one `tapa CMD: error: ...` line matching `match`."""
-    with pytest.raises(SystemExit) as exit_info:
-        main(argv)
-    message = str(exit_info.value.code)
-    assert message.startswith(f"tapa {argv[0]}: error: ") and "\n" not in message, message
-    assert re.search(match, message), message
-    return message
 
 
 def test_missing_and_non_run_directories(tmp_path):

@@ -10,36 +10,15 @@ import shutil
 import pytest
 import torch
 
-from helpers import python_like_text
+from helpers import one_line_error as one_line, tiny_run
 
 from tapa.cli import COMMANDS, main
 
-TEXT = python_like_text(2000)
 FAST = ["--lengths", "16,32", "--stride", "16", "--max-tokens", "32", "--no-progress", "--device", "cpu"]
 
 
-def one_line(argv, match):
-    """main(argv) ends in one line on stderr (SystemExit with a message) matching `match`."""
-    with pytest.raises(SystemExit) as exit_info:
-        main(argv)
-    message = str(exit_info.value.code)
-    assert message.startswith(f"tapa {argv[0]}: ") and "\n" not in message, message
-    assert re.search(match, message), message
-    return message
-
-
 def _train(root, name, **train):
-    from tapa.data import DataConfig
-    from tapa.model import ModelConfig
-    from tapa.train import TrainConfig, train as train_run
-
-    (root / "corpus.txt").write_text(TEXT)
-    values = dict(name="x", run_dir=str(root / name), seq_len=32, batch_size=2, steps=2, warmup_steps=1,
-                  eval_every=0, save_every=1, keep_checkpoints=2, eval_batches=1, log_every=1,
-                  progress=False, plot=False, device="cpu")
-    return train_run(TrainConfig(**{**values, **train}), ModelConfig(dim=32, n_layers=1, n_heads=2),
-                     DataConfig(source=str(root / "corpus.txt"), cache_dir=str(root / "cache"), vocab_size=300,
-                                val_fraction=0.1, test_fraction=0.1))
+    return tiny_run(root, name, **{"save_every": 1, "keep_checkpoints": 2, **train})
 
 
 @pytest.fixture(scope="module")

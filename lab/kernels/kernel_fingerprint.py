@@ -43,9 +43,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-if os.environ.get("TRITON_INTERPRET") == "1":
-    raise SystemExit("kernel_fingerprint: compiles for sm_90; unset TRITON_INTERPRET")
-
 FLOAT_ARGS = {"logit_scale", "phase_scale", "alpha", "taylor_rho", "b1", "b2", "b3", "b4", "b5",
               "b6", "rho_in", "rho_out", "amp_grad_scale", "phase_grad_scale", "amp_scale"}
 FLOAT32_POINTERS = {"Lse", "Delta", "DLse", "PART", "PART_LSE", "LSE"}
@@ -307,6 +304,8 @@ def compare(before: dict, after: dict) -> int:
 
 
 def main(argv=None) -> int:
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        raise SystemExit("kernel_fingerprint: compiles for sm_90; unset TRITON_INTERPRET")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path)
     parser.add_argument("--match", default=None, help="only cases whose name contains this")

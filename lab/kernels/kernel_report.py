@@ -151,11 +151,6 @@ def markdown(rows: list[dict]) -> str:
 # ---------------------------------------------------------------------------------------------
 # Offline: compile for sm_90 on a machine without a GPU (triton's bundled ptxas)
 
-_FLOAT_ARGS = {"logit_scale", "phase_scale", "alpha", "taylor_rho", "b1", "b2", "b3", "b4", "b5", "b6",
-               "rho_in", "rho_out", "amp_grad_scale", "phase_grad_scale"}
-_FLOAT32_POINTERS = {"Lse", "Delta", "DLse"}
-
-
 def _resource_usage(cubin: bytes, cuobjdump: str) -> dict:
     text = _cuobjdump(cubin, cuobjdump, "-res-usage")
     found = {key: re.search(rf"{key}:(\d+)", text) for key in ("REG", "STACK")}
@@ -175,10 +170,8 @@ def offline_rows(variants: dict, head_dim: int = 128, max_distance: int = 16383,
     `attention_kernels.csv` has the kernels actually launched. keep_sass: each row also holds its
     kernel's SASS text ("sass")."""
     import torch
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
 
+    from lab.kernels.kernel_fingerprint import compile_fused
     from tapa.ops.tapa import kernels, launch
 
     cuobjdump = find_cuobjdump()
@@ -192,44 +185,21 @@ def offline_rows(variants: dict, head_dim: int = 128, max_distance: int = 16383,
         dkdv = launch.dkdv_flags(configs, flags)
         dq_atomic = dkdv["DQ_ATOMIC"]
         common = dict(AMP_DIM=head_dim // 2, HEAD_DIM=head_dim, V_DIM=head_dim, BLOCK_DA=head_dim // 2,
-                      BLOCK_DP=head_dim // 2, BLOCK_DV=head_dim, CAUSAL=True, **flags)
-        compiles = [("fwd", kernels._fwd_kernel, tile, launch.fwd_flags(configs, flags))
+                      BLOCK_DP=head_dim // 2, BLOCK_DV=head_dim, CAUSAL=True, VARLEN=False, group=1,
+                      **flags)
+        # (name, kernel, tile, extra constexprs, dQ in float32): the fingerprint's case form, whose
+        # TMA descriptor blocks are the forward's key tiles
+        compiles = [("fwd", kernels._fwd_kernel, tile, launch.fwd_flags(configs, flags), False)
                     for tile in dict.fromkeys((configs.fwd, configs.fwd_long))]
-        compiles.append((launch.dkdv_kernel_name(dkdv), kernels._bwd_dkdv_kernel, configs.dkdv, dkdv))
+        compiles.append((launch.dkdv_kernel_name(dkdv), kernels._bwd_dkdv_kernel, configs.dkdv, dkdv,
+                         dq_atomic))
         if not dq_atomic:
-            compiles.append(("dq", kernels._bwd_dq_kernel, configs.dq, launch.dq_flags(configs, flags)))
-        for name, kernel, tile, extra in compiles:
-            constexprs = dict(common, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, group=1, **extra)
-            if "VARLEN" in kernel.arg_names:  # dense calls: no sequence offsets
-                constexprs.update(VARLEN=False, CuQ=None, CuK=None)
-            signature, hints = {}, {}
-            # TMA descriptors (`...DescA`/`...DescP`: the two halves, else whole rows), with the
-            # blocks of launch.tma_descriptors (the forward's loop tiles are keys)
-            for arg in (a for a in kernel.arg_names if "Desc" in a):
-                width = head_dim // 2 if arg.endswith(("DescA", "DescP")) else head_dim
-                if extra.get("TMA"):
-                    signature[arg] = f"tensordesc<bf16[1,{tile.block_n},1,{width}]>"
-                else:
-                    constexprs[arg] = None
-            for index, arg in enumerate(kernel.arg_names):
-                if arg in signature:
-                    continue
-                if arg in constexprs:
-                    signature[arg] = "constexpr"
-                    continue
-                if arg in _FLOAT32_POINTERS or (arg == "DQ" and dq_atomic):
-                    signature[arg] = "*fp32"
-                elif arg[0].isupper():
-                    signature[arg] = "*bf16"
-                else:
-                    signature[arg] = "fp32" if arg in _FLOAT_ARGS else "i32"
-                if signature[arg] != "fp32":
-                    hints[(index,)] = [["tt.divisibility", 16]]
+            compiles.append(("dq", kernels._bwd_dq_kernel, configs.dq, launch.dq_flags(configs, flags),
+                             False))
+        for name, kernel, tile, extra, dq_fp32 in compiles:
             row = dict(variant=label, kernel=name, config=str(tile))
             try:
-                source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=hints)
-                compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
-                                          options=tile.launch_options())
+                compiled = compile_fused((name, kernel, tile, tile.block_n, extra, common, "bf16", dq_fp32))
             except Exception as err:  # noqa: BLE001  (e.g. out of shared memory: a finding)
                 rows.append(dict(row, error=first_line(err, 120)))
                 continue

@@ -28,7 +28,7 @@ import math
 from collections import defaultdict
 from pathlib import Path
 
-from lab.study.aggregate import load_jobs
+from lab.study.aggregate import _log_length_axes, _panel_grid, _save_panels, load_jobs
 
 from tapa._paths import write_csv
 from tapa.eval.plots import _pyplot, length_label
@@ -176,34 +176,48 @@ def perplexity_table(rows: list[dict], stage: str, data: str) -> str:
     return "\n".join(lines)
 
 
+def pooled(rows: list[dict], task: str) -> dict:
+    """{(arm, length): (correct, trials)} of one task, the seeds pooled."""
+    counts = defaultdict(lambda: [0, 0])
+    for r in rows:
+        if r["task"] == task:
+            counts[(r["arm"], r["length"])][0] += r["correct"]
+            counts[(r["arm"], r["length"])][1] += r["trials"]
+    return {key: tuple(value) for key, value in counts.items()}
+
+
 def retrieval_table(rows: list[dict], task: str) -> str:
-    mine = [r for r in rows if r["task"] == task]
-    if not mine:
+    counts = pooled(rows, task)
+    if not counts:
         return ""
-    lengths = sorted({r["length"] for r in mine})
-    by = defaultdict(list)
-    for r in mine:
-        by[(r["arm"], r["length"])].append(r)
+    lengths = sorted({n for _, n in counts})
     lines = [f"**{task}**: % correct over every depth (95% Wilson interval, seeds pooled)", "",
              "| arm | " + " | ".join(length_label(n) for n in lengths) + " |",
              "|---|" + "---|" * len(lengths)]
-    for arm in _arms(mine):
+    for arm in _arms([r for r in rows if r["task"] == task]):
         cells = []
         for n in lengths:
-            found = by.get((arm, n))
-            if not found:
+            if (arm, n) not in counts:
                 cells.append("")
                 continue
-            correct, trials = sum(r["correct"] for r in found), sum(r["trials"] for r in found)
+            correct, trials = counts[(arm, n)]
             low, high = wilson_interval(correct, trials)
             cells.append(f"{100 * correct / trials:.0f} ({100 * low:.0f}-{100 * high:.0f})")
         lines.append(f"| {arm} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-def _style(arm: str, index: int, cycle: list) -> dict:
-    return {"color": cycle[index % len(cycle)],
-            "linestyle": "--" if global_kind(arm) == "nope" else "-", "marker": "o", "markersize": 3}
+def _line_panels(rows: list[dict], panels: int):
+    """(plt, fig, axes, arms, style) of a figure of line panels: one colour an arm, NoPE dashed."""
+    plt = _pyplot()
+    fig, axes = _panel_grid(plt, panels)
+    cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"] + ["black", "grey", "olive"]
+    arms = _arms(rows)
+
+    def style(arm: str) -> dict:
+        return {"color": cycle[arms.index(arm) % len(cycle)], "marker": "o", "markersize": 3,
+                "linestyle": "--" if global_kind(arm) == "nope" else "-", "label": arm}
+    return plt, fig, axes, arms, style
 
 
 def plot_perplexity(rows: list[dict], path: Path) -> Path | None:
@@ -211,63 +225,46 @@ def plot_perplexity(rows: list[dict], path: Path) -> Path | None:
               if any(r["stage"] == s and r["data"] == d for r in rows)]
     if not panels:
         return None
-    plt = _pyplot()
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.6), squeeze=False)
-    cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"] + ["black", "grey", "olive"]
-    arms = _arms(rows)
+    plt, fig, axes, arms, style = _line_panels(rows, len(panels))
     means = _mean_by(rows, ("arm", "stage", "data", "length"), "perplexity")
-    for ax, (stage, data) in zip(axes[0], panels):
-        for index, arm in enumerate(arms):
-            points = sorted((n, v) for (a, s, d, n), v in means.items()
-                            if (a, s, d) == (arm, stage, data))
+    for ax, (stage, data) in zip(axes.flat, panels):
+        mine = {(a, n): v for (a, s, d, n), v in means.items() if (s, d) == (stage, data)}
+        for arm in arms:
+            points = sorted((n, v) for (a, n), v in mine.items() if a == arm)
             if points:
-                ax.plot(*zip(*points), label=arm, **_style(arm, index, cycle))
+                ax.plot(*zip(*points), **style(arm))
         source = next(r["source"] for r in rows if r["stage"] == stage and r["data"] == data)
-        ax.set(xscale="log", yscale="log", title=f"{stage}, {source}", xlabel="length (tokens)")
-        ax.grid(True, which="both", alpha=0.3)
-    axes[0][0].set_ylabel("perplexity (lower is better)")
-    axes[0][-1].legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.suptitle("Issue 37 screen: perplexity vs length (TAPA globals solid, NoPE dashed)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+        _log_length_axes(ax, sorted({n for _, n in mine}), min(mine.values()), max(mine.values()))
+        ax.set(title=f"{stage}, {source}", xlabel="length (tokens)")
+        ax.grid(True, alpha=0.3)
+    axes.flat[len(panels) - 1].legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return _save_panels(plt, fig, axes, len(panels), "perplexity (lower is better)",
+                        "Issue 37 screen: perplexity vs length (TAPA globals solid, NoPE dashed)", path)
 
 
 def plot_retrieval(rows: list[dict], path: Path) -> Path | None:
     tasks = list(dict.fromkeys(r["task"] for r in rows))
     if not tasks:
         return None
-    plt = _pyplot()
-    fig, axes = plt.subplots(1, len(tasks), figsize=(4.6 * len(tasks), 4.4), squeeze=False)
-    cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"] + ["black", "grey", "olive"]
-    arms = _arms(rows)
-    for ax, task in zip(axes[0], tasks):
-        for index, arm in enumerate(arms):
-            mine = defaultdict(lambda: [0, 0])
-            for r in rows:
-                if r["task"] == task and r["arm"] == arm:
-                    mine[r["length"]][0] += r["correct"]
-                    mine[r["length"]][1] += r["trials"]
-            if not mine:
+    plt, fig, axes, arms, style = _line_panels(rows, len(tasks))
+    for ax, task in zip(axes.flat, tasks):
+        counts = pooled(rows, task)
+        for arm in arms:
+            lengths = sorted(n for a, n in counts if a == arm)
+            if not lengths:
                 continue
-            lengths = sorted(mine)
-            acc = [mine[n][0] / mine[n][1] for n in lengths]
-            bounds = [wilson_interval(*mine[n]) for n in lengths]
+            acc = [counts[(arm, n)][0] / counts[(arm, n)][1] for n in lengths]
+            bounds = [wilson_interval(*counts[(arm, n)]) for n in lengths]
             ax.errorbar(lengths, [100 * a for a in acc],
                         yerr=[[100 * (a - lo) for a, (lo, _) in zip(acc, bounds)],
                               [100 * (hi - a) for a, (_, hi) in zip(acc, bounds)]],
-                        capsize=2, label=arm, **_style(arm, index, cycle))
+                        capsize=2, **style(arm))
         ax.set(xscale="log", ylim=(-3, 103), title=task, xlabel="prompt length (tokens)")
         ax.grid(True, alpha=0.3)
-    axes[0][0].set_ylabel("% correct over every depth")
-    axes[0][-1].legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.suptitle("Issue 37 screen: retrieval after the continual stage (95% Wilson intervals)",
-                 fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    axes.flat[len(tasks) - 1].legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return _save_panels(plt, fig, axes, len(tasks), "% correct over every depth",
+                        "Issue 37 screen: retrieval after the continual stage (95% Wilson intervals)",
+                        path)
 
 
 def plot_heatmap(rows: list[dict], path: Path) -> Path | None:

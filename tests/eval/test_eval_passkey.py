@@ -1,52 +1,17 @@
 """Passkey prompts (placement, length, training samples) and the scorer on stub and real models."""
 
 import re
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
-from torch import nn
 
 from tapa.data.passkey import (INSTRUCTION, KEY_SENTENCE, QUESTION, build_passkey_prompt,
                                passkey_training_sample)
 from tapa.eval.passkey_eval import greedy_generate, passkey_grid
-from tapa.model import KVCache, ModelConfig, TapaLM
+from tapa.model import ModelConfig, TapaLM
 
-
-class WordTokenizer:
-    """Variable-width tokens (words with their leading space, punctuation, digit runs)."""
-
-    def __init__(self):
-        self.vocab: dict[str, int] = {}
-        self.pieces: list[str] = []
-
-    def encode(self, text):
-        ids = []
-        for piece in re.findall(r" ?\w+| ?[^\w\s]|\s", text):
-            if piece not in self.vocab:
-                self.vocab[piece] = len(self.pieces)
-                self.pieces.append(piece)
-            ids.append(self.vocab[piece])
-        return ids
-
-    def decode(self, ids):
-        return "".join(self.pieces[i] if i < len(self.pieces) else "?" for i in ids)
-
-
-def char_encode(text):
-    return list(text.encode())
-
-
-def char_decode(ids):
-    return bytes(i for i in ids if i < 256).decode(errors="replace")
-
-
-def find(sequence, pattern):
-    for start in range(len(sequence) - len(pattern) + 1):
-        if sequence[start:start + len(pattern)] == pattern:
-            return start
-    raise AssertionError("pattern not found")
+from helpers import ContextReader, WordTokenizer, char_decode, char_encode, find
 
 
 @pytest.mark.parametrize("encode", [char_encode, WordTokenizer().encode])
@@ -89,31 +54,18 @@ def test_training_sample_is_prompt_plus_answer():
         assert text.endswith(f"What is the pass key? The pass key is {key}")
 
 
-class CopyStub(nn.Module):
+class CopyStub(ContextReader):
     """Reads the key sentence in its context and emits ' NNNNN' (offset shifts every digit, so
     offset != 0 gives a model that always answers wrong). Keeps its context in the KV cache."""
 
     def __init__(self, offset=0):
         super().__init__()
-        self.config = SimpleNamespace(pe="tapa", n_layers=1, rope_scale=1.0)
         self.offset = offset
-        self.weight = nn.Parameter(torch.zeros(1))
 
-    def new_kv_cache(self, batch, max_len):
-        return KVCache(ModelConfig(n_layers=1), batch, max_len)
-
-    def forward(self, ids, start_pos=0, kv_cache=None):
-        history, _, _ = kv_cache.update(0, ids[:, :, None, None].float(), ids[:, :, None, None].float(), start_pos)
-        kv_cache.advance(ids.shape[1])
-        logits = torch.full((*ids.shape, 256), -1e4)
-        for b, row in enumerate(history[:, :, 0, 0].long().tolist()):
-            text = char_decode(row)
-            key = re.search(r"The pass key is (\d+)\.", text).group(1)
-            key = "".join(str((int(c) + self.offset) % 10) for c in key)
-            produced = text.rsplit("The pass key is", 1)[1]
-            answer = " " + key + "."
-            logits[b, -1, ord(answer[len(produced)])] = 0.0
-        return logits
+    def reply(self, context):
+        key = re.search(r"The pass key is (\d+)\.", context).group(1)
+        key = "".join(str((int(c) + self.offset) % 10) for c in key)
+        return " " + key + ".", "The pass key is"
 
 
 def test_scorer_on_a_stub_that_copies_the_key():

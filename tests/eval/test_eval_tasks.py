@@ -7,51 +7,19 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-import torch
-from torch import nn
 
 from tapa.data.passkey import INSTRUCTION
 from tapa.eval.passkey_eval import matches_answer
 from tapa.eval.tasks import (TASKS, VT_INSTRUCTION, TaskSettings, build_task_prompt, check_task_lengths,
                              default_trials, minimum_length, parse_tasks, score_task, task_grid,
                              trials_for_half_width, wilson_interval)
-from tapa.model import KVCache, ModelConfig
 
-
-def char_encode(text):
-    return list(text.encode())
-
-
-def char_decode(ids):
-    return bytes(i for i in ids if i < 256).decode(errors="replace")
-
-
-class WordTokenizer:
-    """Variable-width tokens (words with their leading space, punctuation, digit runs)."""
-
-    def __init__(self):
-        self.vocab, self.pieces = {}, []
-
-    def encode(self, text):
-        ids = []
-        for piece in re.findall(r" ?\w+| ?[^\w\s]|\s", text):
-            if piece not in self.vocab:
-                self.vocab[piece] = len(self.pieces)
-                self.pieces.append(piece)
-            ids.append(self.vocab[piece])
-        return ids
+from helpers import ContextReader, WordTokenizer, char_decode, char_encode
 
 
 KV = re.compile(r"The special magic number for ([a-z]+-[a-z]+) is (\d{5})\.")
 MV = re.compile(r"One of the special magic numbers for ([a-z]+-[a-z]+) is (\d{5})\.")
 VAR = re.compile(r"VAR ([A-Z]{5}) = (\d{5}|[A-Z]{5})\.")
-
-
-def find(sequence, pattern, start=0):
-    for index in range(start, len(sequence) - len(pattern) + 1):
-        if sequence[index:index + len(pattern)] == pattern:
-            return index
-    raise AssertionError("pattern not found")
 
 
 def resolve(assignments, name):
@@ -163,18 +131,13 @@ def test_scorer_accepts_right_and_refuses_wrong_answers(task, right, wrong):
     assert not score_task(prompt, char_encode(wrong[0].ljust(len(answer), " ")), char_decode)
 
 
-class OracleStub(nn.Module):
+class OracleStub(ContextReader):
     """Answers every task from its context (char tokens kept in the KV cache); shift=1 moves every
     digit and capital letter by one, so every answer is wrong."""
 
     def __init__(self, shift=0):
         super().__init__()
-        self.config = SimpleNamespace(pe="tapa", n_layers=1, rope_scale=1.0)
         self.shift = shift
-        self.weight = nn.Parameter(torch.zeros(1))
-
-    def new_kv_cache(self, batch, max_len):
-        return KVCache(ModelConfig(n_layers=1), batch, max_len)
 
     def answer(self, text):
         if "are all the special magic numbers" in text:
@@ -187,19 +150,11 @@ class OracleStub(nn.Module):
         key = re.findall(r"What is the special magic number for (\S+)\?", text)[-1]
         return dict(KV.findall(text))[key], "number for " + key + " is"
 
-    def forward(self, ids, start_pos=0, kv_cache=None):
-        history, _, _ = kv_cache.update(0, ids[:, :, None, None].float(), ids[:, :, None, None].float(), start_pos)
-        kv_cache.advance(ids.shape[1])
-        logits = torch.full((*ids.shape, 256), -1e4)
-        for b, row in enumerate(history[:, :, 0, 0].long().tolist()):
-            text = char_decode(row)
-            answer, cue = self.answer(text)
-            answer = "".join(chr((ord(c) - 48 + self.shift) % 10 + 48) if c.isdigit()
-                             else chr((ord(c) - 65 + self.shift) % 26 + 65) if c.isupper() else c
-                             for c in " " + answer + ".")
-            produced = text.rsplit(cue, 1)[1]
-            logits[b, -1, ord(answer[len(produced)])] = 0.0
-        return logits
+    def reply(self, context):
+        answer, cue = self.answer(context)
+        return "".join(chr((ord(c) - 48 + self.shift) % 10 + 48) if c.isdigit()
+                       else chr((ord(c) - 65 + self.shift) % 26 + 65) if c.isupper() else c
+                       for c in " " + answer + "."), cue
 
 
 @pytest.mark.parametrize("task", TASKS)

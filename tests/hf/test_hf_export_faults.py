@@ -11,7 +11,7 @@ import torch
 pytest.importorskip("transformers")
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM  # noqa: E402
 
-from helpers import python_like_text
+from helpers import python_like_text, tiny_run
 
 from tapa.cli import main  # noqa: E402
 
@@ -21,18 +21,7 @@ TEXT = python_like_text(2000)
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     """A 2-step run with its token cache (BPE-300)."""
-    from tapa.data import DataConfig
-    from tapa.model import ModelConfig
-    from tapa.train import TrainConfig, train
-
-    root = tmp_path_factory.mktemp("export_faults")
-    (root / "corpus.txt").write_text(TEXT)
-    return train(TrainConfig(name="x", run_dir=str(root / "run"), seq_len=32, batch_size=2, steps=2,
-                             warmup_steps=1, eval_every=0, save_every=0, eval_batches=1, log_every=1,
-                             progress=False, plot=False),
-                 ModelConfig(dim=32, n_layers=1, n_heads=2),
-                 DataConfig(source=str(root / "corpus.txt"), cache_dir=str(root / "cache"), vocab_size=300,
-                            val_fraction=0.1, test_fraction=0.1))
+    return tiny_run(tmp_path_factory.mktemp("export_faults"))
 
 
 @pytest.fixture

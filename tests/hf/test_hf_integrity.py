@@ -13,29 +13,17 @@ import torch
 
 pytest.importorskip("transformers")
 
-from helpers import python_like_text  # noqa: E402
+from helpers import tiny_run  # noqa: E402
 
 from tapa.cli import main  # noqa: E402
 
-TEXT = python_like_text(2000)
 SRC = Path(__file__).resolve().parents[2] / "src"
 
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     """A 2-step run with its token cache (BPE-300)."""
-    from tapa.data import DataConfig
-    from tapa.model import ModelConfig
-    from tapa.train import TrainConfig, train
-
-    root = tmp_path_factory.mktemp("hf_integrity")
-    (root / "corpus.txt").write_text(TEXT)
-    return train(TrainConfig(name="x", run_dir=str(root / "run"), seq_len=32, batch_size=2, steps=2,
-                             warmup_steps=1, eval_every=0, save_every=0, eval_batches=1, log_every=1,
-                             progress=False, plot=False, device="cpu"),
-                 ModelConfig(dim=32, n_layers=1, n_heads=2),
-                 DataConfig(source=str(root / "corpus.txt"), cache_dir=str(root / "cache"), vocab_size=300,
-                            val_fraction=0.1, test_fraction=0.1))
+    return tiny_run(tmp_path_factory.mktemp("hf_integrity"))
 
 
 @pytest.fixture(scope="module")

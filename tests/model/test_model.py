@@ -3,8 +3,7 @@
 import pytest
 import torch
 
-from tapa.model import PE_CHOICES, KVCache, ModelConfig, TapaLM
-from tapa.ops import split_dims
+from tapa.model import PE_CHOICES, ModelConfig, TapaLM
 
 VOCAB = 97
 

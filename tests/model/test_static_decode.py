@@ -62,7 +62,7 @@ def test_static_steps_give_the_eager_logits(name):
 @torch.no_grad()
 def test_the_decode_kernel_path_on_full_buffers():
     """attn_impl="triton": the global TAPA layers run the split-KV decode kernel (on CUDA where
-    there is one, else the interpreter, which tests/conftest.py turns on) on the cache's full
+    there is one, else the interpreter, which conftest.py turns on) on the cache's full
     buffers with lengths pos + 1, and agree with the eager step, which runs the same kernel on the
     filled slots only (float32)."""
     torch.manual_seed(0)

@@ -1,7 +1,7 @@
 """The fused kernels' checks against the float64 reference, shared by test_triton_attention.py and
 test_configs.py: inputs, a run of out, lse and the input gradients, and the bars.
 
-Without CUDA the kernels run in Triton's CPU interpreter (tests/conftest.py sets TRITON_INTERPRET),
+Without CUDA the kernels run in Triton's CPU interpreter (conftest.py sets TRITON_INTERPRET),
 in float32 and float16 (the interpreter's bfloat16 dot is not trustworthy)."""
 
 from __future__ import annotations

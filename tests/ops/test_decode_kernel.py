@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-pytest.importorskip("triton")  # without CUDA, tests/conftest.py has selected Triton's interpreter
+pytest.importorskip("triton")  # without CUDA, conftest.py has selected Triton's interpreter
 from helpers import rel_rmse  # noqa: E402
 
 from tapa.ops.tapa import decode_kernel  # noqa: E402

@@ -345,3 +345,25 @@ def test_auto_takes_flex_with_documents_on_cuda(monkeypatch, roomy_recompile_lim
     local_attention(q, k, v, 128, document_ids=ids)
     local_attention(q[:, -1:], k, v, 128, q_offset=511, document_ids=ids)  # decoding: chunked
     assert calls == [True]
+
+
+def test_one_table_per_labels_tensor_while_it_is_unchanged(monkeypatch):
+    """The layers of a forward pass share their labels tensor: its index and each FlexAttention
+    table are made once for it; a changed (in place) or new labels tensor gets its own."""
+    pytest.importorskip("torch.nn.attention.flex_attention")
+    built = []
+    monkeypatch.setattr(local, "window_block_mask",
+                        lambda *args, **kwargs: built.append(args) or object())
+    labels = torch.tensor([[0, 0, 0, 1, 1, 2, 2, 2]])
+    first = local._packed_documents(labels, "cpu")
+    assert local._packed_documents(labels, "cpu") is first
+    assert first.index.tolist() == [[0, 0, 0, 1, 1, 2, 2, 2]]
+    table = local._block_mask(8, 8, 4, 0, "cpu", first)
+    assert local._block_mask(8, 8, 4, 0, "cpu", first) is table and len(built) == 1
+    local._block_mask(8, 8, 3, 0, "cpu", first)  # another window: another table
+    assert len(built) == 2
+    labels[0, 5:] = 3  # in place: the version counter moves, the labels are read again
+    again = local._packed_documents(labels, "cpu")
+    assert again is not first and again.masks == {}
+    equal = labels.clone()  # equal labels in another tensor: no identity to go by, made afresh
+    assert local._packed_documents(equal, "cpu") is not again

@@ -4,7 +4,7 @@ backward's padded lse and delta (`tapa.ops.tapa.kernels`' module docstring).
 Each row's tiles and code paths (the D=128 row's dQ by atomics among them) on packed sequences
 against the float64 spec, with a sequence longer than SEQUENCE_ALIGN rows and sequences that start
 off a multiple of it; the padded layout itself; a query tile longer than the padding refused. On CPU
-under Triton's interpreter (tests/conftest.py), in float32: the interpreter's bfloat16 dot is not
+under Triton's interpreter (conftest.py), in float32: the interpreter's bfloat16 dot is not
 trustworthy, and float32 shows any misplaced row at once."""
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import one_line_error as fails
 from trainkit import data_config, one_thread  # noqa: F401 (autouse fixture)
 
 from tapa.cli import main
@@ -28,16 +29,6 @@ def flags(run_dir, cache_dir, *extra):
     return ["train", "--recipe", "tiny", "--run-dir", str(run_dir), "--seq-len", "32", "--vocab-size", "300",
             "--max-train-bytes", "200000", "--cache-dir", str(cache_dir), "--no-progress", "--no-plot",
             "--device", "cpu", *extra]
-
-
-def fails(argv, match):
-    """main(argv) stops with one line (exit status 1) matching `match`; returns it."""
-    with pytest.raises(SystemExit) as exit_info:
-        main(argv)
-    message = str(exit_info.value.code)
-    assert message.startswith("tapa train: ") and "\n" not in message, message
-    assert re.search(match, message), message
-    return message
 
 
 def _shell_env():

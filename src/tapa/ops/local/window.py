@@ -31,7 +31,8 @@ Three implementations of the one function:
   query's first visible key). The mask_mod captures the position shift and the window as 0-d
   tensors and the document labels as a tensor, so a new offset, window or packing reuses the
   compiled kernel; each new (shape, dtype, grad mode, documents or not) compiles once. Tables
-  without documents are cached by their sizes; with documents they are made on every call.
+  without documents are cached by their sizes; with documents, by the labels tensor while it lives
+  unchanged (the layers of a forward pass share one), so each is made once a pass.
 
 `local_attention` checks the arguments and dispatches; impl="auto" takes FlexAttention on CUDA for
 query blocks of 128 rows and more (fp16/bf16/fp32), with or without documents, the chunked path
@@ -50,6 +51,7 @@ from collections import OrderedDict
 
 import torch
 import torch.nn.functional as F
+from torch.utils.weak import WeakIdKeyDictionary
 
 IMPLS = ("auto", "flex", "chunked", "dense")
 FLEX_BLOCK = 128  # FlexAttention's sparse block size (rows and columns of one block-table entry)
@@ -178,6 +180,33 @@ def _document_index(document_ids: torch.Tensor) -> torch.Tensor:
     changes = torch.zeros_like(document_ids, dtype=torch.int32)
     changes[:, 1:] = document_ids[:, 1:] != document_ids[:, :-1]
     return changes.cumsum(-1, dtype=torch.int32)
+
+
+class _PackedDocuments:
+    """A caller's document labels as the paths read them: `index` (`_document_index`) and the
+    FlexAttention tables made from it, by (Nq, Nk, window, shift). Kept per labels tensor while it
+    lives and is unchanged (`_packed_documents`): the layers of one forward pass (and their
+    recomputation under activation checkpointing) pass the same labels, so each table is made
+    once a pass, not once a layer."""
+
+    def __init__(self, index: torch.Tensor, version: int | None = None):
+        self.index, self.version, self.masks = index, version, {}
+
+
+_packed = WeakIdKeyDictionary()  # a caller's labels -> its _PackedDocuments
+
+
+def _packed_documents(labels: torch.Tensor, device) -> _PackedDocuments:
+    """The labels' _PackedDocuments on `device`: the cached one while `labels` is the same,
+    unchanged tensor (its version counter), else made afresh (and always inside a compiled graph,
+    where the outer compile owns the work)."""
+    if torch.compiler.is_compiling():
+        return _PackedDocuments(_document_index(labels.to(device)))
+    found = _packed.get(labels)
+    if found is None or found.version != labels._version or found.index.device != torch.device(device):
+        found = _PackedDocuments(_document_index(labels.to(device)), labels._version)
+        _packed[labels] = found
+    return found
 
 
 def _chunked(q, k, v, window, q_offset, k_offset, block_size, document_ids=None):
@@ -344,18 +373,22 @@ def _flex_budget_left(q, k, v, documents: bool = False) -> bool:
     return signature in _flex_signatures or len(_flex_signatures) < _recompile_limit()
 
 
-def _block_mask(q_len, k_len, window, shift, device, document_ids):
-    """The window's cached table, or (new labels every batch) a document table made afresh."""
-    if document_ids is None:
+def _block_mask(q_len, k_len, window, shift, device, documents):
+    """The window's cached table, or the documents' own (made once for these labels)."""
+    if documents is None:
         return _cached_block_mask(q_len, k_len, window, shift, device)
-    return window_block_mask(q_len, k_len, window, shift, device, document_ids=document_ids)
+    key = (q_len, k_len, window, shift)
+    if key not in documents.masks:
+        documents.masks[key] = window_block_mask(q_len, k_len, window, shift, device,
+                                                 document_ids=documents.index)
+    return documents.masks[key]
 
 
-def _flex(q, k, v, window, q_offset, k_offset, document_ids=None):
+def _flex(q, k, v, window, q_offset, k_offset, documents=None):
     flex = _flex_api()
     shift = q_offset - k_offset
     gqa = q.shape[2] != k.shape[2]
-    table_args = (q.shape[1], k.shape[1], window, shift, q.device, document_ids)
+    table_args = (q.shape[1], k.shape[1], window, shift, q.device, documents)
     if torch.compiler.is_compiling():  # inside a compiled model: the outer graph fuses flex
         # The block table is made outside the graph (a graph break): inductor lowers a
         # flex_attention whose table is a graph input, but failed (torch 2.13, CPU) on one
@@ -365,7 +398,7 @@ def _flex(q, k, v, window, q_offset, k_offset, document_ids=None):
     else:
         block_mask = _block_mask(*table_args)
         attend = _compiled()
-        _flex_signatures.add(_flex_signature(q, k, v, document_ids is not None))
+        _flex_signatures.add(_flex_signature(q, k, v, documents is not None))
     out = attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), block_mask=block_mask,
                  enable_gqa=gqa)
     return out.transpose(1, 2)
@@ -379,17 +412,17 @@ def _is_fatal(err: Exception) -> bool:
             or "CUDA error" in str(err))
 
 
-def _auto(q, k, v, window, q_offset, k_offset, document_ids=None):
+def _auto(q, k, v, window, q_offset, k_offset, documents=None):
     global _budget_warned
     flex_shape = q.is_cuda and q.dtype in FLEX_DTYPES and q.shape[1] >= FLEX_BLOCK
     if flex_shape and torch.compiler.is_compiling():  # the outer compile owns flex's kernel
-        return _flex(q, k, v, window, q_offset, k_offset, document_ids)
-    documents = document_ids is not None
-    failure_key = (q.device.type, q.dtype, q.shape[3], q.shape[2] != k.shape[2], documents)
+        return _flex(q, k, v, window, q_offset, k_offset, documents)
+    masked = documents is not None
+    failure_key = (q.device.type, q.dtype, q.shape[3], q.shape[2] != k.shape[2], masked)
     if flex_shape and failure_key not in _flex_failures:
-        if _flex_budget_left(q, k, v, documents):
+        if _flex_budget_left(q, k, v, masked):
             try:
-                return _flex(q, k, v, window, q_offset, k_offset, document_ids)
+                return _flex(q, k, v, window, q_offset, k_offset, documents)
             except Exception as err:  # noqa: BLE001 - import or compile failure: say why, fall back
                 if _is_fatal(err):
                     raise
@@ -402,7 +435,8 @@ def _auto(q, k, v, window, q_offset, k_offset, document_ids=None):
             warnings.warn(f"local_attention: FlexAttention was compiled for "
                           f"{len(_flex_signatures)} input shapes, dynamo's recompile limit; new "
                           f"shapes take the chunked path", stacklevel=3)
-    return _chunked(q, k, v, window, q_offset, k_offset, default_block_size(window), document_ids)
+    return _chunked(q, k, v, window, q_offset, k_offset, default_block_size(window),
+                    None if documents is None else documents.index)
 
 
 def local_attention(q, k, v, window: int, *, q_offset: int = 0, k_offset: int = 0,
@@ -432,14 +466,14 @@ def local_attention(q, k, v, window: int, *, q_offset: int = 0, k_offset: int = 
         if tuple(document_ids.shape) != (k.shape[0], k.shape[1]):
             raise ValueError(f"document_ids must be (batch, Nk) = {(k.shape[0], k.shape[1])}, got "
                              f"{tuple(document_ids.shape)}")
-        document_ids = _document_index(document_ids.to(q.device))
+    documents = None if document_ids is None else _packed_documents(document_ids, q.device)
+    index = None if documents is None else documents.index
     if impl == "dense":
-        return _dense(q, k, v, window, q_offset, k_offset, document_ids)
+        return _dense(q, k, v, window, q_offset, k_offset, index)
     if impl == "chunked":
-        return _chunked(q, k, v, window, q_offset, k_offset, default_block_size(window),
-                        document_ids)
+        return _chunked(q, k, v, window, q_offset, k_offset, default_block_size(window), index)
     if q.shape[1] == 0:
         return q.new_zeros(q.shape)
     if impl == "flex":
-        return _flex(q, k, v, window, q_offset, k_offset, document_ids)
-    return _auto(q, k, v, window, q_offset, k_offset, document_ids)
+        return _flex(q, k, v, window, q_offset, k_offset, documents)
+    return _auto(q, k, v, window, q_offset, k_offset, documents)

@@ -41,6 +41,23 @@ def _triton_backend():
     return fused
 
 
+def fused_backend(impl: str, q, k, v, theta: float):
+    """The fused kernel module if `impl` takes it, else None: impl="triton" always (a ValueError
+    when it is unavailable or the device cannot run it), "auto" on CUDA tensors it supports."""
+    if impl not in ("auto", "triton"):
+        return None
+    backend = _triton_backend()
+    if impl == "triton":
+        if backend is None:
+            raise ValueError("impl='triton' but the fused kernel is unavailable "
+                             "(pip install 'tapa-attention[triton]')")
+        check_triton_device(q.device, backend.interpreting())
+        return backend
+    if q.is_cuda and backend is not None and backend.supports(q, k, v, theta=theta):
+        return backend
+    return None
+
+
 def tapa_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -70,16 +87,9 @@ def tapa_attention(
     check_impl(impl)
     kwargs = dict(theta=float(theta), alpha=float(alpha), distance=distance, phase=phase,
                   causal=causal, q_offset=int(q_offset), k_offset=int(k_offset), return_lse=return_lse)
-    if impl in ("auto", "triton"):
-        backend = _triton_backend()
-        if impl == "triton":
-            if backend is None:
-                raise ValueError("impl='triton' but the fused kernel is unavailable "
-                                 "(pip install 'tapa-attention[triton]')")
-            check_triton_device(q.device, backend.interpreting())
-            return backend.tapa_attention_triton(q, k, v, **kwargs)
-        if q.is_cuda and backend is not None and backend.supports(q, k, v, theta=theta):
-            return backend.tapa_attention_triton(q, k, v, **kwargs)
+    backend = fused_backend(impl, q, k, v, theta)
+    if backend is not None:
+        return backend.tapa_attention_triton(q, k, v, **kwargs)
     n_logits = q.shape[0] * q.shape[2] * q.shape[1] * k.shape[1]
     if impl == "naive" or (impl == "auto" and n_logits <= NAIVE_MAX_LOGITS):
         return naive_tapa_attention(q, k, v, **kwargs)

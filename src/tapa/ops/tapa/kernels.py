@@ -307,6 +307,15 @@ def _fwd_kernel(Q, K, V, Out, Lse, CuQ, CuK, KDescA, KDescP, VDesc,
 
 
 @triton.jit
+def _out_dout_rowsum(Out, DOut, rows, stride_on, stride_dn, offs_dv, mask):
+    """rowsum(out * dout) in float32 over the (rows, offs_dv) tile (Out, DOut at the tile's batch
+    and head): the softmax-gradient row term."""
+    out = tl.load(Out + rows * stride_on + offs_dv[None, :], mask=mask, other=0.0).to(tl.float32)
+    dout = tl.load(DOut + rows * stride_dn + offs_dv[None, :], mask=mask, other=0.0).to(tl.float32)
+    return tl.sum(out * dout, axis=1)
+
+
+@triton.jit
 def _bwd_preprocess_kernel(Out, DOut, DLse, Delta, stride_ob, stride_on, stride_oh,
                            stride_db, stride_dn, stride_dh, n_q, heads,
                            V_DIM: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -317,12 +326,9 @@ def _bwd_preprocess_kernel(Out, DOut, DLse, Delta, stride_ob, stride_on, stride_
     head = tl.program_id(1) % heads
     offs_dv = tl.arange(0, BLOCK_DV)
     mask = (offs_m < n_q)[:, None] & (offs_dv < V_DIM)[None, :]
-    rows = offs_m.to(tl.int64)[:, None]
-    out = tl.load(Out + batch.to(tl.int64) * stride_ob + head * stride_oh + rows * stride_on
-                  + offs_dv[None, :], mask=mask, other=0.0).to(tl.float32)
-    dout = tl.load(DOut + batch.to(tl.int64) * stride_db + head * stride_dh + rows * stride_dn
-                   + offs_dv[None, :], mask=mask, other=0.0).to(tl.float32)
-    delta = tl.sum(out * dout, axis=1)
+    delta = _out_dout_rowsum(Out + batch.to(tl.int64) * stride_ob + head * stride_oh,
+                             DOut + batch.to(tl.int64) * stride_db + head * stride_dh,
+                             offs_m.to(tl.int64)[:, None], stride_on, stride_dn, offs_dv, mask)
     row_index = tl.program_id(1).to(tl.int64) * n_q + offs_m
     if HAS_DLSE:
         delta -= tl.load(DLse + row_index, mask=offs_m < n_q, other=0.0)
@@ -349,12 +355,10 @@ def _bwd_varlen_preprocess_kernel(Out, DOut, DLse, Lse, Delta, LsePadded, CuQ, s
     row_ok = offs_m < n_q
     offs_dv = tl.arange(0, BLOCK_DV)
     mask = row_ok[:, None] & (offs_dv < V_DIM)[None, :]
-    rows = (q_start + offs_m).to(tl.int64)[:, None]
-    out = tl.load(Out + head.to(tl.int64) * stride_oh + rows * stride_on + offs_dv[None, :],
-                  mask=mask, other=0.0).to(tl.float32)
-    dout = tl.load(DOut + head.to(tl.int64) * stride_dh + rows * stride_dn + offs_dv[None, :],
-                   mask=mask, other=0.0).to(tl.float32)
-    delta = tl.sum(out * dout, axis=1)
+    delta = _out_dout_rowsum(Out + head.to(tl.int64) * stride_oh,
+                             DOut + head.to(tl.int64) * stride_dh,
+                             (q_start + offs_m).to(tl.int64)[:, None], stride_on, stride_dn,
+                             offs_dv, mask)
     packed = head.to(tl.int64) * n_total + q_start + offs_m
     if HAS_DLSE:
         delta -= tl.load(DLse + packed, mask=row_ok, other=0.0)

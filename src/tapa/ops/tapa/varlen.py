@@ -196,17 +196,9 @@ def tapa_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k))
     if impl == "naive":
         return naive_tapa_attention_varlen(*args, **kwargs)
-    if impl in ("auto", "triton"):
-        from tapa.ops.tapa import _triton_backend
-        from tapa.ops.tapa.checks import check_triton_device
+    from tapa.ops.tapa import fused_backend
 
-        backend = _triton_backend()
-        if impl == "triton":
-            if backend is None:
-                raise ValueError("impl='triton' but the fused kernel is unavailable "
-                                 "(pip install 'tapa-attention[triton]')")
-            check_triton_device(q.device, backend.interpreting())
-            return backend.tapa_attention_varlen_triton(*args, **kwargs)
-        if q.is_cuda and backend is not None and backend.supports(q, k, v, theta=theta):
-            return backend.tapa_attention_varlen_triton(*args, **kwargs)
+    backend = fused_backend(impl, q, k, v, theta)
+    if backend is not None:
+        return backend.tapa_attention_varlen_triton(*args, **kwargs)
     return sequence_tapa_attention_varlen(*args, impl="reference", **kwargs)

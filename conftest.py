@@ -1,7 +1,7 @@
-"""Shared test setup.
+"""Shared setup of every test, tests/ and lab/ alike (pytest loads this file first):
 
-- Makes tests/helpers.py importable as `helpers` from every test folder.
-- Without CUDA, Triton kernels can only run in its CPU interpreter. The variable must be set before
+- tests/helpers.py importable as `helpers`, and the repository root on sys.path (`import lab....`);
+- without CUDA, Triton kernels can only run in its CPU interpreter. The variable must be set before
   triton is first imported, so it is set here, once, for the whole session.
 """
 
@@ -20,4 +20,7 @@ except ImportError:  # the test environment was not installed: say how, in one l
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-sys.path.insert(0, str(Path(__file__).parent))
+ROOT = Path(__file__).resolve().parent
+for path in (ROOT / "tests", ROOT):
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
