@@ -2,9 +2,11 @@
 head-tail shards and halos; the model's loss and gradients under CP over 2 and 4 gloo processes
 (torch.multiprocessing) equal one process's, float64 to 1e-10 and float32 to 1e-5, for TAPA,
 RoPE (plain and dynamic NTK, whose frequencies follow the row length), NoPE and the LLLG hybrid
-with windows shorter and longer than a chunk; DDP and FSDP2 on a 2 x 2 (data x context) mesh; and,
-end to end under torchrun, `tapa train --cp 2` against one process with checkpoints that resume
-from CP 2 on CP 1 and from CP 1 on CP 2."""
+with windows shorter and longer than a chunk, on plain rows and on packed documents (one-token
+documents, documents cut by chunk boundaries and starting on them); DDP and FSDP2 on a 2 x 2
+(data x context) mesh; and, end to end under torchrun, `tapa train --cp 2` (with and without
+--doc-mask) against one process with checkpoints that resume from CP 2 on CP 1 and from CP 1 on
+CP 2."""
 
 from __future__ import annotations
 
@@ -58,8 +60,7 @@ def test_a_row_length_not_divisible_by_twice_cp_is_a_clear_error():
 
     with pytest.raises(ValueError, match=r"seq_len \(30\).*multiple of 2 x cp = 8"):
         TrainConfig(seq_len=30, cp=4)
-    with pytest.raises(ValueError, match="doc_mask"):
-        TrainConfig(seq_len=32, cp=2, doc_mask=True)
+    assert TrainConfig(seq_len=32, cp=2, doc_mask=True).doc_mask  # packed documents shard too
 
 
 @pytest.mark.parametrize("cp,chunk,halo", [(2, 8, 5), (4, 4, 5), (4, 4, 10), (3, 2, 7), (2, 8, 100)])
@@ -102,11 +103,26 @@ def _batch(rows: int = 2):
     return ids[:, :-1], ids[:, 1:]
 
 
-def _reference(case, dtype, rows=2, checkpoint_blocks=False):
+# each row's document starts: one-token documents (3, 31 and a row's first two tokens), documents
+# that cross chunk boundaries (8 and 16 at CP 2; every 4 at CP 4) and start on them (8, 24), a
+# document longer than rope-dynamic-ntk's original_seq_len (2 .. 22: its frequencies follow the
+# whole row's longest document, not a shard's), and a row that is one document
+DOCUMENT_STARTS = ([0, 3, 4, 13, 24, 27], [0, 1, 2, 23, 31], [0, 8, 9, 30], [0])
+
+
+def _labels(rows: int) -> torch.Tensor:
+    labels = torch.zeros(rows, SEQ_LEN, dtype=torch.long)
+    for row in range(rows):
+        for start in DOCUMENT_STARTS[row % len(DOCUMENT_STARTS)][1:]:
+            labels[row, start:] += 1
+    return labels
+
+
+def _reference(case, dtype, rows=2, checkpoint_blocks=False, docs=False):
     model = _model(case, dtype)
     model.checkpoint_blocks = checkpoint_blocks
     inputs, targets = _batch(rows)
-    loss = model(inputs, targets=targets)
+    loss = model(inputs, targets=targets, document_ids=_labels(rows) if docs else None)
     loss.backward()
     return loss.detach(), {name: p.grad for name, p in model.named_parameters()}
 
@@ -153,20 +169,25 @@ def _cp_worker(rank: int, world: int, port: int, jobs: list) -> None:
                 else:
                     raise AssertionError("a row length not divisible by 2 cp was accepted")
                 continue
-            rows = 2 * par.dp
-            want_loss, want_grads = _reference(case, dtype, rows, job.get("checkpoint_blocks", False))
+            rows, docs = 2 * par.dp, job.get("docs", False)
+            name += " documents" if docs else ""
+            want_loss, want_grads = _reference(case, dtype, rows, job.get("checkpoint_blocks", False),
+                                               docs)
             model = _model(case, dtype)
             model.checkpoint_blocks = job.get("checkpoint_blocks", False)
             inputs, targets = _batch(rows)
+            labels = _labels(rows) if docs else None
             mine = slice(par.dp_rank * 2, par.dp_rank * 2 + 2)  # this data group's rows
-            local_inputs, local_targets, shard = par.shard(inputs[mine], targets[mine])
+            local_inputs, local_targets, shard = par.shard(
+                inputs[mine], targets[mine], documents=labels[mine] if docs else None)
             if kind == "plain":
                 loss = model(local_inputs, targets=local_targets, context_parallel=shard)
                 loss.backward()
                 grads = _mean_grads(model)
                 # the model's logits, unsharded, are the one-process logits
                 logits = par.unshard(model(local_inputs, context_parallel=shard).detach())
-                want_logits = _model(case, dtype)(inputs[mine]).detach()
+                want_logits = _model(case, dtype)(
+                    inputs[mine], document_ids=labels[mine] if docs else None).detach()
                 error = (logits - want_logits).abs().max() / want_logits.abs().max()
                 assert float(error) <= TOLERANCE[dtype], (name, float(error))
             elif kind == "ddp":
@@ -201,6 +222,8 @@ def _jobs(cp=None):
     jobs = [dict(kind="plain", case=case, dtype=dtype, **extra)
             for case in CASES for dtype in (torch.float64, torch.float32)]
     jobs.append(dict(kind="plain", case="hybrid", dtype=torch.float64, checkpoint_blocks=True, **extra))
+    jobs += [dict(kind="plain", case=case, dtype=torch.float64, docs=True, **extra) for case in CASES]
+    jobs.append(dict(kind="plain", case="hybrid", dtype=torch.float32, docs=True, **extra))
     return jobs + [dict(kind="error", case="-", dtype=torch.float64, **extra)]
 
 
@@ -211,11 +234,13 @@ def test_two_processes_give_the_one_process_loss_and_gradients():
 # 4 processes on 2 cores: ~14 s to start, ~1.5 s a job (measured 2026-12-04)
 @pytest.mark.slow
 def test_four_processes_context_and_data_by_ddp_and_fsdp2():
-    jobs = [dict(kind="plain", case=case, dtype=torch.float64) for case in CASES]  # CP 4
+    jobs = [dict(kind="plain", case=case, dtype=torch.float64, docs=docs)  # CP 4
+            for case in CASES for docs in (False, True)]
     jobs += [dict(kind="plain", case=case, dtype=torch.float32) for case in ("tapa", "hybrid-wide")]
     jobs.append(dict(kind="error", case="-", dtype=torch.float64))
     # a 2 x 2 mesh, data x context, under DDP and FSDP2
     jobs += [dict(kind=kind, case="hybrid", dtype=torch.float64, cp=2) for kind in ("ddp", "fsdp")]
+    jobs.append(dict(kind="ddp", case="hybrid-wide", dtype=torch.float64, cp=2, docs=True))
     _spawn(4, jobs)
 
 

@@ -1,9 +1,10 @@
-"""`tapa train --doc-mask`: trains inside documents, and the run records the flag."""
+"""`tapa train --doc-mask`: trains inside documents, and the run records the flag; under context
+parallelism (`--cp 2`, torchrun) it trains as one process does."""
 
 import json
 import random
 
-from trainkit import records, one_thread  # noqa: F401 (autouse fixture)
+from trainkit import losses, records, one_thread, torchrun_train  # noqa: F401 (autouse fixture)
 
 from tapa.cli import main
 
@@ -19,13 +20,17 @@ def _short_documents(path, count=400, seed=0):
     return path
 
 
+def _args(data, cache_dir, run_dir, *extra):
+    return ["--recipe", "tiny", "--data", str(data), "--cache-dir", str(cache_dir),
+            "--vocab-size", "300", "--dim", "32", "--n-layers", "4",
+            "--n-heads", "2", "--layer-pattern", "LLLG", "--local-window", "8",
+            "--batch-size", "4", "--seq-len", "128", "--steps", "2", "--log-every", "1",
+            "--eval-every", "0", "--eval-batches", "1", "--no-progress", "--no-plot",
+            "--device", "cpu", "--run-dir", str(run_dir), *extra]
+
+
 def _train(data, cache_dir, run_dir, *extra):
-    return main(["train", "--recipe", "tiny", "--data", str(data), "--cache-dir", str(cache_dir),
-                 "--vocab-size", "300", "--dim", "32", "--n-layers", "4",
-                 "--n-heads", "2", "--layer-pattern", "LLLG", "--local-window", "8",
-                 "--batch-size", "4", "--seq-len", "128", "--steps", "2", "--log-every", "1",
-                 "--eval-every", "0", "--eval-batches", "1", "--no-progress", "--no-plot",
-                 "--device", "cpu", "--run-dir", str(run_dir), *extra])
+    return main(["train", *_args(data, cache_dir, run_dir, *extra)])
 
 
 def test_doc_mask_changes_what_the_model_sees_and_is_recorded(tmp_path):
@@ -37,3 +42,15 @@ def test_doc_mask_changes_what_the_model_sees_and_is_recorded(tmp_path):
     assert plain[0]["loss"] != masked[0]["loss"]
     assert json.loads((tmp_path / "masked" / "config.json").read_text())["train"]["doc_mask"] is True
     assert json.loads((tmp_path / "plain" / "config.json").read_text())["train"]["doc_mask"] is False
+
+
+def test_doc_mask_under_context_parallelism_trains_as_one_process(tmp_path):
+    """Rows of 128 tokens over documents of 10-60 words, cut into 4 chunks of 32 over 2 processes:
+    documents cross the chunks, and the losses are the one-process run's (float32 sums in another
+    order: 1e-5)."""
+    data = _short_documents(tmp_path / "docs.jsonl")
+    assert _train(data, tmp_path / "cache", tmp_path / "one", "--doc-mask") == 0
+    torchrun_train(2, _args(data, tmp_path / "cache", tmp_path / "cp2", "--doc-mask", "--cp", "2"))
+    one, cp2 = losses(tmp_path / "one"), losses(tmp_path / "cp2")
+    assert len(one) == len(cp2) == 2 and all(abs(a - b) <= 1e-5 for a, b in zip(one, cp2)), (one, cp2)
+    assert json.loads((tmp_path / "cp2" / "config.json").read_text())["context_parallel"] == 2

@@ -23,7 +23,8 @@ elsewhere), and RoPE positions restart at 0 at each document's first token.
 Context parallelism (training only): each rank holds a share of every row, at global positions
 (`AttentionContext.parallel`, set by the trainer); the layer hands its queries, keys and values
 to that object, which fetches the other ranks' keys and calls `Attention.attend_span` per local
-chunk with the chunk's global offsets. The module knows no process group.
+chunk with the chunk's global offsets (and, with packed documents, the keys' document labels:
+`SpanDocuments`). The module knows no process group.
 
 In TAPA layers the phase rows of W_q and W_k are parameters of their own (`wq_phase`, `wk_phase`),
 so that training can give them their own learning rate; the forward is the same single projection.
@@ -38,6 +39,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention.bias import causal_lower_right
 
 from tapa.model.config import ModelConfig
 from tapa.ops import split_dims, tapa_attention, tapa_attention_varlen, tapa_attention_with_kvcache
@@ -113,6 +115,43 @@ class Documents:
         return cls.from_ids(eot.cumsum(-1) - eot)
 
 
+class SpanDocuments:
+    """The packed documents of one span of keys (`Attention.attend_span`): labels (B, Nk), equal
+    within a document and changing where one starts, for keys whose last Nq are the span's
+    queries. Made once per span by whoever cuts the rows (context parallelism) and shared by the
+    layers of a pass, which keep what they derive from it in `tables`."""
+
+    def __init__(self, labels: torch.Tensor):
+        self.labels = labels
+        self.tables: dict = {}
+
+    def varlen(self, n_queries: int):
+        """The span as varlen sequences for the last n_queries keys' queries: (kept, cu_q, cu_k,
+        longest q, longest k). Each run of one document among the queries is a sequence whose keys
+        run from that document's first key to its last query, so the varlen op's bottom-right
+        causal alignment gives every query its own position; kept (B, Nk) bool marks the keys any
+        query needs (a row's keys from its first query's document on), in the flat order the
+        offsets count."""
+        if n_queries not in self.tables:
+            labels = self.labels
+            batch, n_keys = labels.shape
+            shift = n_keys - n_queries
+            starts = document_starts(labels)  # (B, Nk) each key's document's first key
+            kept = torch.arange(n_keys, device=labels.device)[None] >= starts[:, shift:shift + 1]
+            new = torch.ones(batch, n_queries, dtype=torch.bool, device=labels.device)
+            new[:, 1:] = labels[:, shift + 1:] != labels[:, shift:-1]
+            run_starts = torch.nonzero(new.flatten()).flatten()  # flat (B * Nq) query index
+            cu_q = torch.cat([run_starts, run_starts.new_tensor([batch * n_queries])])
+            rows, firsts = run_starts // n_queries, run_starts % n_queries
+            lasts = torch.cat([run_starts[1:], run_starts.new_tensor([batch * n_queries])])
+            lasts = torch.where(lasts // n_queries == rows, lasts % n_queries, n_queries)  # exclusive
+            key_lengths = shift + lasts - starts[rows, shift + firsts]
+            cu_k = F.pad(key_lengths.cumsum(0), (1, 0))
+            longest = torch.stack([cu_q.diff().max(), key_lengths.max()]).tolist()
+            self.tables[n_queries] = (kept, cu_q.to(torch.int32), cu_k.to(torch.int32), *longest)
+        return self.tables[n_queries]
+
+
 @dataclass
 class AttentionContext:
     """What every layer of one forward pass shares.
@@ -122,15 +161,20 @@ class AttentionContext:
     key_mask: (B, start + seq_len) bool, False at padded slots; None when nothing is padded.
     left_pad: (B,) int32 leading padded slots, when key_mask is pure left padding.
     uniform: every row's positions are the same: its slots, or a context-parallel shard's.
+    row_lengths: where positions are not uniform, each row's length as RoPE frequencies that follow
+    the length see it, if not the row's largest position + 1 (a context-parallel shard's rows).
     documents: packed documents that must not see each other (`Documents`), or None.
     parallel: this rank's share of the rows under context parallelism, or None. Set by a trainer
     (`tapa.train.context_parallel.ContextShard`); the model only calls it:
         .positions (N,) int64, the global positions of the N local tokens of every row;
         .length, the whole row's length (RoPE frequencies that follow the length use it);
+        .documents, the whole rows' packed documents (`Documents`), or None; with them
+            .document_positions (B, N), each local token's position inside its document;
         .attend(q, k, v, span, window) -> out: the local queries' attention given the local
-            keys, where span(q, k, v, q_offset, k_offset) is the layer's causal attention of
-            queries at global positions q_offset.. against keys at k_offset.. (window: the local
-            layers' window, None for global layers);
+            keys, where span(q, k, v, q_offset, k_offset, documents=None) is the layer's causal
+            attention of queries at global positions q_offset.. against keys at k_offset..
+            (window: the local layers' window, None for global layers; documents: the keys'
+            `SpanDocuments` when the rows are packed documents);
         .mean_loss(total, count) -> the mean loss over every rank's tokens.
     """
 
@@ -143,6 +187,7 @@ class AttentionContext:
     tables: dict = field(default_factory=dict)  # per pass: RoPE cos/sin per (local, method), padding
     documents: Documents | None = None
     parallel: object | None = None
+    row_lengths: list[int] | None = None
 
     @classmethod
     def build(cls, batch: int, start: int, seq_len: int, device, *, attention_mask=None,
@@ -153,17 +198,23 @@ class AttentionContext:
         mask implies (TAPA distances come from the mask). documents: packed documents of these
         tokens (training and scoring only: no cache, no padding mask, no position_ids).
         parallel: a context-parallel shard (see the class docstring; training only: none of the
-        others)."""
+        others; its packed documents, if any, come with the shard)."""
         if parallel is not None:
-            if start or attention_mask is not None or position_ids is not None:
-                raise ValueError("context parallelism takes whole rows (no KV cache, "
-                                 "attention_mask or position_ids)")
-            if documents is not None:
-                raise ValueError("context parallelism does not support document masking "
-                                 "(document_ids / --doc-mask) yet")
+            if start or attention_mask is not None or position_ids is not None or documents is not None:
+                raise ValueError("context parallelism takes whole rows (no KV cache, attention_mask "
+                                 "or position_ids), and their packed documents with the shard "
+                                 "(ContextParallel.shard(documents=)), not as document_ids")
             if len(parallel.positions) != seq_len:
                 raise ValueError(f"the context-parallel shard holds {len(parallel.positions)} tokens "
                                  f"of each row, but input_ids has {seq_len}")
+            if parallel.documents is not None:
+                positions = parallel.document_positions.to(device)
+                if tuple(positions.shape) != (batch, seq_len):
+                    raise ValueError(f"the context-parallel shard's documents are of "
+                                     f"{positions.shape[0]} rows, but input_ids has {batch}")
+                lengths = (parallel.documents.positions.amax(1) + 1).tolist()
+                return cls(0, seq_len, positions, uniform=False, parallel=parallel,
+                           row_lengths=lengths)
             positions = parallel.positions.to(device).expand(batch, seq_len)
             return cls(0, seq_len, positions, parallel=parallel)
         if documents is not None:
@@ -226,7 +277,9 @@ class AttentionContext:
                 length = self.parallel.length if self.parallel is not None else self.start + self.seq_len
                 pairs = [_cos_sin(cfg, local, self.query_positions[0], length)]
             else:
-                pairs = [_cos_sin(cfg, local, row, int(row.max()) + 1) for row in self.query_positions]
+                lengths = self.row_lengths or [int(row.max()) + 1 for row in self.query_positions]
+                pairs = [_cos_sin(cfg, local, row, length)
+                         for row, length in zip(self.query_positions, lengths)]
             self.tables[key] = (torch.cat([cos for cos, _ in pairs]), torch.cat([sin for _, sin in pairs]))
         cos, sin = self.tables[key]
         if self.uniform:
@@ -303,11 +356,14 @@ def _without_cudnn():
         cuda.enable_cudnn_sdp(was)
 
 
-def _softmax(q, k, v, mask=None, is_causal=False):
-    """SDPA on (B, N, H, D) tensors, GQA by grouping; mask (B or 1, Nq, Nk) bool."""
+def _softmax(q, k, v, mask=None, is_causal=False, bias=None):
+    """SDPA on (B, N, H, D) tensors, GQA by grouping; mask (B or 1, Nq, Nk) bool, or bias: a torch
+    attention bias object (`causal_lower_right`), which SDPA takes without materializing it."""
     q, k, v = (t.transpose(1, 2) for t in (q, k, v))
     if mask is not None:
         mask = mask[:, None]
+    elif bias is not None:
+        mask = bias
     gqa = k.shape[1] != q.shape[1]
     if gqa:  # repeat rather than enable_gqa: every SDPA backend and torch version takes it
         repeat = q.shape[1] // k.shape[1]
@@ -420,22 +476,39 @@ class Attention(nn.Module):
         out = self.attend(q, k, v, key_slots, ctx)
         return self.wo(out.reshape(*x.shape[:2], -1))
 
-    def attend_span(self, q, k, v, q_offset: int, k_offset: int):
-        """This layer's causal attention, unpadded and in one document, of queries q (B, Nq, H, D)
-        at positions q_offset.. against keys k, v (B, Nk, Hk, D) at positions k_offset..; the keys
-        end no earlier than the queries' last position (later ones are hidden)."""
+    def attend_span(self, q, k, v, q_offset: int, k_offset: int,
+                    documents: SpanDocuments | None = None):
+        """This layer's causal attention, unpadded, of queries q (B, Nq, H, D) at positions
+        q_offset.. against keys k, v (B, Nk, Hk, D) at positions k_offset.., which end where the
+        queries do. With documents (`SpanDocuments` of the keys), a query sees only its own
+        document's keys; without, the span is one document."""
         cfg = self.cfg
+        n_queries, n_keys = q.shape[1], k.shape[1]
+        if q_offset + n_queries != k_offset + n_keys:
+            raise ValueError(f"a span's keys ({k_offset}..{k_offset + n_keys - 1}) must end where its "
+                             f"queries ({q_offset}..{q_offset + n_queries - 1}) do")
+        labels = documents.labels if documents is not None else None
         if self.local:
-            return local_attention(q, k, v, self.window, q_offset=q_offset, k_offset=k_offset)
+            return local_attention(q, k, v, self.window, q_offset=q_offset, k_offset=k_offset,
+                                   document_ids=labels)
         if self.family == "tapa":
-            return tapa_attention(q, k, v, causal=True, q_offset=q_offset, k_offset=k_offset,
-                                  impl=cfg.attn_impl, theta=cfg.theta, alpha=cfg.alpha,
-                                  distance=cfg.distance, phase=cfg.phase)
-        if q_offset == k_offset and q.shape[1] == k.shape[1]:
+            op_args = dict(impl=cfg.attn_impl, theta=cfg.theta, alpha=cfg.alpha,
+                           distance=cfg.distance, phase=cfg.phase)
+            if documents is None:
+                return tapa_attention(q, k, v, causal=True, q_offset=q_offset, k_offset=k_offset,
+                                      **op_args)
+            # each document's queries against its keys, bottom-right aligned: their distances
+            kept, cu_q, cu_k, longest_q, longest_k = documents.varlen(n_queries)
+            out = tapa_attention_varlen(q.flatten(0, 1), k[kept], v[kept], cu_q, cu_k, longest_q,
+                                        longest_k, causal=True, check_seqlens=False, **op_args)
+            return out.view(*q.shape[:3], -1)
+        if documents is not None:  # causal inside each document: a window as long as the span
+            return local_attention(q, k, v, n_keys, q_offset=q_offset, k_offset=k_offset,
+                                   document_ids=labels)
+        if n_queries == n_keys:
             return _softmax(q, k, v, is_causal=True)
-        query = torch.arange(q_offset, q_offset + q.shape[1], device=q.device)
-        key = torch.arange(k_offset, k_offset + k.shape[1], device=q.device)
-        return _softmax(q, k, v, mask=(key[None, :] <= query[:, None])[None])
+        # the queries are the last keys: causal aligned at the bottom right, no (Nq, Nk) mask
+        return _softmax(q, k, v, bias=causal_lower_right(n_queries, n_keys))
 
     # --- each kind's attention: q (B, Nq, H, D) at slots ctx.start..; keys at key_slots -------
     def _tapa(self, q, k, v, key_slots, ctx: AttentionContext):

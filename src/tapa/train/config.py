@@ -95,7 +95,7 @@ class TrainConfig:
     cp: int = documented(1, "context parallelism: each row is cut over this many processes (of "
                             "torchrun's, a multiple of cp; the rest is data parallelism), each "
                             "holding 2 of its 2 x cp equal chunks; seq_len must be a multiple of "
-                            "2 x cp. No --doc-mask")
+                            "2 x cp. Works with --doc-mask")
     device: str = documented("auto", "torch device; auto: cuda:<local rank> if CUDA is available, "
                                  "else cpu")
     log_every: int = documented(10, "write a metrics record (mean training loss since the previous "
@@ -168,8 +168,6 @@ class TrainConfig:
         if self.cp > 1 and self.seq_len % (2 * self.cp):
             raise ValueError(f"seq_len ({self.seq_len}) must be a multiple of 2 x cp = {2 * self.cp}: "
                              "context parallelism cuts each row into 2 x cp equal chunks")
-        if self.cp > 1 and self.doc_mask:
-            raise ValueError("context parallelism (cp > 1) does not support doc_mask yet")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -28,6 +28,14 @@ its global positions (`Attention.attend_span`):
   same way.
 RoPE rotates each token at its global position, with the frequencies of the whole row's length.
 
+Packed documents (`shard(documents=)`, `tapa train --cp N --doc-mask`): the labels of the whole
+rows travel with the shard (every rank reads the whole rows, so no exchange is needed), and every
+span gets its keys' labels (`tapa.model.attention.SpanDocuments`): local and softmax global layers
+mask other documents' keys (the sliding-window op with document labels), TAPA global layers run
+each document's queries against that document's keys through the varlen op, bottom-right aligned
+(a document cut by a chunk boundary keeps its distances). RoPE positions restart at each
+document, as in one process, with frequencies of the whole row's positions.
+
 Loss. Each rank scores its own tokens; `ContextShard.mean_loss` sums the ranks' cross-entropy
 sums and token counts over the whole mesh (context and data), so every rank returns the loss of
 the one-process run over the same rows. Its backward seeds each rank's tokens with
@@ -35,7 +43,7 @@ the one-process run over the same rows. Its backward seeds each rank's tokens wi
 the same loss: the data-parallel wrapper then averages the gradients over the W ranks, which
 gives exactly the one-process gradient.
 
-Not supported (ValueError): document masking (--doc-mask), padding masks, KV caches.
+Not supported (ValueError): padding masks, KV caches.
 """
 
 from __future__ import annotations
@@ -44,6 +52,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+from tapa.model.attention import Documents, SpanDocuments
 
 # torch 2.13 renamed the tensor collectives (the old names warn); 2.11 has only the old ones
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -267,13 +277,21 @@ class ContextParallel:
         # the loss reduction has its own communicator (the data-parallel wrapper's is the world's)
         self.loss_group = self.mesh["dp", "cp"]._flatten("dp_cp").get_group()
 
-    def shard(self, inputs: torch.Tensor, targets: torch.Tensor | None = None):
+    def shard(self, inputs: torch.Tensor, targets: torch.Tensor | None = None,
+              documents: Documents | torch.Tensor | None = None):
         """(inputs, targets, shard) of this rank from whole rows (B, L): its two chunks of each, and
-        the `ContextShard` to pass to the model (`TapaLM(..., context_parallel=shard)`)."""
+        the `ContextShard` to pass to the model (`TapaLM(..., context_parallel=shard)`).
+        documents: the whole rows' packed documents (a `Documents`, or labels (B, L) equal within
+        a document), so that no token attends across one."""
         length = inputs.shape[1]
         local = shard_sequence(inputs, self.cp, self.cp_rank)
         local_targets = shard_sequence(targets, self.cp, self.cp_rank) if targets is not None else None
-        return local, local_targets, ContextShard(self, length, inputs.device)
+        if documents is not None and not isinstance(documents, Documents):
+            documents = Documents.from_ids(documents.to(inputs.device))
+        if documents is not None and tuple(documents.ids.shape) != tuple(inputs.shape):
+            raise ValueError(f"documents must label the whole rows {tuple(inputs.shape)}, got "
+                             f"{tuple(documents.ids.shape)}")
+        return local, local_targets, ContextShard(self, length, inputs.device, documents)
 
     def unshard(self, local: torch.Tensor, dim: int = 1) -> torch.Tensor:
         """The whole rows from every context rank's share (a collective; for tests, no gradient)."""
@@ -285,14 +303,29 @@ class ContextParallel:
 class ContextShard:
     """This rank's share of one batch's rows, as the model sees it (`AttentionContext.parallel`).
 
-    positions: (2 c,) global positions of the local tokens; length: the whole row's length.
+    positions: (2 c,) global positions of the local tokens; length: the whole row's length;
+    documents: the whole rows' packed documents (`Documents`) or None, and then
+    document_positions (B, 2 c): each local token's position inside its document.
     """
 
-    def __init__(self, parallel: ContextParallel, length: int, device):
-        self.parallel, self.length = parallel, length
+    def __init__(self, parallel: ContextParallel, length: int, device,
+                 documents: Documents | None = None):
+        self.parallel, self.length, self.documents = parallel, length, documents
         self.chunk = check_length(length, parallel.cp)
         self.positions = shard_positions(length, parallel.cp, parallel.cp_rank, device)
+        self.document_positions = (shard_sequence(documents.positions, parallel.cp, parallel.cp_rank)
+                                   if documents is not None else None)
         self._halo_plans: dict[int, tuple] = {}
+        self._spans: dict[tuple[int, int], SpanDocuments] = {}  # (first key, end) -> its labels
+
+    def _span_documents(self, k_offset: int, end: int) -> SpanDocuments | None:
+        """The labels of the keys k_offset .. end - 1 of every row, made once a pass (the layers
+        share them, and what each derives from them)."""
+        if self.documents is None:
+            return None
+        if (k_offset, end) not in self._spans:
+            self._spans[k_offset, end] = SpanDocuments(self.documents.ids[:, k_offset:end])
+        return self._spans[k_offset, end]
 
     def _gather(self, kv: torch.Tensor) -> torch.Tensor:
         """kv (S, B, 2c, ...) of every rank -> (S, B, L, ...) in global order."""
@@ -313,8 +346,9 @@ class ContextShard:
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, span, window=None):
         """Attention of the local queries q (B, 2c, H, D) given the local keys/values k, v
-        (B, 2c, Hk, D): `span(q, k, v, q_offset, k_offset)` per local chunk, against the gathered
-        keys (global layers, window None) or the chunk's window (local layers)."""
+        (B, 2c, Hk, D): `span(q, k, v, q_offset, k_offset, documents=)` per local chunk, against
+        the gathered keys (global layers, window None) or the chunk's window (local layers);
+        documents: the keys' labels when the rows are packed documents, else None."""
         chunk = self.chunk
         starts = [j * chunk for j in rank_chunks(self.parallel.cp, self.parallel.cp_rank)]
         kv = torch.stack([k, v])
@@ -324,7 +358,8 @@ class ContextShard:
             for slot, start in enumerate(starts):
                 end = start + chunk
                 outs.append(span(q[:, slot * chunk:(slot + 1) * chunk], keys[0][:, :end],
-                                 keys[1][:, :end], start, 0))
+                                 keys[1][:, :end], start, 0,
+                                 documents=self._span_documents(0, end)))
         else:
             buffer, lengths = self._halo(kv, window - 1) if window > 1 else (None, (0, 0))
             offset = 0
@@ -333,8 +368,9 @@ class ContextShard:
                 if lengths[slot]:
                     own = torch.cat([buffer[:, :, offset:offset + lengths[slot]], own], dim=2)
                 offset += lengths[slot]
+                first = start - lengths[slot]
                 outs.append(span(q[:, slot * chunk:(slot + 1) * chunk], own[0], own[1], start,
-                                 start - lengths[slot]))
+                                 first, documents=self._span_documents(first, start + chunk)))
         return torch.cat(outs, dim=1)
 
     def mean_loss(self, total: torch.Tensor, count: torch.Tensor) -> torch.Tensor:

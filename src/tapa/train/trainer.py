@@ -339,12 +339,12 @@ def _forward_loss(run: _Run, batch: torch.Tensor) -> torch.Tensor:
     under CP this rank scores its share of the rows, and the loss is the mean over every rank's
     tokens (the same on every rank)."""
     inputs, targets = batch[:, :-1], batch[:, 1:]
-    if run.cp is not None:
-        inputs, targets, shard = run.cp.shard(inputs, targets)
-        with run.autocast:
-            return run.wrapped(inputs, targets=targets, context_parallel=shard)
     documents = (Documents.from_tokens(inputs, run.corpus.eot_id) if run.train_cfg.doc_mask
                  else None)
+    if run.cp is not None:  # the whole rows' documents go with the shard
+        inputs, targets, shard = run.cp.shard(inputs, targets, documents=documents)
+        with run.autocast:
+            return run.wrapped(inputs, targets=targets, context_parallel=shard)
     with run.autocast:
         return run.wrapped(inputs, document_ids=documents, targets=targets)
 
