@@ -12,8 +12,9 @@
 #                 the 124M hybrid and RoPE, 128k and 256k rows, activation checkpointing, at CP
 #                 sizes NGPUS, NGPUS/2, ..., 1 (CP 1: each GPU its own row, the reference); on one
 #                 GPU, CP 1 only. Not in the default steps: it wants a machine of several GPUs
+#   cpdoc         the same at 128k with packed documents (`--doc-mask 2048`); not a default step
 #   usage:  bash scripts/gpu_longrows.sh NAME [STEP ...]   (steps: varlen_tests varlen rows
-#           rows256k docmask decode cp; default all but cp)
+#           rows256k docmask decode cp cpdoc; default all but cp and cpdoc)
 #   device: run(command="bash scripts/gpu_longrows.sh longrows", kind="nvidia-h200")
 #           run(command="bash scripts/gpu_longrows.sh cp cp", kind="nvidia-h200-x8")
 # Logs and tables go to /tmp/NAME and come back as $OUT/NAME.tar.gz; the tables are printed.
@@ -40,13 +41,16 @@ for mask in 0 2048; do
         --steps 3 --out "$WORK/docmask$mask"
 done
 want decode && step decode 50 python3 -m tapa.cli bench decode --out "$WORK/decode"
-if want cp; then
+if want cp || want cpdoc; then
     sizes=() && for ((size = NGPUS; size >= 1; size /= 2)); do ((NGPUS % size)) || sizes+=("$size"); done
     [[ $NGPUS -eq 1 ]] && echo "cp: one GPU, so CP 1 only (context parallelism needs 2 or more)"
-    step cp 540 env NCCL_NVLS_ENABLE=0 torchrun --standalone --nproc-per-node "$NGPUS" -m tapa.cli \
-        bench cp --lengths 131072 262144 --pes tapa:LLLG:256 rope --checkpointing on \
-        --cp "${sizes[@]}" --warmup 1 --steps 3 --csv "$WORK/cp/cp.csv"
 fi
+want cp && step cp 540 env NCCL_NVLS_ENABLE=0 torchrun --standalone --nproc-per-node "$NGPUS" -m tapa.cli \
+    bench cp --lengths 131072 262144 --pes tapa:LLLG:256 rope --checkpointing on \
+    --cp "${sizes[@]}" --warmup 1 --steps 3 --csv "$WORK/cp/cp.csv"
+want cpdoc && step cpdoc 300 env NCCL_NVLS_ENABLE=0 torchrun --standalone --nproc-per-node "$NGPUS" -m tapa.cli \
+    bench cp --lengths 131072 --pes tapa:LLLG:256 rope --checkpointing on --doc-mask 2048 \
+    --cp "${sizes[@]}" --warmup 1 --steps 3 --csv "$WORK/cp/cpdoc.csv"
 tar czf "$OUT/$NAME.tar.gz" -C /tmp "$NAME"
 echo "done at +$(($(date +%s) - START))s"
 cat "$WORK/steps.txt"
@@ -56,4 +60,4 @@ for name in rows65536 rows131072 rows262144 docmask0 docmask2048; do
     grep -h "L=" "$WORK/$name.log" 2>/dev/null | grep -v "^\["
 done
 grep -E "^\| (1|8|32) \| " "$WORK/decode/decode.md" 2>/dev/null | head -18 | cut -c1-120
-grep "^|" "$WORK/cp.log" 2>/dev/null | cut -c1-220
+grep "^|" "$WORK/cp.log" "$WORK/cpdoc.log" 2>/dev/null | cut -c1-240

@@ -1,5 +1,5 @@
 """`tapa bench cp`: under torchrun with 2 CPU processes (gloo) it measures CP 2 and CP 1 and writes
-them; its argument errors are one clear line; --find-longest's doubling stops at the first out of
+them, on plain rows and on packed documents (--doc-mask); its argument errors are one clear line; --find-longest's doubling stops at the first out of
 memory and names the longest row that trained (a stand-in measure raises it: a CPU has no GPU
 memory to run out of)."""
 
@@ -55,6 +55,17 @@ def test_two_processes_measure_cp2_against_cp1(tmp_path):
     assert f"| {hybrid} | local+tapa-reference |" in result.stdout
 
 
+# one torchrun of 2 processes, 2 configs: ~6 s on 2 cores
+def test_packed_documents_under_cp2_and_cp1(tmp_path):
+    out = tmp_path / "cp.csv"
+    result = _torchrun(["--lengths", "64", "--pes", "tapa:LLLG:8", "--doc-mask", "8", "--warmup",
+                        "0", "--steps", "1", "--csv", str(out)])
+    assert result.returncode == 0, result.stderr[-5000:]
+    rows = list(csv.DictReader(open(out)))
+    assert [(r["cp"], r["doc_mask"]) for r in rows] == [("2", "8"), ("1", "8")]
+    assert all(float(r["tokens_per_s"]) > 0 for r in rows)
+
+
 def test_a_world_size_not_divisible_by_cp_is_a_clear_error(tmp_path):
     result = _torchrun(["--lengths", "32", "--cp", "4", "--csv", str(tmp_path / "cp.csv")])
     assert result.returncode != 0
@@ -68,6 +79,7 @@ def test_a_world_size_not_divisible_by_cp_is_a_clear_error(tmp_path):
     (["--lengths", "32", "--cp", "2"], "--cp 2 shards each row over 2 processes: run it under torchrun "
                                        "--nproc-per-node 2"),
     (["--find-longest"], "--find-longest needs CUDA"),
+    (["--doc-mask", "-5"], "--doc-mask is the documents' mean length in tokens (0: off), got -5"),
 ])
 def test_argument_errors_are_one_clear_line(args, message, tmp_path):
     with pytest.raises(SystemExit, match="^tapa bench cp: ") as error:
@@ -87,7 +99,7 @@ def test_find_longest_doubles_until_out_of_memory(tmp_path, monkeypatch, capsys)
     out of memory; the CSV holds all three and the report names 128."""
     from tapa.train.distributed import setup_distributed
 
-    def measure(cfg, *, seq_len, parallel, info, checkpointing, warmup, steps):
+    def measure(cfg, *, seq_len, parallel, info, checkpointing, warmup, steps, doc_mask):
         if seq_len >= 256:
             raise torch.OutOfMemoryError("CUDA out of memory (stand-in)")
         return {"pe": cfg.label, "attention": "sdpa", "checkpointing": checkpointing,

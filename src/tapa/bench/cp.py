@@ -24,6 +24,10 @@ collective that never completes, so it writes the CSV (every rank holds the same
 and exits non-zero, which makes torchrun stop the rest. --find-longest doubles the row from
 --lengths until that happens; hence one model, one CP size and one checkpointing setting a run.
 
+--doc-mask MEAN_LEN packs each row with documents of random lengths (bench model's packing: an
+exponential with this mean, seeded per data group) and trains with document masking, sharded
+with the row (`ContextParallel.shard(documents=)`) under CP and whole at CP 1.
+
     tapa bench cp --cpu-smoke --lengths 32      # the same code on CPU processes (gloo), tiny model
 """
 
@@ -41,14 +45,14 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from tapa.bench.model import (BENCH_MODEL, SMOKE_MODEL, attention_path, gpu_slug, new_model,
-                              parse_variant, time_steps, training_step)
-from tapa.model import ModelConfig
+from tapa.bench.model import (BENCH_MODEL, SMOKE_MODEL, attention_path, document_ids, gpu_slug,
+                              new_model, parse_variant, time_steps, training_step)
+from tapa.model import Documents, ModelConfig
 from tapa.train.context_parallel import ContextParallel
 from tapa.train.distributed import DistInfo, launched_by_torchrun, setup_distributed, teardown
 from tapa.train.parallelize import parallelize, resolve_parallel
 
-FIELDS = ("model", "pe", "attention", "checkpointing", "seq_len", "cp", "processes", "rows",
+FIELDS = ("model", "pe", "attention", "checkpointing", "doc_mask", "seq_len", "cp", "processes", "rows",
           "step_ms", "tokens_per_s", "tokens_per_s_per_gpu", "peak_mem_gib",
           "tokens_per_gpu_vs_cp1", "mem_vs_cp1")
 
@@ -64,6 +68,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "reference (default: the number of processes and 1)")
     parser.add_argument("--checkpointing", choices=("off", "on", "both"), default="on",
                         help="activation checkpointing of every block (default on)")
+    parser.add_argument("--doc-mask", type=int, default=0, metavar="MEAN_LEN",
+                        help="pack each row with documents of random lengths (exponential, this "
+                             "mean, seeded per data group) and train with document masking; 0: off")
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps per config (default 1)")
     parser.add_argument("--steps", type=int, default=3, help="timed steps per config (default 3)")
     parser.add_argument("--find-longest", action="store_true",
@@ -90,6 +97,9 @@ def check_plan(args: argparse.Namespace, sizes: list[int], world: int) -> None:
                              "start), one --pes, one --cp and --checkpointing on or off")
     if min(sizes) < 1 or min(args.lengths) < 1:
         raise SystemExit("tapa bench cp: --cp sizes and --lengths are positive")
+    if args.doc_mask < 0:
+        raise SystemExit(f"tapa bench cp: --doc-mask is the documents' mean length in tokens (0: "
+                         f"off), got {args.doc_mask}")
     for size in sizes:
         for length in args.lengths:
             if length % (2 * size) and size > 1:
@@ -107,10 +117,11 @@ def check_plan(args: argparse.Namespace, sizes: list[int], world: int) -> None:
 
 
 def measure(cfg: ModelConfig, *, seq_len: int, parallel: ContextParallel | None, info: DistInfo,
-            checkpointing: bool, warmup: int, steps: int) -> dict:
+            checkpointing: bool, warmup: int, steps: int, doc_mask: int = 0) -> dict:
     """Time training steps of a fresh model on rows of seq_len tokens, sharded by `parallel`
-    (None: CP 1, each rank its own row); the row with the slowest step and largest peak memory
-    over the ranks (the same on every rank)."""
+    (None: CP 1, each rank its own row), packed with documents of mean length doc_mask (0: one
+    sequence); the row with the slowest step and largest peak memory over the ranks (the same on
+    every rank)."""
     device = info.device
     model, optimizer = new_model(cfg, device, checkpointing=checkpointing)
     wrapped = parallelize(model, resolve_parallel("auto", info), info, bf16=device.type == "cuda")
@@ -119,9 +130,13 @@ def measure(cfg: ModelConfig, *, seq_len: int, parallel: ContextParallel | None,
     generator = torch.Generator().manual_seed(data_rank)
     tokens = torch.randint(0, cfg.vocab_size, (1, seq_len + 1), generator=generator).to(device)
     inputs, targets, forward = tokens[:, :-1], tokens[:, 1:], {}
+    documents = (Documents.from_ids(document_ids(1, seq_len, doc_mask, device, seed=data_rank))
+                 if doc_mask else None)
     if parallel is not None:
-        inputs, targets, shard = parallel.shard(inputs, targets)
+        inputs, targets, shard = parallel.shard(inputs, targets, documents=documents)
         forward["context_parallel"] = shard
+    elif documents is not None:
+        forward["document_ids"] = documents
     path = attention_path(cfg, device)
     step = training_step(wrapped, optimizer, path, device, inputs, targets=targets, **forward)
     step_s, loss = time_steps(step, warmup=warmup, steps=steps, device=device)
@@ -135,7 +150,7 @@ def measure(cfg: ModelConfig, *, seq_len: int, parallel: ContextParallel | None,
     tokens_per_s = rows * seq_len / step_s
     row = {
         "model": f"{cfg.dim}d x {cfg.n_layers}L x {cfg.n_heads}h", "pe": cfg.label, "attention": path,
-        "checkpointing": checkpointing, "seq_len": seq_len, "cp": parallel.cp if parallel else 1,
+        "checkpointing": checkpointing, "doc_mask": doc_mask, "seq_len": seq_len, "cp": parallel.cp if parallel else 1,
         "processes": info.world_size, "rows": rows, "step_ms": round(1e3 * step_s, 2),
         "tokens_per_s": round(tokens_per_s, 1),
         "tokens_per_s_per_gpu": round(tokens_per_s / info.world_size, 1),
@@ -234,10 +249,12 @@ def _run(args: argparse.Namespace, sizes: list[int], info: DistInfo) -> int:
             cfg = ModelConfig(**parse_variant(pe), **model_kwargs)
             try:
                 row = measure(cfg, seq_len=seq_len, parallel=meshes.get(size), info=info,
-                              checkpointing=ckpt, warmup=args.warmup, steps=args.steps)
+                              checkpointing=ckpt, warmup=args.warmup, steps=args.steps,
+                              doc_mask=args.doc_mask)
             except torch.OutOfMemoryError:
                 row = {"pe": cfg.label, "attention": "OOM", "checkpointing": ckpt,
-                       "seq_len": seq_len, "cp": size, "processes": info.world_size}
+                       "doc_mask": args.doc_mask, "seq_len": seq_len, "cp": size,
+                       "processes": info.world_size}
             rows.append(row)
             fill_ratios(rows)
             if row["attention"] == "OOM":
