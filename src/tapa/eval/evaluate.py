@@ -311,17 +311,19 @@ def model_dir_run_config(model_dir: Path, model_cfg, options: EvalOptions, train
     if not (model_dir / "tokenizer.json").is_file():
         raise ValueError(f"{str(model_dir)!r} has no tokenizer.json: the model directory's own tokenizer "
                          "tokenizes --data; export it with its tokenizer")
-    init_from, source_len = None, None
+    # init_from marks a continual stage: a conversion trains nothing (its source is provenance,
+    # not a stage), so a converted model is evaluated as zero-shot
+    init_from, source_len, converted_from = None, None, None
     convert_marker, export_marker = model_dir / "tapa_convert.json", model_dir / "tapa_export.json"
     if convert_marker.is_file():
-        init_from = read_json(convert_marker, "conversion record").get("from")
+        converted_from = read_json(convert_marker, "conversion record").get("from")
     elif export_marker.is_file():
         checkpoint = read_json(export_marker, "export record").get("checkpoint")
         source = run_config_of(Path(checkpoint)) if checkpoint and Path(checkpoint).is_dir() else {}
         source_len = (source.get("train") or {}).get("seq_len")
         init_from = source.get("init_from")
     return {"train": {"seq_len": int(train_len or source_len or model_cfg.original_seq_len)},
-            "model_dir": str(model_dir), "init_from": init_from}
+            "model_dir": str(model_dir), "init_from": init_from, "converted_from": converted_from}
 
 
 def _same_source(a: str, b: str) -> bool:
