@@ -25,7 +25,7 @@ COMMANDS = {
     "train": ("tapa.train.command", "pretrain or continue pretraining a model"),
     "eval": ("tapa.eval.command", "perplexity vs length and passkey retrieval for trained runs"),
     "report": ("tapa.eval.report", "merge several evaluated runs into one table and plot"),
-    "bench": ("tapa.bench.command", "GPU benchmarks: attention kernel, local attention, model throughput, decoding"),
+    "bench": ("tapa.bench.command", "GPU benchmarks: attention kernel, varlen, local attention, model throughput, context parallelism, decoding, generation"),
     "export": ("tapa.hf.export", "export a tapa training checkpoint to a transformers model directory"),
     "convert": ("tapa.hf.convert", "convert a Llama, Mistral or Qwen2 directory, or a tapa RoPE run, to TAPA attention (or a TAPA hybrid)"),
 }

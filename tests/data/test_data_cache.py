@@ -150,7 +150,7 @@ def test_truncated_cache_file_is_a_clear_error(tmp_path):
 
 def test_cli_build_and_info(tmp_path, capsys):
     source = make_text_dir(tmp_path / "src")
-    args = ["--source", str(source), "--cache-dir", str(tmp_path / "cache"), "--vocab-size", str(SMALL_VOCAB),
+    args = ["--data", str(source), "--cache-dir", str(tmp_path / "cache"), "--vocab-size", str(SMALL_VOCAB),
             "--val-fraction", "0.15", "--test-fraction", "0.15", "--quiet"]
     assert tapa_main(["data", "info", *args]) == 1
     assert "no cached corpus" in capsys.readouterr().out
@@ -166,6 +166,17 @@ def test_cli_build_and_info(tmp_path, capsys):
     assert "src-" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="^tapa data: error: source path .* does not exist"):
         tapa_main(["data", "build", "--source", str(tmp_path / "nope"), "--cache-dir", str(tmp_path)])
+
+
+def test_progress_bars_stay_off_a_non_terminal(tmp_path, capfd):
+    """Without --quiet, a build whose stderr is not a terminal (a log file, CI) draws no bars: one
+    line says the tokenizer is being trained, and nothing else."""
+    source = make_text_dir(tmp_path / "src")
+    assert tapa_main(["data", "build", "--data", str(source), "--cache-dir", str(tmp_path / "cache"),
+                      "--vocab-size", str(SMALL_VOCAB), "--val-fraction", "0.15",
+                      "--test-fraction", "0.15"]) == 0
+    err = capfd.readouterr().err  # the file descriptor: tokenizers' bars bypass sys.stderr
+    assert err.splitlines() == [f"training a byte-level BPE (vocab {SMALL_VOCAB}) on the train split"], err
 
 
 def test_concurrent_builds_of_one_entry_end_with_one_copy(tmp_path, monkeypatch):

@@ -130,3 +130,19 @@ def test_pi_factor_is_applied_at_eval_and_restored():
         assert torch.allclose(scaled[:, 0], plain[:, 0], atol=1e-5)
         with rope_scaling_at(rope, 64, train_len=16) as factor:  # plain RoPE gets no scaling
             assert factor == 1.0 and torch.equal(rope(ids), plain)
+
+
+def test_each_finished_length_is_one_line_unless_quiet(capsys):
+    """Off a terminal the bars draw nothing, so every finished length says its perplexity on stderr
+    (a log file sees progress); progress=False prints nothing."""
+    from tapa.eval.perplexity import perplexity_vs_length
+
+    model = TapaLM(ModelConfig(vocab_size=32, dim=16, n_layers=1, n_heads=2, pe="rope"))
+    tokens = np.arange(200) % 32
+    results = perplexity_vs_length(model, tokens, lengths=[16, 32], train_len=16, stride=16,
+                                   label="RoPE")
+    err = capsys.readouterr().err.splitlines()
+    assert [line.split(":")[0] for line in err] == ["RoPE ppl @ 16", "RoPE ppl @ 32"]
+    assert f"{results[1].perplexity:.2f} ({results[1].windows} windows" in err[1]
+    perplexity_vs_length(model, tokens, lengths=[16], train_len=16, progress=False)
+    assert capsys.readouterr().err == ""

@@ -282,7 +282,8 @@ def _cut_utf8(text: str, limit: int) -> tuple[str, int]:
 
 
 def _tqdm(progress: bool, **kwargs):
-    return require("tqdm").tqdm(disable=not progress, **kwargs)
+    """A tqdm bar when progress is asked for and stderr is a terminal (None: tqdm's own check)."""
+    return require("tqdm").tqdm(disable=None if progress else True, **kwargs)
 
 
 def _build_into(staging: Path, cfg: DataConfig, source: Source, progress: bool) -> None:
@@ -306,7 +307,8 @@ def _build_into(staging: Path, cfg: DataConfig, source: Source, progress: bool) 
         counter = _ByteCounter(doc.text for doc in train_docs)
         if progress:
             print(f"training a byte-level BPE (vocab {cfg.vocab_size}) on the train split", file=sys.stderr)
-        tokenizer = train_bpe(counter, cfg.vocab_size, progress=progress)
+        # the tokenizers library draws its bars whatever stderr is: only on a terminal
+        tokenizer = train_bpe(counter, cfg.vocab_size, progress=progress and sys.stderr.isatty())
         if counter.bytes == 0:
             raise ValueError(f"source {cfg.source}: the train split has no text")
         if tokenizer.get_vocab_size() < cfg.vocab_size:

@@ -15,9 +15,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("action", choices=("build", "info"),
                         help="build: tokenize (or reuse) and print sizes; info: show the cached manifest")
     defaults = DataConfig()
-    parser.add_argument("--source", default=defaults.source,
+    parser.add_argument("--data", "--source", dest="source", default=defaults.source,
                         help="builtin | a text file | a directory | a .jsonl | hf:<name or saved dir> "
-                             "(default: builtin, the .py files of this Python's stdlib)")
+                             "(default: builtin, the .py files of this Python's stdlib); the same "
+                             "--data as tapa train and tapa eval (--source is its older name)")
     parser.add_argument("--vocab-size", type=int, default=defaults.vocab_size,
                         help="BPE vocabulary size when training a tokenizer (default: %(default)s)")
     parser.add_argument("--tokenizer", default=None, metavar="DIR",

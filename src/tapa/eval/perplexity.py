@@ -18,6 +18,7 @@ window a model breaks.
 from __future__ import annotations
 
 import math
+import sys
 import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
@@ -177,6 +178,10 @@ def perplexity_vs_length(model, tokens, *, lengths: list[int], train_len: int, s
             results.append(sliding_window_perplexity(
                 model, tokens, window=length, stride=stride, max_tokens=max_tokens,
                 tokens_per_batch=tokens_per_batch, progress=progress, rope_scale=factor, desc=name))
+        if progress:  # a line a length: the bar leaves none, and draws nothing off a terminal
+            done = results[-1]
+            print(f"{name}: {done.perplexity:.2f} ({done.windows} windows, {done.seconds:.1f} s)",
+                  file=sys.stderr, flush=True)
     return results
 
 

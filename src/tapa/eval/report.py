@@ -110,7 +110,8 @@ def grid_table(label: str, grid: dict, *, what: str = "") -> str:
     accuracy and its 95% Wilson interval in points, and a last row over all depths of a length."""
     counts, trials = _correct_counts(grid), grid["trials"]
     settings = ", ".join(f"{k} {v}" for k, v in (grid.get("settings") or {}).items())
-    lines = [f"**{label}**{f' {what}' if what else ''} ({trials} trials per cell, {grid['filler']} filler"
+    lines = [f"**{label}**{f' {what}' if what else ''} ({trials} trial{'s' * (trials != 1)} per cell, "
+             f"{grid['filler']} filler"
              f"{', ' + settings if settings else ''})", "",
              "| depth | " + " | ".join(str(n) for n in grid["lengths"]) + " |",
              "|---|" + "---|" * len(grid["lengths"])]
@@ -220,7 +221,8 @@ def write_results(results: dict, out_dir: str | Path, *, title: str = "") -> lis
             note = size_note([m for m in methods if (m.get("tasks") or {}).get(task)])
             written.append(plot_passkey_heatmaps(
                 panels, out_dir / f"retrieval_{_slug(task)}.png", ylabel="needle depth",
-                title=f"{task}: exact-match accuracy ({'/'.join(map(str, trials))} trials per cell)"
+                title=f"{task}: exact-match accuracy ({'/'.join(map(str, trials))} "
+                      f"trial{'s' * (trials != [1])} per cell)"
                       + (f"\n{note}" if note else "")))
     return written
 
