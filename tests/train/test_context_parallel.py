@@ -224,6 +224,8 @@ def _jobs(cp=None):
     jobs.append(dict(kind="plain", case="hybrid", dtype=torch.float64, checkpoint_blocks=True, **extra))
     jobs += [dict(kind="plain", case=case, dtype=torch.float64, docs=True, **extra) for case in CASES]
     jobs.append(dict(kind="plain", case="hybrid", dtype=torch.float32, docs=True, **extra))
+    jobs.append(dict(kind="plain", case="hybrid", dtype=torch.float64, checkpoint_blocks=True,
+                     docs=True, **extra))
     return jobs + [dict(kind="error", case="-", dtype=torch.float64, **extra)]
 
 
