@@ -226,6 +226,23 @@ def test_more_than_half_the_memory_is_a_warning(monkeypatch, capsys):
     lean = command.estimate_memory(dataclasses.replace(train_cfg, activation_checkpointing=True),
                                    model_cfg, data_cfg.vocab_size, "cpu")
     assert lean["activations"] < estimate["activations"] / 2
+    # selective: recomputing some blocks lands between the two
+    some = command.estimate_memory(dataclasses.replace(train_cfg, activation_checkpointing=True,
+                                                       checkpoint_blocks=model_cfg.n_layers // 2),
+                                   model_cfg, data_cfg.vocab_size, "cpu")
+    assert lean["activations"] < some["activations"] < estimate["activations"]
+
+
+def test_checkpoint_blocks_needs_activation_checkpointing_and_fits_the_model(tmp_path, cache_dir):
+    from tapa.train.config import TrainConfig
+
+    with pytest.raises(ValueError, match="add --activation-checkpointing"):
+        TrainConfig(checkpoint_blocks=2)
+    with pytest.raises(ValueError, match="checkpoint_blocks must be an int >= 0"):
+        TrainConfig(checkpoint_blocks=-1, activation_checkpointing=True)
+    fails(flags(tmp_path / "run", cache_dir, "--activation-checkpointing", "--checkpoint-blocks", "99"),
+          r"checkpoint_blocks \(99\) is more than the model's \d+ blocks")
+    assert not (tmp_path / "run").exists()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -57,9 +57,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--doc-mask", type=int, default=0, metavar="MEAN_LEN",
                         help="pack each row with documents of random lengths (exponential, this "
                              "mean, a fixed seed) and train with document masking; 0: off")
-    parser.add_argument("--checkpointing", choices=("off", "on", "both"), default="off",
-                        help="activation checkpointing of every block (TapaLM.checkpoint_blocks): "
-                             "off, on, or both (each config timed twice)")
+    parser.add_argument("--checkpointing", type=parse_checkpointing, default=(False,),
+                        help="activation checkpointing (TapaLM.checkpoint_blocks): off, on (every "
+                             "block), both (off and on), or a comma list of off, on and block "
+                             "counts N (the first N blocks, selective), e.g. off,6,on; each config "
+                             "is timed once per setting (default off)")
     parser.add_argument("--peak-tflops", type=float, default=None,
                         help="peak bf16 TFLOP/s for MFU (default: looked up from the GPU name)")
     parser.add_argument("--out", default=None,
@@ -68,6 +70,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "runs/bench/model-cpu-smoke)")
     parser.add_argument("--cpu-smoke", action="store_true",
                         help="a tiny float32 run on CPU that exercises the same code (for tests)")
+
+
+def parse_checkpointing(text: str) -> tuple:
+    """--checkpointing: off | on | both | a comma list of off, on and block counts ->
+    TapaLM.checkpoint_blocks values (False, True, n)."""
+    named = {"off": (False,), "on": (True,), "both": (False, True)}
+    if text in named:
+        return named[text]
+    values = []
+    for item in text.split(","):
+        if item in ("off", "on"):
+            values.append(item == "on")
+        elif item.isdigit() and int(item) > 0:
+            values.append(int(item))
+        else:
+            raise argparse.ArgumentTypeError(f"{item!r} is not off, on or a positive block count")
+    return tuple(values)
 
 
 def matmul_params(model: TapaLM) -> int:
@@ -134,10 +153,10 @@ def document_ids(batch: int, seq_len: int, mean_len: int, device, seed: int = 0)
     return torch.stack(rows).to(device)
 
 
-def new_model(cfg: ModelConfig, device: torch.device, *, checkpointing: bool = False,
+def new_model(cfg: ModelConfig, device: torch.device, *, checkpointing: bool | int = False,
               compile_model: bool = False) -> tuple[TapaLM, torch.optim.Optimizer]:
     """A fresh model (seed 0: the same weights in every process) on `device`, and its AdamW
-    (fused on CUDA)."""
+    (fused on CUDA); checkpointing: TapaLM.checkpoint_blocks (True, False or a block count)."""
     torch.manual_seed(0)
     model = TapaLM(cfg).to(device)
     model.checkpoint_blocks = checkpointing
@@ -336,6 +355,12 @@ def command_line(args: argparse.Namespace) -> str:
              "--steps", str(args.steps), "--pes", *args.pes]
     if args.peak_tflops:
         parts += ["--peak-tflops", str(args.peak_tflops)]
+    if args.checkpointing != (False,):
+        names = {False: "off", True: "on"}
+        parts += ["--checkpointing", ",".join(names.get(v, str(v)) if type(v) is bool else str(v)
+                                              for v in args.checkpointing)]
+    if args.doc_mask:
+        parts += ["--doc-mask", str(args.doc_mask)]
     parts += ["--compile"] * args.compile + ["--cpu-smoke"] * args.cpu_smoke
     return " ".join(shlex.quote(p) if p != "tapa bench model" else p for p in parts + ["--out", args.out])
 
@@ -356,7 +381,11 @@ def run(args: argparse.Namespace) -> int:
     if args.out is None:
         args.out = ("runs/bench/model-cpu-smoke" if args.cpu_smoke
                     else f"runs/bench/model-throughput-{gpu_slug(device_name)}")
-    checkpointing = {"off": (False,), "on": (True,), "both": (False, True)}[args.checkpointing]
+    checkpointing = args.checkpointing
+    blocks = model_kwargs["n_layers"]
+    if any(value is not True and value > blocks for value in checkpointing):
+        raise SystemExit(f"tapa bench model: --checkpointing {','.join(map(str, checkpointing))}: the "
+                         f"model has {blocks} blocks")
     total = len(lengths) * len(args.pes) * len(checkpointing)
 
     def notes_for(rows: list[dict]) -> list[str]:
@@ -379,7 +408,8 @@ def run(args: argparse.Namespace) -> int:
                          checkpointing=checkpointing, doc_mask=args.doc_mask)
     notes = notes_for(rows)
     for row in rows:
-        print(f"{row['pe']:>24} L={row['seq_len']:>6} ckpt={int(bool(row.get('checkpointing')))}  "
+        ckpt = row.get("checkpointing")
+        print(f"{row['pe']:>24} L={row['seq_len']:>6} ckpt={ckpt if type(ckpt) is int else int(bool(ckpt))}  "
               f"{row.get('attention'):>14}  "
               f"{row.get('tokens_per_s')} tok/s  MFU {row.get('mfu')}  "
               f"TAPA/RoPE {row.get('tapa_over_rope')}")

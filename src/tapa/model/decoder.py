@@ -91,11 +91,12 @@ class TapaLM(nn.Module):
     targets the mean next-token loss without ever holding every token's logits.
 
     checkpoint_blocks: recompute each block's activations in the backward pass instead of keeping
-    them (activation checkpointing), for long rows; loss_chunk_tokens: tokens per chunk of the
-    loss's logits.
+    them (activation checkpointing), for long rows: True for every block, an int n for the first n
+    only (selective: the others keep theirs, a middle ground of memory and speed), False for none;
+    loss_chunk_tokens: tokens per chunk of the loss's logits.
     """
 
-    checkpoint_blocks: bool = False
+    checkpoint_blocks: bool | int = False
     loss_chunk_tokens: int = 8192
 
     def __init__(self, cfg: ModelConfig):
@@ -160,9 +161,14 @@ class TapaLM(nn.Module):
 
     def blocks(self, x: torch.Tensor, ctx: AttentionContext, cache=None) -> torch.Tensor:
         """Run every block on embeddings x (B, N, dim); `cache` follows `tapa.model.cache`'s interface."""
-        recompute = self.checkpoint_blocks and cache is None and torch.is_grad_enabled()
-        for block in self.layers:
-            x = checkpoint(block, x, ctx, cache, use_reentrant=False) if recompute else block(x, ctx, cache)
+        recompute = 0
+        if cache is None and torch.is_grad_enabled():
+            recompute = len(self.layers) if self.checkpoint_blocks is True else int(self.checkpoint_blocks)
+        for index, block in enumerate(self.layers):
+            if index < recompute:
+                x = checkpoint(block, x, ctx, cache, use_reentrant=False)
+            else:
+                x = block(x, ctx, cache)
         if cache is not None:
             cache.advance(ctx.seq_len)
         return x

@@ -308,7 +308,7 @@ def run(args: argparse.Namespace) -> int:
         sizes = ", ".join(f"{split} {len(corpus.tokens(split)):,}" for split in ("train", "val", "test"))
         print(f"data cache: {corpus.directory} (vocab {corpus.vocab_size}; tokens: {sizes})")
         return 0
-    from tapa.train.config import default_run_dir
+    from tapa.train.config import check_checkpoint_blocks, default_run_dir
     from tapa.train.rundir import RunLock, check_resume_data
     from tapa.train.trainer import train
 
@@ -318,6 +318,7 @@ def run(args: argparse.Namespace) -> int:
     lock = RunLock(run_dir)
     try:
         # all before the corpus is built and anything is written: each is a one-line error at once
+        check_checkpoint_blocks(train_cfg, model_cfg.n_layers)
         check_memory(train_cfg, model_cfg, data_cfg, skip=args.skip_memory_check, show=main_rank)
         if main_rank:  # under torchrun rank 0 holds the lock; torchrun stops the others if it fails
             lock.acquire()
@@ -386,8 +387,11 @@ def estimate_memory(train_cfg, model_cfg, vocab_size: int, device_type: str, wor
         else:
             extra = _CPU_EXTRA_PER_D["tapa" if tapa_layer else "other"] * d
             per_layer.append(4 * (14 * d + 2 * kv + 4 * ffn + extra))
-    if train_cfg.activation_checkpointing:  # block inputs, and one block recomputed at a time
-        per_token = 4 * d * cfg.n_layers + max(per_layer)
+    if train_cfg.activation_checkpointing:  # recomputed blocks keep their inputs, and one of them
+        # is recomputed at a time, after the backward has freed the blocks past checkpoint_blocks
+        # (which keep all theirs until then)
+        recomputed = train_cfg.checkpoint_blocks or cfg.n_layers
+        per_token = 4 * d * recomputed + max(sum(per_layer[recomputed:]), max(per_layer[:recomputed]))
     else:
         per_token = sum(per_layer)
     per_token += 4 * 4 * d  # embedding output, final norm, a chunk of the loss

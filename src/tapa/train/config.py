@@ -120,6 +120,10 @@ class TrainConfig:
                                                 "backward pass instead of keeping them: long "
                                                 "rows in less memory, for about a third more "
                                                 "compute")
+    checkpoint_blocks: int = documented(0, "with activation_checkpointing: recompute only the "
+                                           "first N blocks and keep the others' activations "
+                                           "(selective: less recompute where the memory allows); "
+                                           "0: every block")
     progress: bool = documented(True, "show a progress bar")
     plot: bool = documented(True, "write a loss-curve PNG into the run directory (needs matplotlib)")
 
@@ -133,7 +137,7 @@ class TrainConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
-        for name in ("warmup_steps", "eval_every", "save_every"):
+        for name in ("warmup_steps", "eval_every", "save_every", "checkpoint_blocks"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"{name} must be an int >= 0, got {value!r}")
@@ -165,6 +169,9 @@ class TrainConfig:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
         if self.parallel not in PARALLEL_MODES:
             raise ValueError(f"parallel must be one of {PARALLEL_MODES}, got {self.parallel!r}")
+        if self.checkpoint_blocks and not self.activation_checkpointing:
+            raise ValueError(f"checkpoint_blocks ({self.checkpoint_blocks}) selects the blocks that "
+                             "activation checkpointing recomputes: add --activation-checkpointing")
         if self.cp > 1 and self.seq_len % (2 * self.cp):
             raise ValueError(f"seq_len ({self.seq_len}) must be a multiple of 2 x cp = {2 * self.cp}: "
                              "context parallelism cuts each row into 2 x cp equal chunks")
@@ -335,3 +342,10 @@ def config_differences(saved: dict, current: dict, ignore=()) -> list[str]:
         if saved.get(key) != current.get(key):
             diffs.append(f"{key}: {saved.get(key)!r} -> {current.get(key)!r}")
     return diffs
+
+
+def check_checkpoint_blocks(train_cfg: TrainConfig, n_layers: int) -> None:
+    """ValueError when --checkpoint-blocks asks for more blocks than the model has."""
+    if train_cfg.checkpoint_blocks > n_layers:
+        raise ValueError(f"checkpoint_blocks ({train_cfg.checkpoint_blocks}) is more than the model's "
+                         f"{n_layers} blocks")

@@ -42,7 +42,7 @@ from tapa.data import Corpus, DataConfig, build_corpus
 from tapa.model import Documents, ModelConfig, TapaLM, is_phase_parameter
 from tapa.train import saving as ckpt
 from tapa.model.loading import is_model_dir
-from tapa.train.config import TrainConfig, check_continual, default_run_dir
+from tapa.train.config import TrainConfig, check_checkpoint_blocks, check_continual, default_run_dir
 from tapa.train.context_parallel import ContextParallel
 from tapa.train.distributed import (DistInfo, barrier, broadcast_object, mean_across_ranks,
                                     setup_distributed, teardown)
@@ -256,6 +256,7 @@ def _setup(train_cfg: TrainConfig, model_cfg: ModelConfig | None, data_cfg: Data
 
     model_cfg, init_checkpoint, init_weights = _continual_start(train_cfg, model_cfg)
     model_cfg = ModelConfig.from_dict(model_cfg.to_dict())  # our own copy
+    check_checkpoint_blocks(train_cfg, model_cfg.n_layers)
     corpus = _load_corpus(data_cfg, info, train_cfg.progress and info.is_main)
     if init_checkpoint is not None and not is_model_dir(init_checkpoint):  # a model dir: its own tokenizer
         check_same_tokenizer(init_checkpoint, corpus)
@@ -282,7 +283,8 @@ def _setup(train_cfg: TrainConfig, model_cfg: ModelConfig | None, data_cfg: Data
 
     torch.manual_seed(train_cfg.seed)  # same initial weights on every rank and device
     model = TapaLM(model_cfg)
-    model.checkpoint_blocks = train_cfg.activation_checkpointing
+    model.checkpoint_blocks = ((train_cfg.checkpoint_blocks or True) if train_cfg.activation_checkpointing
+                               else False)
     if init_weights is not None:
         model.load_state_dict(init_weights)
     n_params = model.num_parameters()
