@@ -175,6 +175,12 @@ def test_report_says_which_data_and_reads_older_results():
     assert "Data: `prose.txt` (all of it, 5,000 tokens" in results_markdown(results(prose))
     assert "Data: several texts" in results_markdown(merge_results([results(prose), results(own)]))
     assert "Data: `prose.txt`" in results_markdown(merge_results([results(prose), results(dict(prose))]))
+    # the same ids through another cache or tokenizer file (a converted model's): the same data
+    hashed = dict(prose, token_sha256="ab" * 32, tokenizer={"from_run_cache": "/cache/a", "sha256": "1"})
+    moved = dict(hashed, tokenizer={"from_model_dir": "/models/b", "sha256": "2"})
+    assert "Data: `prose.txt`" in results_markdown(merge_results([results(hashed), results(moved)]))
+    other = dict(moved, token_sha256="cd" * 32)
+    assert "Data: several texts" in results_markdown(merge_results([results(hashed), results(other)]))
     # a grid written before the 'correct' counts: intervals from the accuracy and trials
     grid = {"lengths": [64], "depths": [0.0, 1.0], "trials": 4, "filler": "corpus", "accuracy": [[1.0, 0.5]]}
     markdown = results_markdown(results(None, tasks={"single-key": grid}))

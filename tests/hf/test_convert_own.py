@@ -190,12 +190,15 @@ def test_converted_run_trains_on_evaluates_and_exports(rope_run, tmp_path, capsy
     saved = json.loads((continued / "config.json").read_text())
     model, init_from = saved["model"], saved["init_from"]
     assert (model["pe"], model["layer_pattern"], init_from) == ("tapa", "LLLG", str(hybrid))
+    digests = set()
     for directory, zero_shot in ((hybrid, True), (continued, False)):
         assert tapa_main(["eval", str(directory), "--data", str(text), *EVAL_FLAGS]) == 0
         results = json.loads((directory / f"eval-{text.name}" / "results.json").read_text())
         assert results["methods"][0]["perplexity"][0]["length"] == 32
         # a conversion trains nothing: its stage is zero-shot; the continued run's is continual
         assert results["methods"][0]["zero_shot"] is zero_shot
+        digests.add(results["data"]["token_sha256"])
+    assert len(digests) == 1  # the same ids scored: tapa report calls it one text
     assert tapa_main(["export", str(continued), str(exported)]) == 0
     assert "TAPA hybrid (LLLG, w16)" in capsys.readouterr().out
 

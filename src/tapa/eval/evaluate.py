@@ -17,6 +17,7 @@ The result is a plain dict (written to results.json by `tapa.eval.report`):
 from __future__ import annotations
 
 import datetime
+import hashlib
 import os
 import platform
 import sys
@@ -347,6 +348,12 @@ def check_enough_tokens(n_tokens: int, lengths, data: dict) -> None:
                          "or more text")
 
 
+def token_digest(tokens) -> str:
+    """sha256 of the token ids evaluated (as int64): runs whose caches or tokenizer files differ
+    (a converted model's own tokenizer.json, say) but that scored the same ids share it."""
+    return hashlib.sha256(np.ascontiguousarray(tokens, dtype=np.int64).tobytes()).hexdigest()
+
+
 def check_finite_weights(model: torch.nn.Module, what: str) -> None:
     """ValueError naming the first parameters that hold nan or inf (a diverged checkpoint)."""
     bad = [name for name, tensor in model.state_dict().items()
@@ -379,6 +386,7 @@ def evaluate_run(run_dir: str | Path, options: EvalOptions, *, device: str | tor
         check_finite_weights(model, f"the checkpoint of step {step} of {str(run_dir)!r}")
     train_len = int(run_config["train"]["seq_len"])
     tokens, corpus, data = eval_tokens(run_config, options)
+    data["token_sha256"] = token_digest(tokens)
     lengths = options.lengths or lengths_from_multiples(train_len, options.multiples)
     check_enough_tokens(int(tokens.size), lengths, data)
     results = results_header(options, device, data)

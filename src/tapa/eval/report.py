@@ -243,6 +243,14 @@ def load_results(path: str | Path) -> dict:
     raise ValueError(f"no evaluation results under {str(path)!r}: run 'tapa eval {path}' first")
 
 
+def _comparable(key: str, value):
+    """What must agree between merged runs: the data by the token ids scored (their digest, where
+    recorded), not by where each run's cache or tokenizer file lies."""
+    if key == "data" and isinstance(value, dict) and value.get("token_sha256"):
+        return (value.get("source"), value.get("split"), value["token_sha256"])
+    return value
+
+
 def merge_results(all_results: list[dict], *, command: str = "") -> dict:
     """One results dict with every method of every run; labels get the run name when they clash."""
     if not all_results:
@@ -253,7 +261,8 @@ def merge_results(all_results: list[dict], *, command: str = "") -> dict:
         if labels.count(method["label"]) > 1 and method.get("run"):
             method["label"] = f"{method['run']}: {method['label']}"
     first = all_results[0]
-    same = {key: first.get(key) if all(r.get(key) == first.get(key) for r in all_results) else "mixed"
+    same = {key: first.get(key) if all(_comparable(key, r.get(key)) == _comparable(key, first.get(key))
+                                       for r in all_results) else "mixed"
             for key in ("split", "stride", "max_tokens", "hardware", "data")}
     return {"kind": "tapa-eval", "date": max(r["date"] for r in all_results), "command": command,
             "source_commands": [r["command"] for r in all_results], **same,
