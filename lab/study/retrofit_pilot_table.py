@@ -1,0 +1,59 @@
+"""The retrofit CPU pilot's summary (lab/study/retrofit_cpu_pilot.sh): from one `tapa report`
+results.json per seed, the mean perplexity of each arm at each length over the seeds, each seed's
+value beside it, and the longest length over the shortest.
+
+    python3 -m lab.study.retrofit_pilot_table SEED0/results.json SEED1/results.json > summary.md
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+# run directory -> the arm's name in the summary, in the order of the table
+ARMS = {
+    "rope": "RoPE (pretrained, zero-shot)",
+    "rope+rope-yarn": "RoPE + eval-time YaRN (zero-shot)",
+    "convert-tapa": "converted to the TAPA hybrid, not trained",
+    "convert-nope": "converted to the NoPE hybrid, not trained",
+    "rope-yarn": "RoPE + YaRN, continued",
+    "retrofit-tapa": "retrofit: converted to the TAPA hybrid, continued",
+    "retrofit-nope": "retrofit: converted to the NoPE hybrid, continued",
+    "hybrid-tapa-c": "TAPA hybrid from scratch, continued",
+    "hybrid-nope-c": "NoPE hybrid from scratch, continued",
+}
+
+
+def arm_perplexities(results: dict) -> dict[str, dict[int, float]]:
+    """{arm: {length: perplexity}} of one report; a run's eval-time scaling row is RUN+RULE."""
+    table = {}
+    for method in results["methods"]:
+        arm = method["run"]
+        if method.get("pe") != method.get("trained_pe"):  # eval-time scaling of the RoPE weights
+            arm += f"+{method['pe']}"
+        table[arm] = {row["length"]: row["perplexity"] for row in method["perplexity"]}
+    return table
+
+
+def summary(paths: list[str]) -> str:
+    seeds = [arm_perplexities(json.loads(Path(path).read_text())) for path in paths]
+    lengths = sorted(next(iter(seeds[0].values())))
+    lines = ["| arm | " + " | ".join(str(n) for n in lengths) + " | longest / shortest |",
+             "|---|" + "---|" * (len(lengths) + 1)]
+    for run, name in ARMS.items():
+        if not all(run in seed for seed in seeds):
+            continue
+        cells = []
+        for length in lengths:
+            values = [seed[run][length] for seed in seeds]
+            cells.append(f"{sum(values) / len(values):.2f} ({' / '.join(f'{v:.2f}' for v in values)})")
+        ratios = [seed[run][lengths[-1]] / seed[run][lengths[0]] for seed in seeds]
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {sum(ratios) / len(ratios):.2f} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2:
+        raise SystemExit(__doc__)
+    print(summary(sys.argv[1:]))
