@@ -32,3 +32,15 @@ def test_means_seeds_and_ratio(tmp_path):
     assert lines[3].startswith("| RoPE + eval-time YaRN (zero-shot) | 41.00 ")
     assert lines[4].endswith("| 50.50 (49.00 / 52.00) | 0.99 |")
     assert len(lines) == 5  # the hybrid from scratch is in one seed only
+
+
+def test_the_pilot_readme_shows_the_summary_it_ships():
+    """results/retrofit/cpu-pilot/README.md's table is summary.md's, and summary.md is what the
+    seeds' reports give."""
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parents[3] / "results" / "retrofit" / "cpu-pilot"
+    seeds = sorted(str(path) for path in folder.glob("seed*/results.json"))
+    table = summary(seeds)
+    assert (folder / "summary.md").read_text().strip() == table
+    assert table in (folder / "README.md").read_text()
