@@ -186,3 +186,18 @@ def test_report_says_which_data_and_reads_older_results():
     markdown = results_markdown(results(None, tasks={"single-key": grid}))
     assert "Data: the test split." in markdown  # results.json of before --data
     assert "| 0% | 100% (51-100) |" in markdown and "| all depths | 75% (41-93) |" in markdown
+
+
+def test_the_token_digest_names_the_ids_not_their_storage():
+    import hashlib
+
+    import numpy as np
+
+    from tapa.eval.evaluate import token_digest
+
+    ids = np.arange(3000, dtype=np.uint16) % 777
+    want = hashlib.sha256(ids.astype(np.int64).tobytes()).hexdigest()
+    assert token_digest(ids) == token_digest(ids.astype(np.int32), chunk=7) == want
+    changed = ids.copy()
+    changed[1234] += 1
+    assert token_digest(changed) != want

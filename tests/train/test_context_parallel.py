@@ -270,8 +270,12 @@ def single(tmp_path_factory, cache_dir):
     from tapa.train.trainer import train
 
     run_dir = tmp_path_factory.mktemp("runs") / "single"
+    previous = torch.get_num_threads()
     torch.set_num_threads(1)
-    train(*_configs(run_dir, cache_dir))
+    try:
+        train(*_configs(run_dir, cache_dir))
+    finally:  # later modules' tests see the machine's thread count again
+        torch.set_num_threads(previous)
     return run_dir
 
 

@@ -46,7 +46,8 @@ import torch
 import torch.distributed as dist
 
 from tapa.bench.model import (BENCH_MODEL, SMOKE_MODEL, attention_path, document_ids, gpu_slug,
-                              new_model, parse_variant, time_steps, training_step)
+                              new_model, parse_checkpointing, parse_variant, time_steps,
+                              training_step)
 from tapa.model import Documents, ModelConfig
 from tapa.train.context_parallel import ContextParallel
 from tapa.train.distributed import DistInfo, launched_by_torchrun, setup_distributed, teardown
@@ -66,8 +67,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cp", type=int, nargs="+", default=None,
                         help="CP sizes, each dividing the number of processes; CP 1 is the "
                              "reference (default: the number of processes and 1)")
-    parser.add_argument("--checkpointing", choices=("off", "on", "both"), default="on",
-                        help="activation checkpointing of every block (default on)")
+    parser.add_argument("--checkpointing", type=parse_checkpointing, default=(True,),
+                        help="activation checkpointing, as bench model's: off, on, both, or a "
+                             "comma list of off, on and block counts (default on)")
     parser.add_argument("--doc-mask", type=int, default=0, metavar="MEAN_LEN",
                         help="pack each row with documents of random lengths (exponential, this "
                              "mean, seeded per data group) and train with document masking; 0: off")
@@ -91,10 +93,10 @@ def check_plan(args: argparse.Namespace, sizes: list[int], world: int) -> None:
         if args.cpu_smoke:
             raise SystemExit("tapa bench cp: --find-longest needs CUDA: it doubles the row until a "
                              "GPU runs out of memory, which a CPU run never shows")
-        if len(args.lengths) != 1 or len(args.pes) != 1 or len(sizes) != 1 or args.checkpointing == "both":
+        if len(args.lengths) != 1 or len(args.pes) != 1 or len(sizes) != 1 or len(args.checkpointing) != 1:
             raise SystemExit("tapa bench cp: --find-longest searches one config a run (its first "
                              "out of memory ends a multi-process run): give one --lengths (the "
-                             "start), one --pes, one --cp and --checkpointing on or off")
+                             "start), one --pes, one --cp and one --checkpointing setting")
     if min(sizes) < 1 or min(args.lengths) < 1:
         raise SystemExit("tapa bench cp: --cp sizes and --lengths are positive")
     if args.doc_mask < 0:
@@ -117,7 +119,7 @@ def check_plan(args: argparse.Namespace, sizes: list[int], world: int) -> None:
 
 
 def measure(cfg: ModelConfig, *, seq_len: int, parallel: ContextParallel | None, info: DistInfo,
-            checkpointing: bool, warmup: int, steps: int, doc_mask: int = 0) -> dict:
+            checkpointing: bool | int, warmup: int, steps: int, doc_mask: int = 0) -> dict:
     """Time training steps of a fresh model on rows of seq_len tokens, sharded by `parallel`
     (None: CP 1, each rank its own row), packed with documents of mean length doc_mask (0: one
     sequence); the row with the slowest step and largest peak memory over the ranks (the same on
@@ -198,8 +200,9 @@ def longest(rows: list[dict]) -> str:
     trained = [r["seq_len"] for r in rows if r.get("tokens_per_s")]
     failed = [r["seq_len"] for r in rows if r["attention"] == "OOM"]
     first = rows[0]
-    config = (f"{first['pe']}, CP {first['cp']}, checkpointing {'on' if first['checkpointing'] else 'off'}, "
-              f"{first['processes']} process(es)")
+    ckpt = first["checkpointing"]
+    ckpt = {True: "on", False: "off"}[ckpt] if type(ckpt) is bool else f"{ckpt} blocks"
+    config = f"{first['pe']}, CP {first['cp']}, checkpointing {ckpt}, {first['processes']} process(es)"
     if not trained:
         return f"longest row that trained ({config}): none; {failed[0]:,} ran out of memory"
     return (f"longest row that trained ({config}): {max(trained):,} tokens"
@@ -237,7 +240,7 @@ def _run(args: argparse.Namespace, sizes: list[int], info: DistInfo) -> int:
     header = (f"tapa bench cp: {info.world_size} x {name}; torch {torch.__version__}; "
               f"warmup {args.warmup}, {args.steps} timed steps; one row per data group a step")
     meshes = {size: ContextParallel(size, device.type) for size in sizes if size > 1}
-    checkpointing = {"off": (False,), "on": (True,), "both": (False, True)}[args.checkpointing]
+    checkpointing = args.checkpointing
     if args.find_longest:
         lengths = (args.lengths[0] << doubling for doubling in itertools.count())
     else:

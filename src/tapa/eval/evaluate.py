@@ -348,10 +348,15 @@ def check_enough_tokens(n_tokens: int, lengths, data: dict) -> None:
                          "or more text")
 
 
-def token_digest(tokens) -> str:
-    """sha256 of the token ids evaluated (as int64): runs whose caches or tokenizer files differ
-    (a converted model's own tokenizer.json, say) but that scored the same ids share it."""
-    return hashlib.sha256(np.ascontiguousarray(tokens, dtype=np.int64).tobytes()).hexdigest()
+def token_digest(tokens, chunk: int = 1 << 20) -> str:
+    """sha256 of the token ids evaluated (as int64, whatever dtype the cache stores): runs whose
+    caches or tokenizer files differ (a converted model's own tokenizer.json, say) but that scored
+    the same ids share it. A chunk at a time, so a large split's memmap is never copied whole."""
+    digest = hashlib.sha256()
+    tokens = np.asarray(tokens).reshape(-1)
+    for start in range(0, tokens.size, chunk):
+        digest.update(tokens[start:start + chunk].astype(np.int64).tobytes())
+    return digest.hexdigest()
 
 
 def check_finite_weights(model: torch.nn.Module, what: str) -> None:

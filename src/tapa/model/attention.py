@@ -15,9 +15,10 @@ ones). With a padding mask (transformers' padded batches), positions restart at 
 sequence's first real token and skip masked tokens; padded keys are hidden (TAPA layers run each
 row's real tokens as one sequence of the varlen op), and a query always sees its own slot so
 padded rows stay finite (their outputs are never used). With packed documents (`Documents`: each
-row a run of whole documents, as training packs them), no token sees another document: TAPA
-layers take the varlen op (their distances are already each document's own), the other layers
-the sliding-window op with the documents in its mask (FlexAttention on CUDA, the chunked path
+row a run of whole documents, as training packs them), no token sees another document: every
+layer attends through `Attention.attend_span`, as a context-parallel chunk does. TAPA layers take
+the varlen op (their distances are already each document's own), the other layers the
+sliding-window op with the documents in its mask (FlexAttention on CUDA, the chunked path
 elsewhere), and RoPE positions restart at 0 at each document's first token.
 
 Context parallelism (training only): each rank holds a share of every row, at global positions
@@ -84,14 +85,15 @@ class Documents:
 
     ids: (B, N) int64, each token's document index within its row (non-decreasing);
     positions: (B, N) int64, each token's position inside its document;
+    span: the rows as one `SpanDocuments` (every layer attends through it, made once a pass);
     cu_seqlens: int32 (D + 1,), the documents of all rows as FlashAttention's varlen offsets over
-    the flattened B * N tokens; max_seqlen: the longest document.
+    the flattened B * N tokens; max_seqlen: the longest document (both the span's);
+    row_lengths: each row's longest document, the length RoPE frequencies that follow it see.
     """
 
     ids: torch.Tensor
     positions: torch.Tensor
-    cu_seqlens: torch.Tensor
-    max_seqlen: int
+    span: "SpanDocuments" = field(repr=False, compare=False)
 
     @classmethod
     def from_ids(cls, ids: torch.Tensor) -> "Documents":
@@ -99,13 +101,21 @@ class Documents:
         changes along a row (and at every row's start)."""
         if ids.dim() != 2:
             raise ValueError(f"document_ids must be (batch, seqlen), got shape {tuple(ids.shape)}")
-        batch, length = ids.shape
-        positions = torch.arange(length, device=ids.device) - document_starts(ids)
-        starts = positions == 0
-        index = starts.long().cumsum(-1) - 1  # document index within the row
-        flat_starts = torch.nonzero(starts.flatten()).flatten()
-        cu = torch.cat([flat_starts, flat_starts.new_tensor([batch * length])]).to(torch.int32)
-        return cls(index, positions, cu, int(cu.diff().max()) if batch * length else 0)
+        positions = torch.arange(ids.shape[1], device=ids.device) - document_starts(ids)
+        index = (positions == 0).long().cumsum(-1) - 1  # document index within the row
+        return cls(index, positions, SpanDocuments(index))
+
+    @property
+    def cu_seqlens(self) -> torch.Tensor:
+        return self.span.varlen(self.ids.shape[1])[1]
+
+    @property
+    def max_seqlen(self) -> int:
+        return self.span.varlen(self.ids.shape[1])[3] if self.ids.numel() else 0
+
+    @property
+    def row_lengths(self) -> list[int]:
+        return (self.positions.amax(1) + 1).tolist()
 
     @classmethod
     def from_tokens(cls, input_ids: torch.Tensor, eot_id: int) -> "Documents":
@@ -131,7 +141,7 @@ class SpanDocuments:
         run from that document's first key to its last query, so the varlen op's bottom-right
         causal alignment gives every query its own position; kept (B, Nk) bool marks the keys any
         query needs (a row's keys from its first query's document on), in the flat order the
-        offsets count."""
+        offsets count, or is None when every key is needed (queries and keys the same tokens)."""
         if n_queries not in self.tables:
             labels = self.labels
             batch, n_keys = labels.shape
@@ -148,7 +158,8 @@ class SpanDocuments:
             key_lengths = shift + lasts - starts[rows, shift + firsts]
             cu_k = F.pad(key_lengths.cumsum(0), (1, 0))
             longest = torch.stack([cu_q.diff().max(), key_lengths.max()]).tolist()
-            self.tables[n_queries] = (kept, cu_q.to(torch.int32), cu_k.to(torch.int32), *longest)
+            self.tables[n_queries] = (None if shift == 0 else kept, cu_q.to(torch.int32),
+                                      cu_k.to(torch.int32), *longest)
         return self.tables[n_queries]
 
 
@@ -162,7 +173,8 @@ class AttentionContext:
     left_pad: (B,) int32 leading padded slots, when key_mask is pure left padding.
     uniform: every row's positions are the same: its slots, or a context-parallel shard's.
     row_lengths: where positions are not uniform, each row's length as RoPE frequencies that follow
-    the length see it, if not the row's largest position + 1 (a context-parallel shard's rows).
+    the length see it (packed documents: their `Documents.row_lengths`, also for a context-parallel
+    shard's part of the rows); None: each row's largest position + 1.
     documents: packed documents that must not see each other (`Documents`), or None.
     parallel: this rank's share of the rows under context parallelism, or None. Set by a trainer
     (`tapa.train.context_parallel.ContextShard`); the model only calls it:
@@ -212,9 +224,8 @@ class AttentionContext:
                 if tuple(positions.shape) != (batch, seq_len):
                     raise ValueError(f"the context-parallel shard's documents are of "
                                      f"{positions.shape[0]} rows, but input_ids has {batch}")
-                lengths = (parallel.documents.positions.amax(1) + 1).tolist()
                 return cls(0, seq_len, positions, uniform=False, parallel=parallel,
-                           row_lengths=lengths)
+                           row_lengths=parallel.documents.row_lengths)
             positions = parallel.positions.to(device).expand(batch, seq_len)
             return cls(0, seq_len, positions, parallel=parallel)
         if documents is not None:
@@ -225,7 +236,7 @@ class AttentionContext:
                 raise ValueError(f"document_ids must be (batch, seqlen) = {(batch, seq_len)}, got "
                                  f"{tuple(documents.ids.shape)}")
             return cls(0, seq_len, documents.positions.to(device), uniform=False,
-                       documents=documents)
+                       documents=documents, row_lengths=documents.row_lengths)
         total = start + seq_len
         if attention_mask is not None:
             if attention_mask.dim() == 4:
@@ -473,7 +484,10 @@ class Attention(nn.Module):
             k, v, key_slots = cache.update(self.layer, k, v, ctx.start)
         elif ctx.start:
             raise ValueError(f"start position {ctx.start} needs a KV cache")
-        out = self.attend(q, k, v, key_slots, ctx)
+        if ctx.documents is not None:  # whole packed rows: each document alone, as under CP
+            out = self.attend_span(q, k, v, 0, 0, documents=ctx.documents.span)
+        else:
+            out = self.attend(q, k, v, key_slots, ctx)
         return self.wo(out.reshape(*x.shape[:2], -1))
 
     def attend_span(self, q, k, v, q_offset: int, k_offset: int,
@@ -499,8 +513,14 @@ class Attention(nn.Module):
                                       **op_args)
             # each document's queries against its keys, bottom-right aligned: their distances
             kept, cu_q, cu_k, longest_q, longest_k = documents.varlen(n_queries)
-            out = tapa_attention_varlen(q.flatten(0, 1), k[kept], v[kept], cu_q, cu_k, longest_q,
-                                        longest_k, causal=True, check_seqlens=False, **op_args)
+            if kept is None:
+                k, v = k.flatten(0, 1), v.flatten(0, 1)
+            else:
+                kept = kept.to(k.device)
+                k, v = k[kept], v[kept]
+            out = tapa_attention_varlen(q.flatten(0, 1), k, v, cu_q.to(q.device), cu_k.to(q.device),
+                                        longest_q, longest_k, causal=True, check_seqlens=False,
+                                        **op_args)
             return out.view(*q.shape[:3], -1)
         if documents is not None:  # causal inside each document: a window as long as the span
             return local_attention(q, k, v, n_keys, q_offset=q_offset, k_offset=k_offset,
@@ -515,15 +535,6 @@ class Attention(nn.Module):
         """Global TAPA layers; their keys are always the slots 0 .. start + N - 1."""
         cfg = self.cfg
         op_args = dict(theta=cfg.theta, alpha=cfg.alpha, distance=cfg.distance, phase=cfg.phase)
-        if ctx.documents is not None:
-            docs, (batch, length, heads, _) = ctx.documents, q.shape
-            cu, longest = docs.cu_seqlens.to(q.device), docs.max_seqlen
-            out = tapa_attention_varlen(q.reshape(batch * length, heads, -1),
-                                        k.reshape(batch * length, k.shape[2], -1),
-                                        v.reshape(batch * length, v.shape[2], -1), cu, cu, longest,
-                                        longest, causal=True, impl=cfg.attn_impl, check_seqlens=False,
-                                        **op_args)
-            return out.view(batch, length, heads, -1)
         padding_ok = ctx.key_mask is None or ctx.left_pad is not None
         if padding_ok and decode_kernel_applies(q, k, v, cfg.attn_impl):  # few new tokens, no grad
             lengths = torch.full((q.shape[0],), k.shape[1], dtype=torch.int32, device=q.device)
@@ -539,9 +550,6 @@ class Attention(nn.Module):
 
     def _global_softmax(self, q, k, v, key_slots, ctx: AttentionContext):
         """Keys are the slots 0 .. start + N - 1."""
-        if ctx.documents is not None:  # whole packed rows: causal inside each document (a
-            # window of the whole row), never an (N, N) mask
-            return local_attention(q, k, v, k.shape[1], document_ids=ctx.documents.ids)
         if ctx.start == 0:  # prefill, training: torch's choice of backend
             if ctx.key_mask is None:
                 return _softmax(q, k, v, is_causal=True)
@@ -552,8 +560,6 @@ class Attention(nn.Module):
             return _softmax(q, k, v, mask=ctx.visible(torch.arange(k.shape[1], device=q.device)))
 
     def _local(self, q, k, v, key_slots, ctx: AttentionContext):
-        if ctx.documents is not None:  # whole packed rows, no cache: the window inside each document
-            return local_attention(q, k, v, self.window, document_ids=ctx.documents.ids)
         if ctx.key_mask is None and isinstance(key_slots, int):
             return local_attention(q, k, v, self.window, q_offset=ctx.start, k_offset=key_slots)
         if isinstance(key_slots, int):
