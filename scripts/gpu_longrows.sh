@@ -27,7 +27,7 @@ STEPS=" ${*:-varlen_tests varlen rows rows256k docmask decode} "
 source scripts/gpu_steps.sh "$NAME"
 
 want() { [[ $STEPS == *" $1 "* ]]; }
-want varlen_tests && step varlen_tests 60 python3 -m pytest -p no:cacheprovider -q -rfE --tb=short tests/ops/test_varlen.py
+want varlen_tests && step varlen_tests 240 python3 -m pytest -p no:cacheprovider -q -rfE --tb=short tests/ops/test_varlen.py
 want varlen && step varlen 130 python3 -m tapa.cli bench varlen --head-dims 128 \
     --doc-lens 1024 16384 --corpus-bytes 2000000 --cache-dir "$WORK/cache" --out "$WORK/varlen"
 want rows && for length in 65536 131072; do
