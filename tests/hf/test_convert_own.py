@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 import sysconfig
 from pathlib import Path
@@ -25,6 +26,7 @@ import torch
 pytest.importorskip("transformers")
 
 from tapa.cli import main as tapa_main  # noqa: E402
+from tapa.hf.export import run_tokenizer  # noqa: E402
 from tapa.hf.writer import write_pretrained  # noqa: E402
 from tapa.model import ModelConfig, TapaLM  # noqa: E402
 from tapa.model.attention import AttentionContext  # noqa: E402
@@ -185,8 +187,14 @@ def test_converted_run_trains_on_evaluates_and_exports(rope_run, tmp_path, capsy
     run, text = rope_run
     hybrid, continued, exported = tmp_path / "hybrid", tmp_path / "continued", tmp_path / "exported"
     convert(run, hybrid, "--pe", "tapa")
+    cache = Path(os.environ["TAPA_CACHE"]) / "data"
+    entries = sorted(path.name for path in cache.iterdir() if not path.name.startswith("."))
+    # the run's own tokenizer.json, byte for byte, so that the token cache knows it by its sha256
+    assert (hybrid / "tokenizer.json").read_bytes() == run_tokenizer(load_model(run)[2]).read_bytes()
     assert tapa_main(["train", "--init-from", str(hybrid), "--data", str(text), "--run-dir", str(continued),
                       "--steps", "2", *TRAIN_FLAGS]) == 0
+    # the continued run reads the source run's cached tokens: nothing was tokenized again
+    assert sorted(path.name for path in cache.iterdir() if not path.name.startswith(".")) == entries
     saved = json.loads((continued / "config.json").read_text())
     model, init_from = saved["model"], saved["init_from"]
     assert (model["pe"], model["layer_pattern"], init_from) == ("tapa", "LLLG", str(hybrid))

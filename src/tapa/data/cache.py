@@ -9,11 +9,14 @@ Layout of one cache entry, <cache_dir>/<source slug>-<key>/:
 The key hashes everything the tokens depend on: the source's fingerprint (its file list with sizes
 and mtimes, or the dataset fingerprint), the split fractions, max_train_bytes and the tokenizer
 (its config when trained here, the sha256 of its tokenizer.json when given). Any change there is
-a new key, hence a rebuild; the same config finds its directory and reuses it. An entry is built in
-a temporary directory and renamed into place, so a reader never sees half a cache, and two
-processes building the same entry at once both end up with one complete copy. A build that was
-killed leaves its temporary directory behind; the next build removes it. An entry without its
-manifest (deleted by hand) is rebuilt.
+a new key, hence a rebuild; the same config finds its directory and reuses it. A given tokenizer
+whose tokenizer.json (the same sha256) and end-of-text token are those of an existing entry with the
+same source and settings, such as a copy of the BPE a run trained here, reuses that entry (it holds
+the tokens a build would write) instead of tokenizing again. An entry is built in a temporary
+directory and renamed into place, so a reader never sees half a cache, and two processes building
+the same entry at once both end up with one complete copy. A build that was killed leaves its
+temporary directory behind; the next build removes it. An entry without its manifest (deleted by
+hand) is rebuilt.
 
 The first time a process reads a split, its file is checked against the manifest's sha256 and its
 largest id against the vocabulary (about a second per 100M tokens), and the tokenizer's files
@@ -182,18 +185,65 @@ def corpus_directory(cfg: DataConfig, source: Source | None = None) -> Path:
     return Path(cfg.cache_dir).expanduser() / f"{source.slug}-{key[:16]}"
 
 
+def _same_tokens_entry(cfg: DataConfig, source: Source) -> Path | None:
+    """An existing entry of `source` in the cache directory that holds the tokens a build of `cfg`
+    would write, though its key differs: cfg.tokenizer is given and the entry's key equals this
+    config's in all but the tokenizer, its tokenizer.json has the same sha256 as the given one and
+    its end-of-text token is the one the given directory gives (a copy of the BPE a run trained
+    here, say). None when cfg trains its own BPE or no entry qualifies; entries
+    being built or removed, and those without a readable manifest, are skipped."""
+    if cfg.tokenizer is None:
+        return None
+    cache_dir = Path(cfg.cache_dir).expanduser()
+    if not cache_dir.is_dir():
+        return None
+    key = json.loads(json.dumps(cache_key(cfg, source)))  # as a manifest stores it (tuples -> lists)
+    wanted = {name: value for name, value in key.items() if name != "tokenizer"}
+    eot_token = None  # of the given tokenizer, read at the first entry that needs it
+    for directory in sorted(cache_dir.glob(f"{source.slug}-*")):
+        if directory.name.startswith(".") or len(directory.name) != len(source.slug) + 17:
+            continue
+        try:
+            manifest = json.loads((directory / MANIFEST).read_text(encoding="utf-8"))
+            entry_key, tokenizer = dict(manifest["key"]), dict(manifest["tokenizer"])
+        except (OSError, ValueError, KeyError, TypeError):  # no manifest (being rebuilt), unreadable
+            continue
+        if ({name: value for name, value in entry_key.items() if name != "tokenizer"} != wanted
+                or tokenizer.get("sha256") != key["tokenizer"]["sha256"]):
+            continue
+        if eot_token is None:
+            given = tokenizer_file(cfg.tokenizer).parent
+            eot_token = end_of_text_token(load_tokenizer(given), given)
+        if tokenizer.get("eot_token") == eot_token:
+            return directory
+    return None
+
+
 def find_corpus(cfg: DataConfig) -> Corpus | None:
-    """The cached corpus for `cfg` if it was built, without building it."""
-    directory = corpus_directory(cfg)
-    return Corpus(directory) if (directory / MANIFEST).is_file() else None
-
-
-def build_corpus(cfg: DataConfig, progress: bool = True) -> Corpus:
-    """Tokenize `cfg.source` into the cache (or reuse the cached copy) and return the Corpus."""
+    """The cached corpus for `cfg` if it was built (or an entry with the same tokens, see
+    `_same_tokens_entry`), without building it."""
     source = open_source(cfg)
     directory = corpus_directory(cfg, source)
     if (directory / MANIFEST).is_file():
         return Corpus(directory)
+    reusable = _same_tokens_entry(cfg, source)
+    return Corpus(reusable) if reusable is not None else None
+
+
+def build_corpus(cfg: DataConfig, progress: bool = True) -> Corpus:
+    """Tokenize `cfg.source` into the cache (or reuse the cached copy, or an entry with the same
+    tokens: `_same_tokens_entry`) and return the Corpus."""
+    source = open_source(cfg)
+    directory = corpus_directory(cfg, source)
+    if (directory / MANIFEST).is_file():
+        return Corpus(directory)
+    reusable = _same_tokens_entry(cfg, source)
+    if reusable is not None:
+        if progress:
+            print(f"reusing the token cache {reusable}: same source and settings, and its tokenizer.json "
+                  f"has the sha256 of {tokenizer_file(cfg.tokenizer)} and the same end-of-text token, "
+                  "so it holds the tokens a build would write", file=sys.stderr)
+        return Corpus(reusable)
     directory.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_staging(directory.parent)
     if directory.exists():  # renames only ever create complete entries: this one was damaged

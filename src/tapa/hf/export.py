@@ -18,6 +18,7 @@ It reads checkpoints through `tapa.model.loading` (`load_model`) and tokenizers 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import torch
@@ -72,12 +73,19 @@ def given_tokenizer(tokenizer: str | Path) -> Path:
 
 
 def save_tokenizer(tokenizer_json: Path, out_dir: Path, eot_token: str | None):
-    """Wrap a `tokenizers` tokenizer.json as a transformers fast tokenizer in out_dir."""
+    """Wrap a `tokenizers` tokenizer.json as a transformers fast tokenizer in out_dir.
+
+    transformers writes its own tokenizer_config.json (eos and pad) and re-serializes
+    tokenizer.json with a post-processor that adds no token; the source file is then copied back
+    byte for byte. The ids are the same either way, but the token cache knows a tokenizer by its
+    sha256: a model directory with the run's own file trains and evaluates on the run's cached
+    tokens instead of tokenizing the corpus again."""
     from transformers import PreTrainedTokenizerFast
 
     special = dict(eos_token=eot_token, pad_token=eot_token) if eot_token else {}
     tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(tokenizer_json), **special)
     tokenizer.save_pretrained(str(out_dir))
+    shutil.copyfile(tokenizer_json, Path(out_dir) / "tokenizer.json")
     return tokenizer
 
 
