@@ -133,12 +133,17 @@ ARMS = {arm.name: arm for arm in (
     # layers keep its RoPE weights, the globals become TAPA or NoPE), then the continual stage;
     # against the hybrids trained from scratch (hybrid-tapa, hybrid-nope) and RoPE + YaRN. The
     # phase rows start at 0.1x, as the models' own init and the toy recipe have it.
-    *[Arm(f"retrofit-{kind}", f"RoPE retrofitted to the {'TAPA' if kind == 'tapa' else 'NoPE'} "
-          "hybrid (LLLG, w256)", "rope", ("--pe", "rope"), zero_shot=False,
+    # The first run (2026-12-05, seed 0) left both retrofits flat but 11-26% above RoPE + YaRN to 32x,
+    # and no better at 2048 than at 512: at x0.1 the converted global layers did not learn to use the
+    # longer context. The -clr03 and -clr1 arms run the same stage at x0.3 and x1 the pretraining lr.
+    *[Arm(f"retrofit-{kind}{tag}", f"RoPE retrofitted to the {'TAPA' if kind == 'tapa' else 'NoPE'} "
+          f"hybrid (LLLG, w256){what}", "rope", ("--pe", "rope"), zero_shot=False,
           convert=(*HYBRID, "--pe", kind, "--phase-init-scale", "0.1"),
           continual=(*HYBRID, "--pe", kind, "--phase-init-scale", "0.1",
-                     *(PHASE_LR if kind == "tapa" else ())))
-      for kind in ("tapa", "nope")],
+                     *(PHASE_LR if kind == "tapa" else ())), continual_lr_scale=scale)
+      for kind in ("tapa", "nope")
+      for tag, what, scale in (("", "", None), ("-clr03", ", continual lr x0.3", 0.3),
+                               ("-clr1", ", continual lr x1", 1.0))],
 )}
 FAMILIES = ("rope", "nope", "tapa", "hybrid")
 SWEEP_ARM = {"rope": "rope", "nope": "nope", "tapa": "tapa", "hybrid": "hybrid-tapa"}
@@ -299,14 +304,16 @@ class Estimates:
     passkey_s_per_method: float = 18.0  # 4 lengths x 5 depths x 50 trials, up to 16k prompts
     theory_s: float = 12.0  # load, 8 x 4096 tokens through one layer, binning, iid samples
     # a retrieval-suite prompt: the passkey grid's 1000 prompts (2k-16k) took 13.6 s at the median
-    # (above); not yet measured for the suite, whose answers are longer
-    task_s_per_prompt: float = 0.02
+    # (above); the suite's first run (2026-12-05, rope-yarn, 6160 prompts) was still going after
+    # 215 s of its stage, so more than 0.033 s a prompt: 0.05 until a whole stage is timed
+    task_s_per_prompt: float = 0.05
     # fresh machine: BPE on 50 MB + tokenizing ~400 MB (64 s, then 77 s twice, 53 s with the
     # batched encoder), then the kernels' preflight (15 s): 68 s on 2026-12-01 21:58 UTC
     data_build_s: float = 80.0
-    # a retrofit's conversion, and the corpus its continual stage tokenizes again with the converted
-    # folder's copy of the tokenizer (not measured yet: the data build's time)
-    convert_s: float = 90.0
+    # a retrofit's conversion: 9 s and 3 s on 2026-12-05. The first continual stage from a converted
+    # folder then spent ~280 s tokenizing the corpus again with the folder's re-serialized copy of the
+    # tokenizer; since 4d4abf7 the copy is the run's own file and the cache reuses its entry
+    convert_s: float = 15.0
 
     def process_rate(self, concurrent: int) -> float:
         speedup = self.speedup.get(concurrent, max(self.speedup.values()))

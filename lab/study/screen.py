@@ -239,7 +239,7 @@ def plot_perplexity(rows: list[dict], path: Path) -> Path | None:
         ax.grid(True, alpha=0.3)
     axes.flat[len(panels) - 1].legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return _save_panels(plt, fig, axes, len(panels), "perplexity (lower is better)",
-                        "Issue 37 screen: perplexity vs length (TAPA globals solid, NoPE dashed)", path)
+                        "Perplexity vs length (TAPA globals solid, NoPE globals dashed)", path)
 
 
 def plot_retrieval(rows: list[dict], path: Path) -> Path | None:
@@ -263,7 +263,7 @@ def plot_retrieval(rows: list[dict], path: Path) -> Path | None:
         ax.grid(True, alpha=0.3)
     axes.flat[len(tasks) - 1].legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return _save_panels(plt, fig, axes, len(tasks), "% correct over every depth",
-                        "Issue 37 screen: retrieval after the continual stage (95% Wilson intervals)",
+                        "Retrieval after the continual stage (95% Wilson intervals)",
                         path)
 
 

@@ -59,7 +59,7 @@ def test_screen_plan_has_domain_stages_and_shares_pretraining():
     # 4 tasks x 4 lengths x 5 depths x 77 trials (+-5 points a length)
     assert passkey.prompts == 4 * 4 * 5 * 77
     estimate = plan.estimate_stage(passkey, arms.Estimates(), 1)
-    assert estimate == pytest.approx(arms.Estimates().passkey_s_per_method + 6160 * 0.02)
+    assert estimate == pytest.approx(arms.Estimates().passkey_s_per_method + 6160 * arms.Estimates().task_s_per_prompt)
     # a protocol without a domain plans no domain stage
     plain = plan.build_groups(jobs[:1], arms.TOY_GPU, list(arms.STAGES), Path("/r"))
     assert not [s for s in plain[0].stages if s.kind in arms.DOMAIN_STAGES]
