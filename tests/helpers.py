@@ -144,7 +144,7 @@ class ContextReader(torch.nn.Module):
     def reply(self, context: str) -> tuple[str, str]:
         raise NotImplementedError
 
-    def forward(self, ids, start_pos=0, kv_cache=None):
+    def forward(self, ids, start_pos=0, kv_cache=None, logits_to_keep=0):
         history, _, _ = kv_cache.update(0, ids[:, :, None, None].float(), ids[:, :, None, None].float(), start_pos)
         kv_cache.advance(ids.shape[1])
         logits = torch.full((*ids.shape, 256), -1e4)
@@ -153,4 +153,4 @@ class ContextReader(torch.nn.Module):
             text, cue = self.reply(context)
             produced = context.rsplit(cue, 1)[1]
             logits[b, -1, ord(text[len(produced)])] = 0.0
-        return logits
+        return logits[:, -logits_to_keep:] if logits_to_keep else logits

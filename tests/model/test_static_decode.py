@@ -91,6 +91,34 @@ def test_generate_matches_an_eager_greedy_loop():
 
 
 @torch.no_grad()
+def test_prefill_keeps_the_last_logits_only():
+    """logits_to_keep=k gives the last k positions' logits of the full forward; generate and the
+    retrieval evaluations' greedy loop never project the whole prompt onto the vocabulary."""
+    from tapa.eval import greedy_generate
+
+    model = _model("hybrid-tapa")
+    prompt = torch.randint(0, 61, (2, 9), generator=torch.Generator().manual_seed(4))
+    full = model(prompt)
+    for keep in (1, 3, 9):
+        kept = model(prompt, logits_to_keep=keep)
+        assert kept.shape == (2, keep, 61)
+        torch.testing.assert_close(kept, full[:, -keep:], rtol=1e-12, atol=1e-12)  # float64
+    rows = []
+    hook = model.lm_head.register_forward_hook(lambda module, args, out: rows.append(args[0].shape[1]))
+    try:
+        out = model.generate(prompt, 4)
+        assert torch.equal(greedy_generate(model, prompt, 4), out)
+    finally:
+        hook.remove()
+    assert rows == [1] * 8, rows  # prefill and each step: one position a row
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="logits_to_keep"):
+            model(prompt, logits_to_keep=bad)
+    with pytest.raises(ValueError, match="logits_to_keep"):
+        model(prompt, targets=prompt, logits_to_keep=1)
+
+
+@torch.no_grad()
 def test_sampling():
     """temperature > 0 samples (reproducibly with a generator); top_k=1 is greedy at any temperature;
     a top_k sample only ever takes one of the k most likely tokens of the eager model."""

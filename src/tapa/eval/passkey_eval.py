@@ -39,8 +39,8 @@ def greedy_generate(model, prompt_ids: torch.Tensor, max_new_tokens: int,
     cache = model.new_kv_cache(prompt_ids.shape[0], prompt_ids.shape[1] + max_new_tokens)
     chunk = prefill_chunk or prompt_ids.shape[1]
     with autocast_for(device):
-        for start in range(0, prompt_ids.shape[1], chunk):
-            logits = model(prompt_ids[:, start:start + chunk], start_pos=start, kv_cache=cache)
+        for start in range(0, prompt_ids.shape[1], chunk):  # the last position's logits only
+            logits = model(prompt_ids[:, start:start + chunk], start_pos=start, kv_cache=cache, logits_to_keep=1)
         generated = [logits[:, -1].argmax(dim=-1)]
         for _ in range(max_new_tokens - 1):
             logits = model(generated[-1][:, None], start_pos=cache.length, kv_cache=cache)

@@ -127,8 +127,11 @@ class TapaLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, start_pos: int = 0, kv_cache: KVCache | None = None,
                 attention_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
                 document_ids: torch.Tensor | Documents | None = None,
-                targets: torch.Tensor | None = None, context_parallel=None):
-        """Logits (B, N, vocab) of input_ids (B, N) at slots start_pos ..
+                targets: torch.Tensor | None = None, context_parallel=None, logits_to_keep: int = 0):
+        """Logits (B, N, vocab) of input_ids (B, N) at slots start_pos ..; with logits_to_keep
+        k > 0, those of the last k positions only, (B, k, vocab) (transformers' name): a prompt's
+        prefill then never holds (B, N, vocab) logits, which at 128k tokens and a 128k vocabulary
+        would be 32 GiB in bf16.
 
         kv_cache: a `KVCache` (`new_kv_cache`) holding the first start_pos slots; it gains these.
         attention_mask (B, start_pos + N) of 0/1 marks padding; position_ids (B, N) rotate RoPE
@@ -143,6 +146,10 @@ class TapaLM(nn.Module):
         """
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be (batch, seqlen), got shape {tuple(input_ids.shape)}")
+        if isinstance(logits_to_keep, bool) or not isinstance(logits_to_keep, int) or logits_to_keep < 0:
+            raise ValueError(f"logits_to_keep must be an int >= 0 (0: every position), got {logits_to_keep!r}")
+        if logits_to_keep and targets is not None:
+            raise ValueError("logits_to_keep applies to logits; with targets the loss covers every position")
         if kv_cache is not None and kv_cache.length != start_pos:
             raise ValueError(f"start_pos ({start_pos}) must equal the cache length ({kv_cache.length})")
         if document_ids is not None and not isinstance(document_ids, Documents):
@@ -157,7 +164,7 @@ class TapaLM(nn.Module):
             return context_parallel.mean_loss(total, count)
         if targets is not None:
             return chunked_cross_entropy(hidden, self.lm_head.weight, targets, self.loss_chunk_tokens)
-        return self.lm_head(hidden)
+        return self.lm_head(hidden[:, -logits_to_keep:] if logits_to_keep else hidden)
 
     def blocks(self, x: torch.Tensor, ctx: AttentionContext, cache=None) -> torch.Tensor:
         """Run every block on embeddings x (B, N, dim); `cache` follows `tapa.model.cache`'s interface."""
@@ -211,7 +218,7 @@ class TapaLM(nn.Module):
             raise ValueError(f"cuda_graph=True needs the model and input_ids on a CUDA device, got "
                              f"{input_ids.device}")
         cache = self.new_kv_cache(input_ids.shape[0], input_ids.shape[1] + max_new_tokens)
-        token = pick(self(input_ids, 0, cache))
+        token = pick(self(input_ids, 0, cache, logits_to_keep=1))
         generated = [token]
         if max_new_tokens > 1:
             decoder = StaticDecoder(self, cache, cuda_graph=cuda_graph)
