@@ -54,6 +54,14 @@ continual retrofit-tapa "$OUT/convert-tapa" --phase-lr-scale 0.1
 continual retrofit-nope "$OUT/convert-nope"
 continual hybrid-tapa-c "$OUT/hybrid-tapa"
 continual hybrid-nope-c "$OUT/hybrid-nope"
+# the continual lr lever (added 2026-12-05, after the GPU run's retrofits stayed flat without reading
+# past the window at 0.1x): the same stage at 0.3x and 1x the pretraining peak, RoPE + YaRN too
+for scale in 0.3 1; do
+    lr=$(python3 -c "print(4e-3 * $scale)")
+    continual rope-yarn-lr$scale "$OUT/rope" --pe rope-yarn --rope-scale 4 --original-seq-len 128 --lr "$lr"
+    continual retrofit-tapa-lr$scale "$OUT/convert-tapa" --phase-lr-scale 0.1 --lr "$lr"
+    continual retrofit-nope-lr$scale "$OUT/convert-nope" --lr "$lr"
+done
 
 evaluate() { local name=$1; shift
     [[ -e $OUT/eval-$name/results.json ]] || tapa eval "$OUT/$name" --data builtin \
@@ -65,7 +73,8 @@ evaluate rope --eval-pe rope-yarn
 for name in convert-tapa convert-nope; do   # model directories: they name no training length
     evaluate $name --train-len 128
 done
-for name in rope-yarn retrofit-tapa retrofit-nope hybrid-tapa-c hybrid-nope-c; do
+for name in rope-yarn retrofit-tapa retrofit-nope hybrid-tapa-c hybrid-nope-c \
+        {rope-yarn,retrofit-tapa,retrofit-nope}-lr{0.3,1}; do
     evaluate $name
 done
 stamp "done"

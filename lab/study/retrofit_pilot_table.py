@@ -22,6 +22,13 @@ ARMS = {
     "retrofit-nope": "retrofit: converted to the NoPE hybrid, continued",
     "hybrid-tapa-c": "TAPA hybrid from scratch, continued",
     "hybrid-nope-c": "NoPE hybrid from scratch, continued",
+    # the continual lr lever (the stage above runs at 0.1x the pretraining peak)
+    "rope-yarn-lr0.3": "RoPE + YaRN, continued at 0.3x the lr",
+    "retrofit-tapa-lr0.3": "retrofit, TAPA hybrid, continued at 0.3x the lr",
+    "retrofit-nope-lr0.3": "retrofit, NoPE hybrid, continued at 0.3x the lr",
+    "rope-yarn-lr1": "RoPE + YaRN, continued at 1x the lr",
+    "retrofit-tapa-lr1": "retrofit, TAPA hybrid, continued at 1x the lr",
+    "retrofit-nope-lr1": "retrofit, NoPE hybrid, continued at 1x the lr",
 }
 
 
