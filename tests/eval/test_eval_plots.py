@@ -89,3 +89,16 @@ def test_rewriting_results_drops_an_old_passkey_plot(tmp_path, figures):
     assert (tmp_path / "passkey_tapa.png").is_file()
     write_results(results([method("TAPA", 0)]), tmp_path)
     assert not (tmp_path / "passkey_tapa.png").exists()
+
+
+def test_a_long_legend_goes_beside_the_axes(tmp_path, figures):
+    """Up to LEGEND_INSIDE_MAX methods the legend sits inside the axes; more would cover the curves
+    (a report of 15 arms did), so the figure widens and the legend goes to the right of the axes."""
+    for count, outside in ((plots.LEGEND_INSIDE_MAX, False), (plots.LEGEND_INSIDE_MAX + 1, True)):
+        plots.plot_perplexity_vs_length([method(f"m{i}", i) for i in range(count)],
+                                        tmp_path / f"{count}.png", title="t")
+        figure = figures[-1]
+        anchor = figure.axes[0].get_legend().get_bbox_to_anchor().transformed(
+            figure.axes[0].transAxes.inverted())
+        assert bool(anchor.x0 > 1.0) is outside, (count, anchor)
+        assert bool(figure.get_figwidth() > 7.5) is outside

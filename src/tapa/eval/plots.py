@@ -138,11 +138,18 @@ def _titled(title: str, methods: list[dict]) -> str:
     return f"{title}\n{note}" if note else title
 
 
+LEGEND_INSIDE_MAX = 8  # lines a legend inside the axes holds before it covers the curves
+
+
 def _finish(plt, fig, ax, title: str, path: str | Path) -> Path:
     """Title, grid and legend of a line plot, then save it as PNG and close the figure."""
     ax.set_title(title, fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
+    if len(ax.get_legend_handles_labels()[1]) > LEGEND_INSIDE_MAX:  # beside the axes: it covers no line
+        fig.set_figwidth(fig.get_figwidth() + 3.5)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    else:
+        ax.legend(fontsize=8)
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=120)
