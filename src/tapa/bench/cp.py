@@ -45,8 +45,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from tapa.bench.model import (BENCH_MODEL, SMOKE_MODEL, attention_path, document_ids, gpu_slug,
-                              new_model, parse_checkpointing, parse_variant, time_steps,
+from tapa.bench.model import (BENCH_MODEL, SMOKE_MODEL, attention_path, checkpointing_name, document_ids,
+                              gpu_slug, new_model, parse_checkpointing, parse_variant, time_steps,
                               training_step)
 from tapa.model import Documents, ModelConfig
 from tapa.train.context_parallel import ContextParallel
@@ -78,7 +78,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--find-longest", action="store_true",
                         help="double the row from --lengths until a GPU runs out of memory and "
                              "report the longest that trained (CUDA; one --pes, --cp and "
-                             "--checkpointing on or off)")
+                             "--checkpointing setting)")
     parser.add_argument("--csv", default=None,
                         help="the results (default: runs/bench/cp-<gpu>.csv, e.g. cp-h200.csv)")
     parser.add_argument("--cpu-smoke", action="store_true",
@@ -200,9 +200,8 @@ def longest(rows: list[dict]) -> str:
     trained = [r["seq_len"] for r in rows if r.get("tokens_per_s")]
     failed = [r["seq_len"] for r in rows if r["attention"] == "OOM"]
     first = rows[0]
-    ckpt = first["checkpointing"]
-    ckpt = {True: "on", False: "off"}[ckpt] if type(ckpt) is bool else f"{ckpt} blocks"
-    config = f"{first['pe']}, CP {first['cp']}, checkpointing {ckpt}, {first['processes']} process(es)"
+    config = (f"{first['pe']}, CP {first['cp']}, checkpointing {checkpointing_name(first['checkpointing'])}, "
+              f"{first['processes']} process(es)")
     if not trained:
         return f"longest row that trained ({config}): none; {failed[0]:,} ran out of memory"
     return (f"longest row that trained ({config}): {max(trained):,} tokens"
@@ -240,7 +239,6 @@ def _run(args: argparse.Namespace, sizes: list[int], info: DistInfo) -> int:
     header = (f"tapa bench cp: {info.world_size} x {name}; torch {torch.__version__}; "
               f"warmup {args.warmup}, {args.steps} timed steps; one row per data group a step")
     meshes = {size: ContextParallel(size, device.type) for size in sizes if size > 1}
-    checkpointing = args.checkpointing
     if args.find_longest:
         lengths = (args.lengths[0] << doubling for doubling in itertools.count())
     else:
@@ -248,7 +246,7 @@ def _run(args: argparse.Namespace, sizes: list[int], info: DistInfo) -> int:
     progress = info.is_main and sys.stderr.isatty()
     rows: list[dict] = []
     for seq_len in lengths:
-        for pe, ckpt, size in itertools.product(args.pes, checkpointing, sizes):
+        for pe, ckpt, size in itertools.product(args.pes, args.checkpointing, sizes):
             cfg = ModelConfig(**parse_variant(pe), **model_kwargs)
             try:
                 row = measure(cfg, seq_len=seq_len, parallel=meshes.get(size), info=info,

@@ -89,6 +89,11 @@ def parse_checkpointing(text: str) -> tuple:
     return tuple(values)
 
 
+def checkpointing_name(value: bool | int) -> str:
+    """A --checkpointing value as the flag spells it: off, on, or a block count."""
+    return ("on" if value else "off") if type(value) is bool else str(value)
+
+
 def matmul_params(model: TapaLM) -> int:
     """Weights that multiply activations: everything except the embedding lookup (a tied
     lm_head still multiplies, so it counts)."""
@@ -356,9 +361,7 @@ def command_line(args: argparse.Namespace) -> str:
     if args.peak_tflops:
         parts += ["--peak-tflops", str(args.peak_tflops)]
     if args.checkpointing != (False,):
-        names = {False: "off", True: "on"}
-        parts += ["--checkpointing", ",".join(names.get(v, str(v)) if type(v) is bool else str(v)
-                                              for v in args.checkpointing)]
+        parts += ["--checkpointing", ",".join(map(checkpointing_name, args.checkpointing))]
     if args.doc_mask:
         parts += ["--doc-mask", str(args.doc_mask)]
     parts += ["--compile"] * args.compile + ["--cpu-smoke"] * args.cpu_smoke
@@ -384,8 +387,8 @@ def run(args: argparse.Namespace) -> int:
     checkpointing = args.checkpointing
     blocks = model_kwargs["n_layers"]
     if any(value is not True and value > blocks for value in checkpointing):
-        raise SystemExit(f"tapa bench model: --checkpointing {','.join(map(str, checkpointing))}: the "
-                         f"model has {blocks} blocks")
+        raise SystemExit(f"tapa bench model: --checkpointing {','.join(map(checkpointing_name, checkpointing))}: "
+                         f"the model has {blocks} blocks")
     total = len(lengths) * len(args.pes) * len(checkpointing)
 
     def notes_for(rows: list[dict]) -> list[str]:
@@ -408,8 +411,7 @@ def run(args: argparse.Namespace) -> int:
                          checkpointing=checkpointing, doc_mask=args.doc_mask)
     notes = notes_for(rows)
     for row in rows:
-        ckpt = row.get("checkpointing")
-        print(f"{row['pe']:>24} L={row['seq_len']:>6} ckpt={ckpt if type(ckpt) is int else int(bool(ckpt))}  "
+        print(f"{row['pe']:>24} L={row['seq_len']:>6} ckpt={checkpointing_name(row.get('checkpointing', False))}  "
               f"{row.get('attention'):>14}  "
               f"{row.get('tokens_per_s')} tok/s  MFU {row.get('mfu')}  "
               f"TAPA/RoPE {row.get('tapa_over_rope')}")

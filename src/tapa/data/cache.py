@@ -179,29 +179,33 @@ def cache_key(cfg: DataConfig, source: Source) -> dict:
     }
 
 
-def corpus_directory(cfg: DataConfig, source: Source | None = None) -> Path:
+KEY_CHARS = 16  # hex digits of the key's sha256 in an entry's name, <slug>-<key>
+
+
+def corpus_directory(cfg: DataConfig, source: Source | None = None, key: dict | None = None) -> Path:
+    """The entry of `cfg` (key: its `cache_key`, when the caller has it already)."""
     source = source or open_source(cfg)
-    key = hashlib.sha256(json.dumps(cache_key(cfg, source), sort_keys=True).encode()).hexdigest()
-    return Path(cfg.cache_dir).expanduser() / f"{source.slug}-{key[:16]}"
+    digest = hashlib.sha256(json.dumps(key or cache_key(cfg, source), sort_keys=True).encode()).hexdigest()
+    return Path(cfg.cache_dir).expanduser() / f"{source.slug}-{digest[:KEY_CHARS]}"
 
 
-def _same_tokens_entry(cfg: DataConfig, source: Source) -> Path | None:
+def _same_tokens_entry(cfg: DataConfig, source: Source, key: dict) -> Path | None:
     """An existing entry of `source` in the cache directory that holds the tokens a build of `cfg`
     would write, though its key differs: cfg.tokenizer is given and the entry's key equals this
     config's in all but the tokenizer, its tokenizer.json has the same sha256 as the given one and
     its end-of-text token is the one the given directory gives (a copy of the BPE a run trained
-    here, say). None when cfg trains its own BPE or no entry qualifies; entries
-    being built or removed, and those without a readable manifest, are skipped."""
+    here, say); key: cfg's `cache_key`. None when cfg trains its own BPE or no entry qualifies;
+    entries being built or removed, and those without a readable manifest, are skipped."""
     if cfg.tokenizer is None:
         return None
     cache_dir = Path(cfg.cache_dir).expanduser()
     if not cache_dir.is_dir():
         return None
-    key = json.loads(json.dumps(cache_key(cfg, source)))  # as a manifest stores it (tuples -> lists)
+    key = json.loads(json.dumps(key))  # as a manifest stores it (tuples -> lists)
     wanted = {name: value for name, value in key.items() if name != "tokenizer"}
     eot_token = None  # of the given tokenizer, read at the first entry that needs it
     for directory in sorted(cache_dir.glob(f"{source.slug}-*")):
-        if directory.name.startswith(".") or len(directory.name) != len(source.slug) + 17:
+        if directory.name.startswith(".") or len(directory.name) != len(source.slug) + 1 + KEY_CHARS:
             continue
         try:
             manifest = json.loads((directory / MANIFEST).read_text(encoding="utf-8"))
@@ -223,10 +227,11 @@ def find_corpus(cfg: DataConfig) -> Corpus | None:
     """The cached corpus for `cfg` if it was built (or an entry with the same tokens, see
     `_same_tokens_entry`), without building it."""
     source = open_source(cfg)
-    directory = corpus_directory(cfg, source)
+    key = cache_key(cfg, source)
+    directory = corpus_directory(cfg, source, key)
     if (directory / MANIFEST).is_file():
         return Corpus(directory)
-    reusable = _same_tokens_entry(cfg, source)
+    reusable = _same_tokens_entry(cfg, source, key)
     return Corpus(reusable) if reusable is not None else None
 
 
@@ -234,10 +239,11 @@ def build_corpus(cfg: DataConfig, progress: bool = True) -> Corpus:
     """Tokenize `cfg.source` into the cache (or reuse the cached copy, or an entry with the same
     tokens: `_same_tokens_entry`) and return the Corpus."""
     source = open_source(cfg)
-    directory = corpus_directory(cfg, source)
+    key = cache_key(cfg, source)
+    directory = corpus_directory(cfg, source, key)
     if (directory / MANIFEST).is_file():
         return Corpus(directory)
-    reusable = _same_tokens_entry(cfg, source)
+    reusable = _same_tokens_entry(cfg, source, key)
     if reusable is not None:
         if progress:
             print(f"reusing the token cache {reusable}: same source and settings, and its tokenizer.json "
@@ -252,7 +258,7 @@ def build_corpus(cfg: DataConfig, progress: bool = True) -> Corpus:
     staging = directory.parent / (f".{directory.name}{STAGING_MARK}{socket.gethostname()}-{os.getpid()}-"
                                   f"{uuid.uuid4().hex[:8]}")
     try:
-        _build_into(staging, cfg, source, progress)
+        _build_into(staging, cfg, source, progress, key)
         try:
             os.rename(staging, directory)
         except OSError:
@@ -336,7 +342,7 @@ def _tqdm(progress: bool, **kwargs):
     return require("tqdm").tqdm(disable=None if progress else True, **kwargs)
 
 
-def _build_into(staging: Path, cfg: DataConfig, source: Source, progress: bool) -> None:
+def _build_into(staging: Path, cfg: DataConfig, source: Source, progress: bool, key: dict) -> None:
     started = time.perf_counter()
     staging.mkdir(parents=True)
     assignment = source.splits(cfg.val_fraction, cfg.test_fraction)
@@ -435,7 +441,7 @@ def _build_into(staging: Path, cfg: DataConfig, source: Source, progress: bool) 
 
     manifest = {
         "format": FORMAT_VERSION,
-        "key": cache_key(cfg, source),
+        "key": key,
         "source": source.describe(),
         "fingerprint": source.fingerprint(),
         "config": cfg.to_dict(),
