@@ -223,33 +223,34 @@ def _same_tokens_entry(cfg: DataConfig, source: Source, key: dict) -> Path | Non
     return None
 
 
-def find_corpus(cfg: DataConfig) -> Corpus | None:
-    """The cached corpus for `cfg` if it was built (or an entry with the same tokens, see
-    `_same_tokens_entry`), without building it."""
+def _cached(cfg: DataConfig) -> tuple:
+    """(source, key, the entry's directory, the cached Corpus or None, whether that Corpus is
+    another key's entry with the same tokens: `_same_tokens_entry`)."""
     source = open_source(cfg)
     key = cache_key(cfg, source)
     directory = corpus_directory(cfg, source, key)
     if (directory / MANIFEST).is_file():
-        return Corpus(directory)
+        return source, key, directory, Corpus(directory), False
     reusable = _same_tokens_entry(cfg, source, key)
-    return Corpus(reusable) if reusable is not None else None
+    return source, key, directory, (Corpus(reusable) if reusable is not None else None), reusable is not None
+
+
+def find_corpus(cfg: DataConfig) -> Corpus | None:
+    """The cached corpus for `cfg` if it was built (or an entry with the same tokens, see
+    `_same_tokens_entry`), without building it."""
+    return _cached(cfg)[3]
 
 
 def build_corpus(cfg: DataConfig, progress: bool = True) -> Corpus:
     """Tokenize `cfg.source` into the cache (or reuse the cached copy, or an entry with the same
     tokens: `_same_tokens_entry`) and return the Corpus."""
-    source = open_source(cfg)
-    key = cache_key(cfg, source)
-    directory = corpus_directory(cfg, source, key)
-    if (directory / MANIFEST).is_file():
-        return Corpus(directory)
-    reusable = _same_tokens_entry(cfg, source, key)
-    if reusable is not None:
-        if progress:
-            print(f"reusing the token cache {reusable}: same source and settings, and its tokenizer.json "
-                  f"has the sha256 of {tokenizer_file(cfg.tokenizer)} and the same end-of-text token, "
-                  "so it holds the tokens a build would write", file=sys.stderr)
-        return Corpus(reusable)
+    source, key, directory, corpus, reused = _cached(cfg)
+    if corpus is not None:
+        if reused and progress:
+            print(f"reusing the token cache {corpus.directory}: same source and settings, and its "
+                  f"tokenizer.json has the sha256 of {tokenizer_file(cfg.tokenizer)} and the same "
+                  "end-of-text token, so it holds the tokens a build would write", file=sys.stderr)
+        return corpus
     directory.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_staging(directory.parent)
     if directory.exists():  # renames only ever create complete entries: this one was damaged
