@@ -43,21 +43,33 @@ def arm_perplexities(results: dict) -> dict[str, dict[int, float]]:
     return table
 
 
-def summary(paths: list[str]) -> str:
-    seeds = [arm_perplexities(json.loads(Path(path).read_text())) for path in paths]
+def load(paths: list[str]) -> list[dict[str, dict[int, float]]]:
+    """arm_perplexities of each seed's results.json, in the order given."""
+    return [arm_perplexities(json.loads(Path(path).read_text())) for path in paths]
+
+
+def fmt(values: list[float], digits: int = 2) -> str:
+    """The mean of the seeds' values, then each seed's value: '41.00 (40.00 / 42.00)'."""
+    return f"{sum(values) / len(values):.{digits}f} ({' / '.join(f'{v:.{digits}f}' for v in values)})"
+
+
+def perplexity_table(seeds: list[dict], arms: dict[str, str]) -> list[str]:
+    """One row per arm present in every seed: the mean perplexity at each length with each seed's
+    value, and the mean over the seeds of the longest length over the shortest."""
     lengths = sorted(next(iter(seeds[0].values())))
     lines = ["| arm | " + " | ".join(str(n) for n in lengths) + " | longest / shortest |",
              "|---|" + "---|" * (len(lengths) + 1)]
-    for run, name in ARMS.items():
+    for run, name in arms.items():
         if not all(run in seed for seed in seeds):
             continue
-        cells = []
-        for length in lengths:
-            values = [seed[run][length] for seed in seeds]
-            cells.append(f"{sum(values) / len(values):.2f} ({' / '.join(f'{v:.2f}' for v in values)})")
+        cells = [fmt([seed[run][length] for seed in seeds]) for length in lengths]
         ratios = [seed[run][lengths[-1]] / seed[run][lengths[0]] for seed in seeds]
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {sum(ratios) / len(ratios):.2f} |")
-    return "\n".join(lines)
+    return lines
+
+
+def summary(paths: list[str]) -> str:
+    return "\n".join(perplexity_table(load(paths), ARMS))
 
 
 if __name__ == "__main__":
