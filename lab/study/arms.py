@@ -247,6 +247,9 @@ TOY_GPU_SCREEN = dataclasses.replace(TOY_GPU, name="toy-gpu-screen", retrieval_t
                                      domain="package-docs")
 TOY_GPU_C4096 = dataclasses.replace(TOY_GPU_SCREEN, name="toy-gpu-c4096", continual_len=4096,
                                     continual_batch=8)
+# issue 38's retrofit, the lever its first run points to: a continual stage 4x as long, 612 x 16 x
+# 2048 = 20.05M tokens, 20% of pretraining (the arms' own lr scale and flags unchanged)
+TOY_GPU_CL20 = dataclasses.replace(TOY_GPU_SCREEN, name="toy-gpu-cl20", continual_steps=612)
 
 # Seconds-long CPU version of every stage, for tests and a dry run of the machinery.
 TINY_CPU = Protocol(
@@ -272,7 +275,7 @@ TINY_CPU_SCREEN = dataclasses.replace(TINY_CPU, name="tiny-cpu-screen",
                                       retrieval_tasks=("single-key", "multi-key"), task_trials=1,
                                       passkey_lengths=(512, 1024), domain="package-docs")
 
-PROTOCOLS = {p.name: p for p in (TOY_GPU, TOY_GPU_SCREEN, TOY_GPU_C4096, SCALE_768, TINY_CPU,
+PROTOCOLS = {p.name: p for p in (TOY_GPU, TOY_GPU_SCREEN, TOY_GPU_C4096, TOY_GPU_CL20, SCALE_768, TINY_CPU,
                                  TINY_CPU_SCREEN)}
 
 
@@ -305,8 +308,13 @@ class Estimates:
     theory_s: float = 12.0  # load, 8 x 4096 tokens through one layer, binning, iid samples
     # a retrieval-suite prompt: the passkey grid's 1000 prompts (2k-16k) took 13.6 s at the median
     # (above); the suite's first run (2026-12-05, rope-yarn, 6160 prompts) was still going after
-    # 215 s of its stage, so more than 0.033 s a prompt: 0.05 until a whole stage is timed
-    task_s_per_prompt: float = 0.05
+    # 215 s of its stage, so more than 0.033 s a prompt. Its prompts then went in batches of one cell
+    # and 16k tokens (at 16k, 77 batches of one prompt a cell), each batch a prefill and up to ~25
+    # eager decoding steps of ~3.5 ms: ~41k steps for the suite. Since the grids batch every depth of
+    # a length up to 256k tokens (2026-12-05), the suite takes ~2.7k steps, and the projection is
+    # ~0.008 s a prompt, the prefill (~47M tokens) most of it. Not timed yet: 0.02, a 2.5x margin,
+    # until the grids' recorded timings replace it.
+    task_s_per_prompt: float = 0.02
     # fresh machine: BPE on 50 MB + tokenizing ~400 MB (64 s, then 77 s twice, 53 s with the
     # batched encoder), then the kernels' preflight (15 s): 68 s on 2026-12-01 21:58 UTC
     data_build_s: float = 80.0

@@ -2,8 +2,9 @@
 
     python3 -m lab.study.screen --in ARCHIVES_OR_FOLDERS --out results/toy-study/globals
 
-reads the study's job JSONs (lab/study/run.py) of the screen protocols (toy-gpu-screen, and
-toy-gpu-c4096 for the lever "continual stage at 4096") and writes to --out:
+reads the study's job JSONs (lab/study/run.py) of the screen protocols (toy-gpu-screen,
+toy-gpu-c4096 for the lever "continual stage at 4096", toy-gpu-cl20 for the retrofit's "continual
+stage 20% of pretraining") and writes to --out:
     perplexity.csv        arm, seed, stage (zero-shot, continual), data (test split or the second
                           domain), length, perplexity
     retrieval.csv         arm, seed, task, length: correct of trials over every depth, accuracy and
@@ -15,7 +16,7 @@ toy-gpu-c4096 for the lever "continual stage at 4096") and writes to --out:
     retrieval.png         accuracy vs length per task, with Wilson intervals
     retrieval_heatmap.png per task, accuracy by arm and length
 Every number comes from the job JSONs; an arm missing a stage shows an empty cell.
-An arm run under toy-gpu-c4096 is named ARM@c4096. The retrofits of issue 38 (retrofit-tapa,
+An arm run under toy-gpu-c4096 is named ARM@c4096, under toy-gpu-cl20 ARM@cl20. The retrofits of issue 38 (retrofit-tapa,
 retrofit-nope) are compared with the hybrid of their kind trained from scratch; --arms keeps the
 named arms only (results/retrofit: `--arms rope-yarn,hybrid-tapa,hybrid-nope,retrofit-tapa,
 retrofit-nope`).
@@ -34,7 +35,9 @@ from tapa._paths import write_csv
 from tapa.eval.plots import _pyplot, length_label
 from tapa.eval.tasks import wilson_interval
 
-PROTOCOL_TAGS = {"toy-gpu-screen": "", "toy-gpu-c4096": "@c4096", "tiny-cpu-screen": ""}
+PROTOCOL_TAGS = {"toy-gpu-screen": "", "toy-gpu-c4096": "@c4096", "toy-gpu-cl20": "@cl20",
+                 "tiny-cpu-screen": ""}
+PROTOCOL_LABELS = {"@c4096": ", continual at 4096", "@cl20": ", continual stage 20%"}
 STAGES = {"eval0": ("zero-shot", "test"), "eval1": ("continual", "test"),
           "domain0": ("zero-shot", "domain"), "domain1": ("continual", "domain")}
 BASES = {"tapa": "hybrid-tapa", "nope": "hybrid-nope"}  # each global kind's base arm
@@ -62,9 +65,7 @@ def base_of(arm: str) -> str | None:
 
 
 def _label(job: dict) -> str:
-    tag = PROTOCOL_TAGS.get(job["protocol"]["name"])
-    extra = ", continual at 4096" if tag == "@c4096" else ""
-    return job["label"] + extra
+    return job["label"] + PROTOCOL_LABELS.get(PROTOCOL_TAGS.get(job["protocol"]["name"]), "")
 
 
 def screen_jobs(paths) -> list[dict]:

@@ -174,6 +174,8 @@ def test_demo_default_output_directory_does_not_overwrite(tmp_path):
     (["--multiples", "0,-1"], r"multiples must be positive numbers, got \[0.0, -1.0\]"),
     (["--passkey", "--passkey-depths", "1.5"], r"passkey_depths must be numbers in \[0, 1\]"),
     (["--passkey", "--passkey-trials", "0"], "passkey_trials must be an int >= 1"),
+    (["--retrieval-batch-tokens", "4096"], "--retrieval-batch-tokens sizes the passkey and task batches; add"),
+    (["--passkey", "--retrieval-batch-tokens", "0"], "--retrieval-batch-tokens must be at least 1, got 0"),
 ])
 def test_eval_refuses_settings_it_would_ignore(tmp_path, flags, message):
     """Each of these used to run and silently evaluate something else: passkey settings without

@@ -63,13 +63,15 @@ def test_tasks_write_grids_tables_and_heat_maps(run_dir, capsys):
     settings = ["--distractors", "1", "--values", "2", "--hops", "2", "--chains", "2"]
     assert main(["eval", str(run_dir), "--data", str(run_dir.parent / "prose.txt"), "--out", str(out),
                  "--tasks", "all", "--task-lengths", "400", "--task-depths", "0,1", "--task-trials", "1",
-                 *settings, "--passkey", "--passkey-lengths", "300", "--passkey-trials", "1", *FAST]) == 0
+                 *settings, "--passkey", "--passkey-lengths", "300", "--passkey-trials", "1",
+                 "--retrieval-batch-tokens", "800", *FAST]) == 0
     printed = capsys.readouterr().out
     results = json.loads((out / "results.json").read_text())
     [method] = results["methods"]
     assert list(method["tasks"]) == ["single-key", "multi-key", "multi-value", "variable-tracking"]
     for task, grid in method["tasks"].items():
         assert grid["lengths"] == [400] and grid["depths"] == [0.0, 1.0] and grid["trials"] == 1
+        assert grid["batch_tokens"] == 800  # both depths' prompts in one batch
         assert len(grid["accuracy"]) == 1 and len(grid["accuracy"][0]) == 2
         assert grid["filler"] == "prose.txt"  # drawn from the --data text
         png = out / f"retrieval_{task}.png"
@@ -77,6 +79,7 @@ def test_tasks_write_grids_tables_and_heat_maps(run_dir, capsys):
         assert f"### {task}" in printed
     assert method["tasks"]["multi-key"]["settings"] == {"distractors": 1}
     assert method["passkey"]["filler"] == "prose.txt"  # --data makes the passkey filler that text too
+    assert method["passkey"]["batch_tokens"] == 800
     markdown = (out / "results.md").read_text()
     assert "## Retrieval tasks" in markdown and "Wilson" in markdown
     assert "| all depths |" in markdown and "(0-" in markdown  # accuracy with its interval
@@ -97,6 +100,9 @@ def test_default_trials_follow_the_depths(run_dir):
     options = options_from_args(parser.parse_args([str(run_dir), "--tasks", "multi-key", "--distractors", "5"]))
     assert options.tasks == ("multi-key",) and options.task_settings.distractors == 5
     assert options.split == "test" and options.data is None
+    assert options.retrieval_batch_tokens == EvalOptions().retrieval_batch_tokens == 262144
+    options = options_from_args(parser.parse_args([str(run_dir), "--passkey", "--retrieval-batch-tokens", "4096"]))
+    assert options.retrieval_batch_tokens == 4096
 
 
 @pytest.mark.parametrize("args, message", [

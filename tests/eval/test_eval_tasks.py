@@ -172,12 +172,52 @@ def test_grid_scores_an_oracle_right_and_a_shifted_one_wrong(task):
     assert wrong["accuracy"] == [[0.0]]
 
 
-def test_grid_batches_prompts_without_changing_the_results():
-    whole = task_grid(OracleStub(shift=1), "single-key", char_encode, char_decode, lengths=[400], depths=[0.5],
-                      trials=3, progress=False)
-    batched = task_grid(OracleStub(shift=1), "single-key", char_encode, char_decode, lengths=[400], depths=[0.5],
-                        trials=3, batch_tokens=400, progress=False)
-    assert whole["examples"] == batched["examples"]
+class HalfOracle(OracleStub):
+    """Right when the asked needle's first value is even, wrong (shifted) otherwise, so that a grid's
+    counts tell prompts apart; records the batch size of every prefill."""
+
+    def __init__(self):
+        super().__init__()
+        self.batches = []
+
+    def reply(self, context):
+        answer, cue = self.answer(context)
+        self.shift = int(answer.split(",")[0].split()[0][-1], 36) % 2
+        return super().reply(context)
+
+    def forward(self, ids, start_pos=0, kv_cache=None, logits_to_keep=0):
+        if start_pos == 0:
+            self.batches.append(ids.shape[0])
+        return super().forward(ids, start_pos, kv_cache, logits_to_keep)
+
+
+@pytest.mark.parametrize("task", ["single-key", "multi-value"])
+def test_grid_batches_every_depth_of_a_length_without_changing_the_results(task):
+    """A length's prompts are decoded together, depths mixed in a batch; the counts, the examples and
+    the prompts (from each cell's own generator) are the same for every batch size."""
+    settings = TaskSettings(values=3)
+    grids, batches = {}, {}
+    for batch_tokens in (None, 700, 5 * 700, 10 ** 6):
+        model = HalfOracle()
+        grids[batch_tokens] = task_grid(model, task, char_encode, char_decode, lengths=[700, 900],
+                                        depths=[0.0, 0.5, 1.0], trials=4, settings=settings,
+                                        batch_tokens=batch_tokens, progress=False)
+        batches[batch_tokens] = model.batches
+    assert batches[None] == [12, 12] and batches[10 ** 6] == [12, 12]  # every depth of a length at once
+    assert batches[700] == [1] * 24  # 700 tokens: one prompt a batch
+    assert batches[5 * 700] == [5, 5, 2, 3, 3, 3, 3]  # 5 then 3 prompts a batch, across the cells of 4
+    first = grids[None]
+    assert 0 < sum(map(sum, first["correct"])) < 24  # some right, some wrong
+    for grid in grids.values():
+        assert grid["correct"] == first["correct"] and grid["examples"] == first["examples"]
+    assert [(e["length"], e["depth"]) for e in first["examples"]] == [(700, 0.0), (700, 1.0), (900, 0.0),
+                                                                       (900, 1.0)]
+    timings = first["timings"]  # where a grid's time went
+    assert set(timings) == {"prompts", "prefill", "decode"} and min(timings.values()) > 0
+    assert sum(timings.values()) <= first["seconds"] + 0.01 and first["batch_tokens"] is None
+    with pytest.raises(ValueError, match="batch_tokens must be a positive int"):
+        task_grid(HalfOracle(), task, char_encode, char_decode, lengths=[700], depths=[0.5], trials=1,
+                  batch_tokens=0, progress=False)
 
 
 def test_trials_and_intervals():

@@ -84,6 +84,12 @@ def test_retrofit_converts_the_rope_run_then_continues_from_the_converted_model(
             f"domain1-retrofit-{kind}", f"passkey-retrofit-{kind}"]
     assert screen.base_of("retrofit-tapa") == "hybrid-tapa" and screen.base_of("retrofit-nope") == "hybrid-nope"
     assert plan.check_flags([group]) == []  # every command parses with this checkout's tapa
+    # the longer-stage lever: the same stage at 4x the steps, 20% of pretraining
+    (longer,) = plan.build_groups(jobs, arms.TOY_GPU_CL20, list(arms.STAGES), Path("/r"))
+    stage = longer.stage("continual-retrofit-tapa")
+    assert stage.argv[stage.argv.index("--steps") + 1] == "612" and stage.tokens == 612 * 16 * 2048
+    assert round(stage.tokens / arms.TOY_GPU_CL20.pretrain_tokens, 2) == 0.2
+    assert arms.TOY_GPU_CL20.fingerprint() != arms.TOY_GPU_SCREEN.fingerprint()
 
 
 def test_runner_refuses_domain_stages_without_a_domain():
@@ -116,6 +122,7 @@ def test_screen_tables_compare_each_lever_with_its_base(tmp_path):
     jobs = [screen_job("hybrid-tapa", 0, [10.0, 20.0], [30.0, 40.0], {"single-key": half, "multi-key": half}),
             screen_job("hybrid-tapa-w64", 0, [10.0, 18.0], [30.0, 44.0], {"single-key": full, "multi-key": [[0, 0], [5, 5]]}),
             screen_job("hybrid-tapa", 0, [10.0, 25.0], [30.0, 40.0], {"single-key": half}, protocol="toy-gpu-c4096"),
+            screen_job("retrofit-tapa", 0, [10.0, 30.0], [30.0, 40.0], {"single-key": half}, protocol="toy-gpu-cl20"),
             screen_job("hybrid-nope", 0, [11.0, 30.0], [31.0, 50.0], {"single-key": full, "multi-key": full})]
     folder = tmp_path / "in"
     folder.mkdir()
@@ -131,7 +138,12 @@ def test_screen_tables_compare_each_lever_with_its_base(tmp_path):
     lever = rows["hybrid-tapa-w64"]
     assert "| hybrid-tapa | +0.0% | -10.0% | +0.0% | +10.0% | +50 | +50 | -50 | +0 |" in lever
     assert "+25.0%" in rows["hybrid-tapa@c4096"]  # the continual stage at 4096, against the base
-    assert set(rows) == {"hybrid-tapa-w64", "hybrid-tapa@c4096"}  # a base has no lever row
+    assert "+50.0%" in rows["retrofit-tapa@cl20"]  # a retrofit with the 20% stage, against its kind's base
+    assert set(rows) == {"hybrid-tapa-w64", "hybrid-tapa@c4096", "retrofit-tapa@cl20"}  # a base has no lever row
+    with open(tmp_path / "out" / "perplexity.csv", newline="") as handle:
+        labels = {r["arm"]: r["label"] for r in csv.DictReader(handle)}
+    assert labels["retrofit-tapa@cl20"] == "retrofit-tapa, continual stage 20%"
+    assert labels["hybrid-tapa@c4096"] == "hybrid-tapa, continual at 4096"
     assert "second domain package-docs: 3 files" in text
     with open(tmp_path / "out" / "retrieval.csv", newline="") as handle:
         found = {(r["arm"], r["task"], r["length"]): r for r in csv.DictReader(handle)}

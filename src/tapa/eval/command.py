@@ -21,6 +21,7 @@ from typing import Iterator
 from tapa._paths import RUN_CONFIG, check_output_dir, is_run_dir, run_dirs_inside
 from tapa.eval.evaluate import (DEFAULT_DEPTHS, DEFAULT_MULTIPLES, EvalOptions, check_data_source, data_name,
                                  evaluate_run)
+from tapa.eval.passkey_eval import RETRIEVAL_BATCH_TOKENS
 from tapa.eval.report import (RESULT_FILES, RESULTS_JSON, passkey_table, perplexity_table, task_tables,
                               write_results)
 from tapa.eval.scaling import ROPE_FAMILY
@@ -120,6 +121,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                                                                   default_trials(5)))
     parser.add_argument("--task-filler", choices=("corpus", "standard"), default=None,
                         help="task filler text: the evaluated text's tokens (default) or standard sentences")
+    parser.add_argument("--retrieval-batch-tokens", type=int, default=None, metavar="N",
+                        help="passkey and task prompts are decoded together, every depth of a length, "
+                             f"up to N tokens a batch (default {RETRIEVAL_BATCH_TOKENS}; lower it if memory "
+                             "runs out)")
     defaults = TaskSettings()
     parser.add_argument("--distractors", type=int, default=None,
                         help=f"multi-key: needles of other keys (default {defaults.distractors})")
@@ -354,6 +359,11 @@ def options_from_args(args: argparse.Namespace) -> EvalOptions:
     if args.split == "all" and not args.data:
         raise ValueError("--split all reads the whole of a --data source; the run's own corpus holds only "
                          "its val and test splits out of training (choose one of them)")
+    if args.retrieval_batch_tokens is not None and not (args.passkey or args.tasks):
+        raise ValueError("--retrieval-batch-tokens sizes the passkey and task batches; add --passkey or "
+                         "--tasks, or drop it")
+    if args.retrieval_batch_tokens is not None and args.retrieval_batch_tokens < 1:
+        raise ValueError(f"--retrieval-batch-tokens must be at least 1, got {args.retrieval_batch_tokens}")
     if args.task_trials is not None and args.task_trials < 1:
         raise ValueError(f"--task-trials must be at least 1, got {args.task_trials}")
     for flag, field_name in TASK_SETTING_FLAGS.items():
@@ -371,6 +381,8 @@ def options_from_args(args: argparse.Namespace) -> EvalOptions:
         chosen["multiples"] = tuple(args.multiples)
     if args.seed is not None:
         chosen["seed"] = args.seed
+    if args.retrieval_batch_tokens is not None:
+        chosen["retrieval_batch_tokens"] = args.retrieval_batch_tokens
     return EvalOptions(lengths=args.lengths, stride=args.stride, max_tokens=args.max_tokens or None,
                        split=args.split, data=args.data, text_field=args.text_field, eval_pe=args.eval_pe,
                        passkey=args.passkey, tasks=args.tasks or (),

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tapa.eval.passkey_eval import DEFAULT_DEPTHS, passkey_grid
+from tapa.eval.passkey_eval import DEFAULT_DEPTHS, RETRIEVAL_BATCH_TOKENS, passkey_grid
 from tapa.eval.perplexity import perplexity_vs_length
 from tapa.eval.scaling import ROPE_FAMILY, SCALED_AT_EVAL, with_positional
 from tapa.eval.tasks import TASKS, TaskSettings, check_task_lengths, default_trials, task_grid
@@ -65,7 +65,8 @@ class EvalOptions:
     task_filler: str = "corpus"  # corpus | standard
     task_settings: TaskSettings = field(default_factory=TaskSettings)
     seed: int = 0
-    tokens_per_batch: int = 16384
+    tokens_per_batch: int = 16384  # perplexity windows a forward pass (their logits are held)
+    retrieval_batch_tokens: int = RETRIEVAL_BATCH_TOKENS  # passkey and task prompts a forward pass
     progress: bool = True
     extra: dict = field(default_factory=dict)  # recorded as is (e.g. the demo's settings)
 
@@ -169,7 +170,7 @@ def evaluate_model(model, tokens, *, train_len: int, options: EvalOptions, train
         entry["passkey"] = passkey_grid(
             model, encode, decode, lengths=passkey_lengths, depths=options.passkey_depths,
             trials=options.passkey_trials, seed=options.seed, filler_ids=filler_ids if corpus_filler else None,
-            train_len=scaling_len, batch_tokens=options.tokens_per_batch, progress=options.progress,
+            train_len=scaling_len, batch_tokens=options.retrieval_batch_tokens, progress=options.progress,
             label=label)
         if corpus_filler:
             entry["passkey"]["filler"] = filler_name
@@ -178,7 +179,7 @@ def evaluate_model(model, tokens, *, train_len: int, options: EvalOptions, train
         entry["tasks"] = {task: task_grid(
             model, task, encode, decode, lengths=task_lengths, depths=options.task_depths,
             trials=options.task_trials, seed=options.seed, filler_ids=filler_ids if corpus_filler else None,
-            settings=options.task_settings, train_len=scaling_len, batch_tokens=options.tokens_per_batch,
+            settings=options.task_settings, train_len=scaling_len, batch_tokens=options.retrieval_batch_tokens,
             progress=options.progress, label=label, filler_name=filler_name if corpus_filler else "standard")
             for task in options.tasks}
     return entry

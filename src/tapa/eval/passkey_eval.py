@@ -11,6 +11,7 @@ exact-match rule they share.
 
 from __future__ import annotations
 
+import itertools
 import re
 import time
 
@@ -26,15 +27,18 @@ DEFAULT_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
 
 @torch.no_grad()
 def greedy_generate(model, prompt_ids: torch.Tensor, max_new_tokens: int,
-                    prefill_chunk: int | None = None) -> torch.Tensor:
+                    prefill_chunk: int | None = None, timings: dict | None = None) -> torch.Tensor:
     """Greedy continuation (B, max_new_tokens) of prompts (B, N) through the model's KV cache.
 
     prefill_chunk: feed the prompt in chunks of this many tokens (bounds activation memory on
-    long prompts; the result is the same).
+    long prompts; the result is the same). timings: a dict to which the seconds of the prefill and
+    of the decoding steps are added (keys "prefill" and "decode"; the device is synchronized at
+    each end).
     """
     if prompt_ids.dim() != 2 or prompt_ids.shape[1] == 0:
         raise ValueError(f"prompt_ids must be (batch, seqlen) with seqlen > 0, got {tuple(prompt_ids.shape)}")
     device = model_device(model)
+    clock = _Clock(device, timings)
     prompt_ids = prompt_ids.to(device)
     cache = model.new_kv_cache(prompt_ids.shape[0], prompt_ids.shape[1] + max_new_tokens)
     chunk = prefill_chunk or prompt_ids.shape[1]
@@ -42,10 +46,31 @@ def greedy_generate(model, prompt_ids: torch.Tensor, max_new_tokens: int,
         for start in range(0, prompt_ids.shape[1], chunk):  # the last position's logits only
             logits = model(prompt_ids[:, start:start + chunk], start_pos=start, kv_cache=cache, logits_to_keep=1)
         generated = [logits[:, -1].argmax(dim=-1)]
+        clock.lap("prefill")
         for _ in range(max_new_tokens - 1):
             logits = model(generated[-1][:, None], start_pos=cache.length, kv_cache=cache)
             generated.append(logits[:, -1].argmax(dim=-1))
-    return torch.stack(generated, dim=1).cpu()
+    out = torch.stack(generated, dim=1).cpu()
+    clock.lap("decode")
+    return out
+
+
+class _Clock:
+    """Seconds between laps added to timings[name] (nothing without a dict), the device synchronized
+    first so that a lap holds its kernels."""
+
+    def __init__(self, device: torch.device, timings: dict | None):
+        self.device, self.timings = device, timings
+        self.last = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        if self.timings is None:
+            return
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        now = time.perf_counter()
+        self.timings[name] = self.timings.get(name, 0.0) + now - self.last
+        self.last = now
 
 
 def trial_filler(filler_ids, length: int, trial_rng: np.random.Generator):
@@ -93,63 +118,83 @@ def progress_bar(progress: bool, **kwargs):
     return tqdm(disable=None if progress else True, leave=False, **kwargs)
 
 
+# Prompts of one length share a batch whatever their depth, up to this many tokens a batch. Only the
+# last position's logits are kept (no tokens x vocab tensor), so the budget is the KV cache and one
+# layer's activations: at 256k tokens, about 2.4 GB of global-layer cache and 1.6 GB of bf16 MLP
+# activations for the 124M hybrid (dim 768, 3 global layers). Fewer, larger batches mean fewer
+# decoding steps, which are launch-bound on a GPU.
+RETRIEVAL_BATCH_TOKENS = 262144
+
+
 def needle_grid(model, make_prompt, score, *, lengths, depths, trials: int, seed, train_len: int | None = None,
-                prefill_chunk: int | None = None, batch_tokens: int | None = None, progress: bool = True,
-                desc: str = "retrieval", example=None) -> dict:
+                prefill_chunk: int | None = None, batch_tokens: int | None = RETRIEVAL_BATCH_TOKENS,
+                progress: bool = True, desc: str = "retrieval", example=None) -> dict:
     """Accuracy of a needle-retrieval task on every (length, depth) cell, `trials` prompts each.
 
     make_prompt(rng, length, depth) -> a prompt with .ids (exactly `length` tokens) and .answer_ids;
-    the model greedily decodes max(len(answer_ids)) tokens for each prompt (in batches of at most
-    batch_tokens // length prompts, all of a cell's at once when None), and score(prompt,
-    generated_ids) says whether it is right. The cell's generator is seeded with [*seed, length
-    index, depth index], so each cell's prompts are the same whatever else the grid holds.
+    the model greedily decodes max(len(answer_ids)) tokens of a batch for each prompt, and
+    score(prompt, generated_ids) says whether it is right. The prompts of one length are decoded
+    together, every depth's, in batches of at most batch_tokens // length prompts (all of them when
+    None). The cell's generator is seeded with [*seed, length index, depth index], so each cell's
+    prompts are the same whatever else the grid holds or however they are batched.
     example(prompt, generated_ids) -> a dict kept for the first and last depth of each length.
     RoPE-family scaling is set per length as in the perplexity evaluation (train_len).
     Returns {lengths, depths, trials, accuracy[length][depth], correct[length][depth], rope_scale
-    per length, examples, seconds}.
+    per length, examples, batch_tokens, seconds, and the seconds spent building prompts, in prefills
+    and in decoding steps (`timings`)}.
     """
     if not lengths or not depths:
         raise ValueError("lengths and depths must be non-empty")
     if isinstance(trials, bool) or not isinstance(trials, int) or trials < 1:
         raise ValueError(f"trials must be an int >= 1, got {trials!r}")
+    if batch_tokens is not None and (isinstance(batch_tokens, bool) or not isinstance(batch_tokens, int)
+                                     or batch_tokens < 1):
+        raise ValueError(f"batch_tokens must be a positive int or None, got {batch_tokens!r}")
     seed = list(seed) if isinstance(seed, (list, tuple)) else [seed]
     start_time = time.perf_counter()
+    timings = {"prompts": 0.0, "prefill": 0.0, "decode": 0.0}
     accuracy, correct, scales, examples = [], [], [], []
-    bar = progress_bar(progress, total=len(lengths) * len(depths), desc=desc, unit="cell")
+    bar = progress_bar(progress, total=len(lengths) * len(depths) * trials, desc=desc, unit="prompt")
     model.eval()
     for li, length in enumerate(lengths):
-        per_batch = trials if batch_tokens is None else max(1, min(trials, batch_tokens // length))
-        with rope_scaling_at(model, length, train_len or length) as factor:
-            row, hits_row = [], []
+        count = len(depths) * trials
+        per_batch = count if batch_tokens is None else max(1, min(count, batch_tokens // length))
+
+        def cell_prompts():  # (depth index, trial, prompt), each cell's from its own generator
             for di, depth in enumerate(depths):
                 rng = np.random.default_rng([*seed, li, di])
-                prompts = [make_prompt(rng, length, float(depth)) for _ in range(trials)]
-                hits = 0
-                for first in range(0, trials, per_batch):
-                    group = prompts[first:first + per_batch]
-                    answer_len = max(len(p.answer_ids) for p in group)
-                    ids = torch.tensor([p.ids for p in group], dtype=torch.long)
-                    generated = greedy_generate(model, ids, answer_len, prefill_chunk=prefill_chunk)
-                    for index, (prompt, output) in enumerate(zip(group, generated.tolist())):
-                        hits += bool(score(prompt, output))
-                        if example is not None and first + index == 0 and di in (0, len(depths) - 1):
-                            examples.append({"length": length, "depth": float(depth), **example(prompt, output)})
-                row.append(hits / trials)
-                hits_row.append(hits)
-                bar.update(1)
-            accuracy.append(row)
-            correct.append(hits_row)
-            scales.append(factor)
+                for trial in range(trials):
+                    yield di, trial, make_prompt(rng, length, float(depth))
+
+        prompts = cell_prompts()
+        hits = [0] * len(depths)
+        with rope_scaling_at(model, length, train_len or length) as factor:
+            for _ in range(0, count, per_batch):
+                built = time.perf_counter()
+                group = list(itertools.islice(prompts, per_batch))
+                timings["prompts"] += time.perf_counter() - built
+                answer_len = max(len(prompt.answer_ids) for _, _, prompt in group)
+                ids = torch.tensor([prompt.ids for _, _, prompt in group], dtype=torch.long)
+                generated = greedy_generate(model, ids, answer_len, prefill_chunk=prefill_chunk, timings=timings)
+                for (di, trial, prompt), output in zip(group, generated.tolist()):
+                    hits[di] += bool(score(prompt, output))
+                    if example is not None and trial == 0 and di in (0, len(depths) - 1):
+                        examples.append({"length": length, "depth": float(depths[di]), **example(prompt, output)})
+                bar.update(len(group))
+        accuracy.append([h / trials for h in hits])
+        correct.append(hits)
+        scales.append(factor)
     bar.close()
     return {"lengths": list(lengths), "depths": [float(d) for d in depths], "trials": trials,
             "accuracy": accuracy, "correct": correct, "rope_scale": scales, "examples": examples,
-            "seconds": time.perf_counter() - start_time}
+            "batch_tokens": batch_tokens, "seconds": time.perf_counter() - start_time,
+            "timings": {name: round(value, 3) for name, value in timings.items()}}
 
 
 def passkey_grid(model, encode, decode=None, *, lengths: list[int], depths=DEFAULT_DEPTHS,
                  trials: int = 5, seed: int = 0, filler_ids=None, train_len: int | None = None,
-                 prefill_chunk: int | None = None, batch_tokens: int | None = None, progress: bool = True,
-                 label: str | None = None) -> dict:
+                 prefill_chunk: int | None = None, batch_tokens: int | None = RETRIEVAL_BATCH_TOKENS,
+                 progress: bool = True, label: str | None = None) -> dict:
     """Passkey accuracy for every (length, depth) cell, `trials` seeded prompts each (`needle_grid`).
 
     filler_ids: held-out corpus tokens for the filler (a different seeded window per trial);

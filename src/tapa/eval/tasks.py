@@ -47,8 +47,8 @@ import numpy as np
 
 from tapa.data.passkey import INSTRUCTION as PASSKEY_INSTRUCTION
 from tapa.data.passkey import build_needle_prompt, random_passkey
-from tapa.eval.passkey_eval import (DEFAULT_DEPTHS, answer_items, matches_answer, needle_grid,
-                                    trial_filler)
+from tapa.eval.passkey_eval import (DEFAULT_DEPTHS, RETRIEVAL_BATCH_TOKENS, answer_items, matches_answer,
+                                    needle_grid, trial_filler)
 
 TASKS = ("single-key", "multi-key", "multi-value", "variable-tracking")
 Z95 = 1.959963984540054  # the 0.975 quantile of the standard normal
@@ -268,7 +268,8 @@ TASK_SEEDS = {task: index + 1 for index, task in enumerate(TASKS)}  # passkey gr
 
 def task_grid(model, task: str, encode, decode, *, lengths, depths=DEFAULT_DEPTHS, trials: int | None = None,
               seed: int = 0, filler_ids=None, settings: TaskSettings | None = None,
-              train_len: int | None = None, batch_tokens: int | None = None, prefill_chunk: int | None = None,
+              train_len: int | None = None, batch_tokens: int | None = RETRIEVAL_BATCH_TOKENS,
+              prefill_chunk: int | None = None,
               progress: bool = True, label: str | None = None, filler_name: str | None = None) -> dict:
     """Accuracy of `task` on every (length, depth) cell (`needle_grid`), `trials` seeded prompts per
     cell (default: `default_trials(len(depths))`). filler_ids: corpus tokens for the filler; None
