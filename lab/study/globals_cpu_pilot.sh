@@ -23,14 +23,30 @@
 # so a partial run already gives whole rows. Rerun on the same OUT to resume: finished stages are
 # skipped.
 #
-# Usage: bash lab/study/globals_cpu_pilot.sh OUT [SEED]    (~80 min on one idle core)
+# Usage: bash lab/study/globals_cpu_pilot.sh OUT [SEED]    (~110 min on one core, 2026-12-05)
 # Then:  tapa report OUT/eval-*/ --out results/toy-study/globals/cpu-pilot/seedSEED
+# Options (environment):
+#   REUSE=DIR  copy the runs this script shares with lab/study/retrofit_cpu_pilot.sh (the same
+#     commands: rope, rope-yarn, hybrid-tapa, hybrid-nope, hybrid-tapa-c, hybrid-nope-c and their
+#     evaluations) from that pilot's OUT of the same seed instead of training them again (seed 0
+#     trained rope, rope-yarn, hybrid-tapa and hybrid-tapa-c again and matched it to the last digit)
+#   LEVERS="c1024 w32 ..."  the levers to run, in that order (default: all, as below)
 set -euo pipefail
 OUT=$(realpath -m "${1:?usage: globals_cpu_pilot.sh OUT [SEED]}"); SEED=${2:-0}
 mkdir -p "$OUT"
 export TAPA_CACHE=$OUT/cache
 start=$(date +%s)
 stamp() { echo "[$(date -u +%H:%M:%S) +$(( $(date +%s) - start )) s] $*"; }
+
+if [[ -n ${REUSE:-} ]]; then
+    for name in rope rope-yarn hybrid-tapa hybrid-nope hybrid-tapa-c hybrid-nope-c \
+            eval-rope-yarn eval-hybrid-tapa-c eval-hybrid-nope-c; do
+        if [[ -e $REUSE/$name && ! -e $OUT/$name ]]; then
+            cp -a "$REUSE/$name" "$REUSE/$name.log" "$OUT/"
+            stamp "copied $name from $REUSE"
+        fi
+    done
+fi
 
 DATA=(--data builtin --vocab-size 2048 --max-train-bytes 5000000 --seed "$SEED")
 COMMON=(--eval-every 0 --save-every 0 --no-progress --no-plot --device cpu)
@@ -63,7 +79,7 @@ arm() { local name=$1; shift
     evaluate "$name-c"
 }
 
-# the anchor and the base arms, then the continual stage at 1024 on the base arms
+# the anchor and the base arms
 pretrain rope --n-layers 4 --pe rope
 continual rope-yarn rope --seq-len 512 --pe rope-yarn --rope-scale 4 --original-seq-len 128
 evaluate rope-yarn
@@ -71,25 +87,32 @@ for kind in tapa nope; do
     [[ $kind == tapa ]] && PE=("${TAPA[@]}") || PE=("${NOPE[@]}")
     arm hybrid-$kind --n-layers 4 "${PE[@]}" --layer-pattern LLLG --local-window 64
 done
-for kind in tapa nope; do
-    continual hybrid-$kind-c1024 hybrid-$kind --seq-len 1024 --batch-size 4
-    evaluate hybrid-$kind-c1024
-done
-# the levers on both global kinds, one lever at a time
-for lever in w32 w16 temp llg l5g; do
+# the levers, each on both global kinds where it applies
+BASE=(--n-layers 4 --layer-pattern LLLG --local-window 64)
+for lever in ${LEVERS:-c1024 w32 w16 temp llg l5g theta25 theta75 alpha05 alpha2}; do
+    kinds="tapa nope"
     case $lever in
+        c1024)  # the base arms' continual stage at 1024: the same 73.7k tokens, batch 4
+            for kind in tapa nope; do
+                continual hybrid-$kind-c1024 hybrid-$kind --seq-len 1024 --batch-size 4
+                evaluate hybrid-$kind-c1024
+            done
+            continue ;;
         w32) flags=(--n-layers 4 --layer-pattern LLLG --local-window 32) ;;
         w16) flags=(--n-layers 4 --layer-pattern LLLG --local-window 16) ;;
-        temp) flags=(--n-layers 4 --layer-pattern LLLG --local-window 64 --query-temperature-base 128) ;;
+        temp) flags=("${BASE[@]}" --query-temperature-base 128) ;;
         llg) flags=(--n-layers 6 --layer-pattern LLG --local-window 64) ;;
         l5g) flags=(--n-layers 6 --layer-pattern LLLLLG --local-window 64) ;;
+        # TAPA only: the amplitude fraction theta and the distance exponent alpha of its globals
+        theta25) flags=("${BASE[@]}" --theta 0.25); kinds=tapa ;;
+        theta75) flags=("${BASE[@]}" --theta 0.75); kinds=tapa ;;
+        alpha05) flags=("${BASE[@]}" --alpha 0.05); kinds=tapa ;;
+        alpha2) flags=("${BASE[@]}" --alpha 0.2); kinds=tapa ;;
+        *) echo "unknown lever $lever" >&2; exit 2 ;;
     esac
-    arm hybrid-tapa-$lever "${TAPA[@]}" "${flags[@]}"
-    arm hybrid-nope-$lever "${NOPE[@]}" "${flags[@]}"
-done
-# TAPA only: the amplitude fraction theta and the distance exponent alpha of its globals
-for setting in theta25:--theta:0.25 theta75:--theta:0.75 alpha05:--alpha:0.05 alpha2:--alpha:0.2; do
-    IFS=: read -r tag flag value <<< "$setting"
-    arm hybrid-tapa-$tag "${TAPA[@]}" --n-layers 4 --layer-pattern LLLG --local-window 64 "$flag" "$value"
+    for kind in $kinds; do
+        [[ $kind == tapa ]] && PE=("${TAPA[@]}") || PE=("${NOPE[@]}")
+        arm hybrid-$kind-$lever "${PE[@]}" "${flags[@]}"
+    done
 done
 stamp "done"

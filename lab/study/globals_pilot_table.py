@@ -9,14 +9,18 @@ not the screen): from one `tapa report` results.json per seed,
 4. each hybrid arm over RoPE + YaRN (continued alike) at the same lengths: the issue's "within 1% of
    RoPE + YaRN in length".
 
-    python3 -m lab.study.globals_pilot_table SEED0/results.json SEED1/results.json > summary.md
+Every row uses the seeds that have its runs and names them (a seed may have run only some levers);
+a seed is named by its folder (seed1/results.json: 1) or else by the file's name.
+
+    python3 -m lab.study.globals_pilot_table seed0/results.json seed1/results.json > summary.md
 """
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
-from lab.study.retrofit_pilot_table import fmt, load, perplexity_table
+from lab.study.retrofit_pilot_table import fmt, load
 
 KINDS = {"tapa": "TAPA", "nope": "NoPE"}
 # lever tag -> its name; the arm's run is hybrid-KIND-TAG-c (continued at 512), except c1024
@@ -59,32 +63,58 @@ def arms() -> dict[str, str]:
     return table
 
 
+def seed_name(path: str) -> str:
+    """seed1/results.json -> '1'; seed2.json -> '2'."""
+    name = Path(path).parent.name if Path(path).name == "results.json" else Path(path).stem
+    return name.removeprefix("seed")
+
+
+def _with(seeds: dict[str, dict], *runs: str) -> dict[str, dict]:
+    """The seeds that have every one of the runs."""
+    return {name: seed for name, seed in seeds.items() if all(run in seed for run in runs)}
+
+
+def perplexity_table(seeds: dict[str, dict]) -> list[str]:
+    """One row per arm: the seeds that have it, the mean perplexity at each length with each seed's
+    value, and the mean over those seeds of the longest length over the shortest."""
+    lengths = sorted(next(iter(next(iter(seeds.values())).values())))
+    lines = ["| arm | seeds | " + " | ".join(str(n) for n in lengths) + " | longest / shortest |",
+             "|---|---|" + "---|" * (len(lengths) + 1)]
+    for run, name in arms().items():
+        have = _with(seeds, run)
+        if not have:
+            continue
+        cells = [fmt([seed[run][n] for seed in have.values()]) for n in lengths]
+        ratios = [seed[run][lengths[-1]] / seed[run][lengths[0]] for seed in have.values()]
+        lines.append(f"| {name} | {', '.join(have)} | " + " | ".join(cells)
+                     + f" | {sum(ratios) / len(ratios):.2f} |")
+    return lines
+
+
 def _ratio_header(first: str) -> list[str]:
-    return [f"| {first} | " + " | ".join(f"{n // 128}x ({n})" for n in RATIO_LENGTHS) + " |",
-            "|---|" + "---|" * len(RATIO_LENGTHS)]
+    return [f"| {first} | seeds | " + " | ".join(f"{n // 128}x ({n})" for n in RATIO_LENGTHS) + " |",
+            "|---|---|" + "---|" * len(RATIO_LENGTHS)]
 
 
-def _ratio_cells(seeds: list[dict], top: str, bottom: str) -> str:
-    return " | ".join(fmt([seed[top][n] / seed[bottom][n] for seed in seeds], 3)
-                      for n in RATIO_LENGTHS)
+def _ratio_row(name: str, seeds: dict[str, dict], top: str, bottom: str) -> str:
+    have = _with(seeds, top, bottom)
+    return (f"| {name} | {', '.join(have)} | "
+            + " | ".join(fmt([seed[top][n] / seed[bottom][n] for seed in have.values()], 3)
+                         for n in RATIO_LENGTHS) + " |")
 
 
-def _present(seeds: list[dict], *runs: str) -> bool:
-    return all(run in seed for seed in seeds for run in runs)
-
-
-def lever_table(seeds: list[dict]) -> list[str]:
+def lever_table(seeds: dict[str, dict]) -> list[str]:
     """Each lever's perplexity over its own kind's base arm."""
     lines = _ratio_header("lever / its kind's base")
     for lever, what in LEVERS.items():
         for kind, label in KINDS.items():
             run, base = run_name(kind, lever), run_name(kind, None)
-            if _present(seeds, run, base):
-                lines.append(f"| {label}: {what} | " + _ratio_cells(seeds, run, base) + " |")
+            if _with(seeds, run, base):
+                lines.append(_ratio_row(f"{label}: {what}", seeds, run, base))
     return lines
 
 
-def kind_table(seeds: list[dict]) -> list[str]:
+def kind_table(seeds: dict[str, dict]) -> list[str]:
     """TAPA's perplexity over NoPE's, lever by lever; the TAPA-only levers against the NoPE base."""
     lines = _ratio_header("TAPA / NoPE")
     lines[0] += " TAPA lower at 32x |"
@@ -92,31 +122,30 @@ def kind_table(seeds: list[dict]) -> list[str]:
     for lever, what in {None: "base (LLLG, w64)", **LEVERS}.items():
         tapa = run_name("tapa", lever)
         nope = run_name("nope", None if lever in TAPA_ONLY else lever)
-        if not _present(seeds, tapa, nope):
+        have = _with(seeds, tapa, nope)
+        if not have:
             continue
         if lever in TAPA_ONLY:
             what += " (against the NoPE base)"
-        lower = sum(seed[tapa][4096] < seed[nope][4096] for seed in seeds)
-        lines.append(f"| {what} | " + _ratio_cells(seeds, tapa, nope)
-                     + f" | {lower} of {len(seeds)} |")
+        lower = sum(seed[tapa][4096] < seed[nope][4096] for seed in have.values())
+        lines.append(_ratio_row(what, seeds, tapa, nope) + f" {lower} of {len(have)} |")
     return lines
 
 
-def anchor_table(seeds: list[dict]) -> list[str]:
+def anchor_table(seeds: dict[str, dict]) -> list[str]:
     """Each hybrid arm's perplexity over RoPE + YaRN's."""
     lines = _ratio_header("arm / RoPE + YaRN")
     for run, name in arms().items():
-        if run != ANCHOR and _present(seeds, run, ANCHOR):
-            lines.append(f"| {name} | " + _ratio_cells(seeds, run, ANCHOR) + " |")
+        if run != ANCHOR and _with(seeds, run, ANCHOR):
+            lines.append(_ratio_row(name, seeds, run, ANCHOR))
     return lines
 
 
 def summary(paths: list[str]) -> str:
-    seeds = load(paths)
-    count = f"{len(seeds)} seed{'s' if len(seeds) > 1 else ''}"
+    seeds = dict(zip((seed_name(path) for path in paths), load(paths)))
     sections = [
-        (f"Perplexity on the test split, mean of {count} (each seed's value in brackets); the last "
-         "column is 32x over 1x.", perplexity_table(seeds, arms())),
+        ("Perplexity on the test split, mean of the seeds named (each seed's value in brackets, in "
+         "that order); the last column is 32x over 1x.", perplexity_table(seeds)),
         ("Each lever over its own kind's base arm (mean of the seeds' ratios, each seed's ratio in "
          "brackets; below 1: the lever helps).", lever_table(seeds)),
         ("TAPA globals over NoPE globals, lever by lever (below 1: TAPA is lower).", kind_table(seeds)),
