@@ -308,12 +308,12 @@ class Estimates:
     theory_s: float = 12.0  # load, 8 x 4096 tokens through one layer, binning, iid samples
     # a retrieval-suite prompt: the passkey grid's 1000 prompts (2k-16k) took 13.6 s at the median
     # (above); the suite's first run (2026-12-05, rope-yarn, 6160 prompts) was still going after
-    # 215 s of its stage, so more than 0.033 s a prompt. Its prompts then went in batches of one cell
-    # and 16k tokens (at 16k, 77 batches of one prompt a cell), each batch a prefill and up to ~25
-    # eager decoding steps of ~3.5 ms: ~41k steps for the suite. Since the grids batch every depth of
-    # a length up to 256k tokens (2026-12-05), the suite takes ~2.7k steps, and the projection is
-    # ~0.008 s a prompt, the prefill (~47M tokens) most of it. Not timed yet: 0.02, a 2.5x margin,
-    # until the grids' recorded timings replace it.
+    # 215 s of its stage, so more than 0.033 s a prompt. Its prompts then went a cell at a time in
+    # 16k-token batches, each batch a prefill and one eager decoding step (~3.5 ms) per answer token;
+    # since the grids batch every depth of a length up to 256k tokens (2026-12-05), the decoding
+    # steps fall from 35,172 to 2,605 and the prefills from 2,920 to 196 (lab.study.suite_cost, a
+    # 2,048-token BPE), and the projection is ~0.008 s a prompt, the prefill (~47M tokens) most of
+    # it. Not timed yet: 0.02, a 2.5x margin, until the grids' recorded timings replace it.
     task_s_per_prompt: float = 0.02
     # fresh machine: BPE on 50 MB + tokenizing ~400 MB (64 s, then 77 s twice, 53 s with the
     # batched encoder), then the kernels' preflight (15 s): 68 s on 2026-12-01 21:58 UTC
