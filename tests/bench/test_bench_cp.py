@@ -119,3 +119,25 @@ def test_find_longest_doubles_until_out_of_memory(tmp_path, monkeypatch, capsys)
     assert [(r["seq_len"], r["attention"]) for r in rows] == [("64", "sdpa"), ("128", "sdpa"), ("256", "OOM")]
     assert ("longest row that trained (RoPE, CP 1, checkpointing off, 1 process(es)): 128 tokens; "
             "256 ran out of memory") in capsys.readouterr().out
+
+
+def test_cpu_smoke_rows_default_to_smoke_lengths(tmp_path, monkeypatch):
+    """--cpu-smoke without --lengths trains rows of 64 and 128 tokens (bench model --cpu-smoke's):
+    it took the GPU rows of 131072 and 262144 tokens before, minutes of silence on a CPU and then
+    an out-of-memory kill. The measure is a stand-in that records the rows it was given."""
+    seen = []
+
+    def measure(cfg, *, seq_len, parallel, info, checkpointing, warmup, steps, doc_mask):
+        seen.append(seq_len)
+        return {"pe": cfg.label, "attention": "sdpa", "checkpointing": checkpointing,
+                "seq_len": seq_len, "cp": 1, "processes": 1, "rows": 1, "step_ms": 1.0,
+                "tokens_per_s": 1.0, "tokens_per_s_per_gpu": 1.0, "peak_mem_gib": "n/a"}
+
+    monkeypatch.setattr(bench_cp, "measure", measure)
+    assert main(["bench", "cp", "--cpu-smoke", "--pes", "rope", "--checkpointing", "off",
+                 "--csv", str(tmp_path / "cp.csv")]) == 0
+    assert seen == [64, 128]
+    seen.clear()
+    assert main(["bench", "cp", "--cpu-smoke", "--pes", "rope", "--checkpointing", "off", "--lengths",
+                 "32", "--csv", str(tmp_path / "cp.csv")]) == 0
+    assert seen == [32]

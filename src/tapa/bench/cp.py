@@ -28,7 +28,7 @@ and exits non-zero, which makes torchrun stop the rest. --find-longest doubles t
 exponential with this mean, seeded per data group) and trains with document masking, sharded
 with the row (`ContextParallel.shard(documents=)`) under CP and whole at CP 1.
 
-    tapa bench cp --cpu-smoke --lengths 32      # the same code on CPU processes (gloo), tiny model
+    tapa bench cp --cpu-smoke                   # the same code on CPU processes (gloo), tiny model, rows of 64 and 128
 """
 
 from __future__ import annotations
@@ -53,15 +53,16 @@ from tapa.train.context_parallel import ContextParallel
 from tapa.train.distributed import DistInfo, launched_by_torchrun, setup_distributed, teardown
 from tapa.train.parallelize import parallelize, resolve_parallel
 
+BENCH_LENGTHS, SMOKE_LENGTHS = [131072, 262144], [64, 128]
 FIELDS = ("model", "pe", "attention", "checkpointing", "doc_mask", "seq_len", "cp", "processes", "rows",
           "step_ms", "tokens_per_s", "tokens_per_s_per_gpu", "peak_mem_gib",
           "tokens_per_gpu_vs_cp1", "mem_vs_cp1")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--lengths", type=int, nargs="+", default=[131072, 262144],
-                        help="row lengths, tokens (default: 131072 262144); with --find-longest, "
-                             "the one row to start doubling from")
+    parser.add_argument("--lengths", type=int, nargs="+", default=None,
+                        help="row lengths, tokens (default: 131072 262144; with --cpu-smoke 64 "
+                             "128); with --find-longest, the one row to start doubling from")
     parser.add_argument("--pes", nargs="+", default=["tapa:LLLG:256", "rope"],
                         help="models, as bench model's --pes (default: tapa:LLLG:256 rope)")
     parser.add_argument("--cp", type=int, nargs="+", default=None,
@@ -222,6 +223,9 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit("tapa bench cp needs CUDA GPUs (use --cpu-smoke to check the code path on "
                          "CPU processes)")
     world = int(os.environ["WORLD_SIZE"]) if launched_by_torchrun() else 1
+    # a smoke's rows are bench model --cpu-smoke's: the GPU rows took minutes on CPU and then
+    # ran out of memory there
+    args.lengths = args.lengths or (SMOKE_LENGTHS if args.cpu_smoke else BENCH_LENGTHS)
     sizes = sorted(set(args.cp or [world, 1]), reverse=True)
     check_plan(args, sizes, world)
     info = setup_distributed("cpu" if args.cpu_smoke else "auto")
