@@ -49,6 +49,12 @@ def test_no_command_writes_inside_a_run_directory(run_dir, tmp_path):
         one_line(["report", str(run_dir), "--out", str(step), *flags], refused)
         one_line(["theory", "--out", str(step), "--samples", "100", *flags], refused)
         one_line(["theory", "--out", str(run_dir / "notes"), "--samples", "100", *flags], refused)
+    # tapa demo wrote its runs, tables and plots into a run directory, and --force deleted any
+    # rope/, tapa/ or hybrid/ folder there
+    for flags in ([], ["--force"]):
+        one_line(["demo", "--tiny", "--device", "cpu", "--out", str(run_dir), *flags],
+                 "is a training run directory")
+        one_line(["demo", "--tiny", "--device", "cpu", "--out", str(step), *flags], refused)
     llama = tmp_path / "llama"
     llama.mkdir()
     for flags in ([], ["--overwrite"]):

@@ -94,6 +94,27 @@ def check_output_dir(path: str | os.PathLike, *, outputs: Sequence[str], marker:
     that only this command writes; run_subdirs: names (fnmatch patterns) of folders directly inside
     a run directory that the command owns. Raises ValueError naming the directory and what to do.
     """
+    path = check_not_in_run(path, command=command, run_subdirs=run_subdirs)
+    if not path.is_dir() or overwrite:
+        return path
+    entries = sorted(entry.name for entry in path.iterdir()
+                     if not entry.name.startswith(_ASIDE) and entry.name != PARTIAL)
+    foreign = [name for name in entries if not _matches(name, outputs)]
+    # a write of this command that was killed half-way: its marker may not be written yet
+    interrupted = _partial_outputs(path) == tuple(outputs)
+    if entries and (foreign or (marker not in entries and not interrupted)):
+        shown = foreign or entries
+        listing = ", ".join(shown[:5]) + (f" and {len(shown) - 5} more" if len(shown) > 5 else "")
+        raise ValueError(f"output directory {str(path)!r} holds files {command} did not write ({listing}); "
+                         "choose an empty or new directory, or pass --overwrite to write there anyway")
+    return path
+
+
+def check_not_in_run(path: str | os.PathLike, *, command: str = "tapa",
+                     run_subdirs: Sequence[str] = ()) -> Path:
+    """The first half of check_output_dir's rule, for commands that may share a directory with
+    other files (tapa demo): refuse a file, a training run directory and any path inside one but
+    the run_subdirs the command owns. Returns the path, user-expanded."""
     path = Path(path).expanduser()
     if path.exists() and not path.is_dir():
         raise ValueError(f"output directory {str(path)!r} is a file; choose a directory")
@@ -108,18 +129,6 @@ def check_output_dir(path: str | os.PathLike, *, outputs: Sequence[str], marker:
             raise ValueError(f"{str(path)!r} is inside the training run directory {str(run)!r} ({inside}); "
                              f"{command} would write among the run's files (--overwrite or not): "
                              "choose an output directory outside it")
-    if not path.is_dir() or overwrite:
-        return path
-    entries = sorted(entry.name for entry in path.iterdir()
-                     if not entry.name.startswith(_ASIDE) and entry.name != PARTIAL)
-    foreign = [name for name in entries if not _matches(name, outputs)]
-    # a write of this command that was killed half-way: its marker may not be written yet
-    interrupted = _partial_outputs(path) == tuple(outputs)
-    if entries and (foreign or (marker not in entries and not interrupted)):
-        shown = foreign or entries
-        listing = ", ".join(shown[:5]) + (f" and {len(shown) - 5} more" if len(shown) > 5 else "")
-        raise ValueError(f"output directory {str(path)!r} holds files {command} did not write ({listing}); "
-                         "choose an empty or new directory, or pass --overwrite to write there anyway")
     return path
 
 

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from tapa._paths import check_not_in_run
 from tapa.eval.evaluate import EvalOptions, evaluate_run
 from tapa.eval.report import growth_summary, merge_results, perplexity_table, write_results
 
@@ -261,6 +262,7 @@ def run(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     profile = PROFILES[args.profile] if args.profile else pick_profile(device, args.tiny)
     out_dir = Path(args.out) if args.out else _fresh_dir(Path(f"runs/demo-{profile.name}"))
+    check_not_in_run(out_dir, command="tapa demo")  # --force would delete a run's folders there
     existing = [out_dir / model.name for model in DEMO_MODELS if (out_dir / model.name).exists()]
     if existing and not args.force:
         raise ValueError(f"--out {str(out_dir)!r} already holds a demo ({', '.join(map(str, existing))}); "
