@@ -207,3 +207,36 @@ def test_the_token_digest_names_the_ids_not_their_storage():
     changed = ids.copy()
     changed[1234] += 1
     assert token_digest(changed) != want
+
+
+def test_report_reads_a_run_evaluated_only_on_other_text(tmp_path, capsys):
+    """`tapa eval A B --data SRC` ends with 'compare them ... with: tapa report A B'; that report
+    said "no evaluation results under 'A': run 'tapa eval A' first", as it read only RUN/eval. It
+    now reads a run's one RUN/eval-<data>, and names the folders when there are several."""
+    from helpers import one_line_error
+
+    def write(folder, source, perplexity):
+        method = {"label": "TAPA", "run": folder.parent.name, "train_len": 32, "zero_shot": True,
+                  "passkey": None, "perplexity": [{"length": 32, "perplexity": perplexity, "loss": 2.0,
+                                                   "buckets": [{"start": 0, "end": 32, "loss": 2.2}]}]}
+        folder.mkdir(parents=True)
+        (folder / "results.json").write_text(json.dumps({
+            "kind": "tapa-eval", "date": "2026-01-01", "hardware": "cpu", "command": "tapa eval",
+            "split": "all", "stride": 16, "max_tokens": 64, "methods": [method],
+            "data": {"source": source, "name": source, "split": "all", "tokens": 5000, "run_corpus": False}}))
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    write(a / "eval-prose.txt", "prose.txt", 9.0)
+    write(b / "eval-prose.txt", "prose.txt", 11.0)
+    assert main(["report", str(a), str(b), "--out", str(tmp_path / "report")]) == 0
+    merged = json.loads((tmp_path / "report" / "results.json").read_text())
+    assert [m["perplexity"][0]["perplexity"] for m in merged["methods"]] == [9.0, 11.0]
+    assert merged["data"]["source"] == "prose.txt"
+    write(a / "eval-notes.txt", "notes.txt", 7.0)
+    one_line_error(["report", str(a), str(b), "--out", str(tmp_path / "report2")],
+                   f"'{a}' was evaluated on 2 texts \\({a}/eval-notes.txt, {a}/eval-prose.txt\\); pass the "
+                   "folder of the one to compare")
+    # RUN/eval, the run's own corpus, stays what RUN means
+    write(a / "eval", "corpus.txt", 5.0)
+    assert main(["report", str(a), "--out", str(tmp_path / "report3")]) == 0
+    assert json.loads((tmp_path / "report3" / "results.json").read_text())["data"]["source"] == "corpus.txt"

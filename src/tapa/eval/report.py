@@ -228,10 +228,16 @@ def write_results(results: dict, out_dir: str | Path, *, title: str = "") -> lis
 
 
 def load_results(path: str | Path) -> dict:
-    """results.json of an evaluated run: a run dir (RUN/eval/results.json), a directory holding
-    results.json, or the file itself."""
+    """results.json of an evaluated run: a run dir (RUN/eval/results.json, else its one
+    RUN/eval-<data>/results.json of `tapa eval --data`), a directory holding results.json, or the
+    file itself."""
     path = Path(path)
-    for candidate in (path / "eval" / RESULTS_JSON, path / RESULTS_JSON, path):
+    on_data = sorted(path.glob(f"eval-*/{RESULTS_JSON}")) if path.is_dir() else []
+    if len(on_data) > 1 and not (path / "eval" / RESULTS_JSON).is_file() and not (path / RESULTS_JSON).is_file():
+        listing = ", ".join(str(file.parent) for file in on_data)
+        raise ValueError(f"{str(path)!r} was evaluated on {len(on_data)} texts ({listing}); pass the "
+                         "folder of the one to compare")
+    for candidate in (path / "eval" / RESULTS_JSON, path / RESULTS_JSON, *on_data, path):
         if candidate.is_file():
             try:
                 results = json.loads(candidate.read_text())
