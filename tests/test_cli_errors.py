@@ -109,3 +109,24 @@ def test_results_json_of_another_kind_is_a_clear_error(tmp_path):
     fail(["report", str(tmp_path), "--out", str(tmp_path / "out")], "is not a tapa eval results file")
     (tmp_path / "results.json").write_text("{trunc")
     fail(["report", str(tmp_path), "--out", str(tmp_path / "out")], "is not valid JSON")
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the no-CUDA errors")
+@pytest.mark.parametrize("argv, message", [
+    (["attention"], "tapa bench attention: error: needs a CUDA GPU"),
+    (["varlen"], "tapa bench varlen: error: needs a CUDA GPU (the fused kernel is what it times)"),
+    (["local", "--smoke", "--heads", "4", "--kv-heads", "3"],
+     "tapa bench local: error: --heads (4) must be a multiple of --kv-heads (3)"),
+    (["cp", "--cpu-smoke", "--lengths", "30", "--cp", "2"],
+     "tapa bench cp: error: --lengths 30 under --cp 2: a row is cut into 2 x 2 = 4 equal chunks "
+     "(head-tail load balancing), and 30 is not a multiple of 4"),
+])
+def test_bench_errors_are_one_error_line(argv, message, tmp_path):
+    """Each benchmark spelled its own exit: 'tapa bench attention needs a CUDA GPU', 'tapa bench cp:
+    --lengths ...', '--heads (4) must be ...' (no command at all), none with 'error:'. Each is now
+    one `tapa bench NAME: error: ...` line."""
+    if argv[0] in ("varlen", "cp"):
+        argv = argv + (["--out", str(tmp_path / "v")] if argv[0] == "varlen" else ["--csv", str(tmp_path / "c")])
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", *argv])
+    assert exit_info.value.code == message

@@ -29,6 +29,15 @@ def add_arguments(parser):
 
 
 def run(args):
-    if getattr(args, "_import_error", None) is not None:
-        raise SystemExit(f"tapa bench {args.benchmark}: {args._import_error}")
-    return importlib.import_module(args._module).run(args)
+    """Run the benchmark; a message it exits with (SystemExit("...")) becomes the command line's
+    one `tapa bench NAME: error: ...` line, whether or not the benchmark named itself."""
+    prog = f"tapa bench {args.benchmark}"
+    try:
+        if getattr(args, "_import_error", None) is not None:
+            raise SystemExit(str(args._import_error))
+        return importlib.import_module(args._module).run(args)
+    except SystemExit as exit_:
+        if not isinstance(exit_.code, str):
+            raise
+        message = exit_.code.removeprefix(prog).lstrip(": ")
+        raise SystemExit(f"{prog}: error: {message}") from None
