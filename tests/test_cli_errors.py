@@ -130,3 +130,19 @@ def test_bench_errors_are_one_error_line(argv, message, tmp_path):
     with pytest.raises(SystemExit) as exit_info:
         main(["bench", *argv])
     assert exit_info.value.code == message
+
+
+def test_a_warning_is_one_line_naming_the_command():
+    """A Python warning read '<string>:28: UserWarning: ModelConfig: theta=0.3 set, ...' (the
+    dataclass's generated __init__ as its source), or a path into the package and the source line
+    '  warnings.warn(' on a line of its own. It is now one line that names the command; --debug
+    keeps Python's form, with the source. (A subprocess: pytest records warnings itself.)"""
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    env.pop("TAPA_DEBUG", None)
+    command = [sys.executable, "-m", "tapa", "train", "--pe", "rope", "--theta", "0.3", "--print-config"]
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 0 and result.stderr == (
+        "tapa train: warning: ModelConfig: theta=0.3 set, but pe='rope' with layer_pattern='G' over "
+        "3 layers has no global TAPA layer to read them; they are ignored\n")
+    result = subprocess.run(command + ["--debug"], capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 0 and "UserWarning: ModelConfig: theta=0.3 set" in result.stderr

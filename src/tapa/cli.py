@@ -5,7 +5,8 @@ A user's mistake (a bad argument, a missing or non-run directory, a missing or c
 an unwritable path) ends in one line on stderr, `tapa COMMAND: error: ...`, and exit status 1;
 `--debug` anywhere on the command line, or TAPA_DEBUG=1, shows the Python traceback instead.
 A usage error (an unknown flag such as --device on a command without one, a bad value) is one line
-as well, `tapa COMMAND: error: ...`, with argparse's exit status 2.
+as well, `tapa COMMAND: error: ...`, with argparse's exit status 2. A Python warning is one line,
+`tapa COMMAND: warning: ...`, without the source file and line that --debug shows.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import argparse
 import importlib
 import os
 import sys
+import warnings
 
 import tapa
 
@@ -66,6 +68,13 @@ def _debugging(argv: list[str]) -> bool:
     return DEBUG_FLAG in argv or os.environ.get("TAPA_DEBUG", "") not in ("", "0")
 
 
+def _one_line_warning(name: str):
+    """warnings.formatwarning for command `name`: the message on one line, no source location."""
+    def format_warning(message, category, filename, lineno, line=None) -> str:
+        return f"tapa {name}: warning: {' '.join(str(message).split())}\n"
+    return format_warning
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one command. Returns its exit status; a user error raises SystemExit with one line."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -79,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     name, rest = argv[0], argv[1:]
     module_name, help_ = COMMANDS[name]
+    format_warning = warnings.formatwarning
+    if not debug:
+        warnings.formatwarning = _one_line_warning(name)
     try:
         module = importlib.import_module(module_name)
         parser = _CommandParser(prog=f"tapa {name}", description=help_)
@@ -96,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
             raise
         message = " ".join(str(err).split("\n")) or type(err).__name__
         raise SystemExit(f"tapa {name}: error: {message} (--debug shows the traceback)") from None
+    finally:
+        warnings.formatwarning = format_warning
 
 
 if __name__ == "__main__":
