@@ -116,3 +116,14 @@ def test_convert_follows_the_same_rule(tmp_path):
     assert main(["convert", str(tmp_path / "llama"), str(tmp_path / "tapa")]) == 0
     assert main(["convert", str(tmp_path / "llama"), str(tmp_path / "tapa"), "--theta", "0.25"]) == 0
     assert json.loads((tmp_path / "tapa" / "config.json").read_text())["theta"] == 0.25
+
+
+def test_export_prints_its_result_and_no_loading_bar(run_dir, tmp_path, capfd):
+    """The check's reload printed transformers' 'Loading weights: 100%|####| 38/38 ...' bar to
+    stderr; export now prints its two lines and nothing else, and leaves the bar enabled."""
+    from transformers.utils import logging as hf_logging
+
+    assert main(["export", str(run_dir), str(tmp_path / "hf")]) == 0
+    out, err = capfd.readouterr()
+    assert err == "" and out.startswith(f"exported {run_dir} -> {tmp_path / 'hf'} (logits checked")
+    assert hf_logging.is_progress_bar_enabled()

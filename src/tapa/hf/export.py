@@ -140,9 +140,17 @@ def export_checkpoint(path: str | Path, out_dir: str | Path, *, tokenizer: str |
 @torch.no_grad()
 def verify_export(lm, out_dir: Path, *, exact: bool) -> None:
     """Reload out_dir with transformers and compare logits with the source TapaLM."""
+    from transformers.utils import logging as hf_logging
+
     from tapa.hf.modeling import TapaForCausalLM
 
-    model = TapaForCausalLM.from_pretrained(out_dir).eval()
+    bar = hf_logging.is_progress_bar_enabled()  # transformers' "Loading weights" bar: not ours to show
+    hf_logging.disable_progress_bar()
+    try:
+        model = TapaForCausalLM.from_pretrained(out_dir).eval()
+    finally:
+        if bar:
+            hf_logging.enable_progress_bar()
     ids = torch.randint(0, lm.config.vocab_size, (2, 33), generator=torch.Generator().manual_seed(0))
     expected = lm(ids)
     actual = model(ids, use_cache=False).logits.to(expected.dtype)
