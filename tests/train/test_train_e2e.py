@@ -35,6 +35,12 @@ def test_pretrain_then_continual_at_twice_the_length(cache_dir, tmp_path, capsys
     # min_lr_ratio 0.1; without a recipe the source run's, below); --lr overrides
     assert config["train"]["lr"] == pytest.approx(1e-4)
     assert "continual run: peak lr 0.0001, where the pretraining schedule ended" in capsys.readouterr().out
+    # --print-config's stdout is JSON alone (the lr note went before it there, so json.loads failed)
+    assert main(["train", *_common(cache_dir), "--init-from", str(pre), "--seq-len", "64",
+                 "--print-config"]) == 0
+    printed = capsys.readouterr()
+    assert json.loads(printed.out)["train"]["lr"] == pytest.approx(1e-4)
+    assert "continual run: peak lr 0.0001" in printed.err
     chosen = tmp_path / "chosen-lr"
     assert main(["train", *_common(cache_dir), "--init-from", str(pre), "--seq-len", "64", "--lr", "5e-3",
                  "--steps", "1", "--eval-every", "0", "--run-dir", str(chosen)]) == 0

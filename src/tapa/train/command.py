@@ -295,8 +295,9 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as err:
         raise SystemExit(f"tapa train: error: {err}") from err
     if train_cfg.init_from and not train_cfg.resume and not hasattr(args, "lr"):  # set by continual_lr
+        # beside --print-config on stderr: its stdout is the JSON alone
         print(f"continual run: peak lr {train_cfg.lr:g}, where the pretraining schedule ended "
-              f"(its lr x min_lr_ratio); --lr sets another")
+              f"(its lr x min_lr_ratio); --lr sets another", file=sys.stderr if args.print_config else sys.stdout)
     if args.print_config:
         print(json.dumps({"model": model_cfg.to_dict(), "data": data_cfg.to_dict(),
                           "train": train_cfg.to_dict()}, indent=2))
