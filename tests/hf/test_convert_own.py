@@ -203,6 +203,8 @@ def test_converted_run_trains_on_evaluates_and_exports(rope_run, tmp_path, capsy
         assert tapa_main(["eval", str(directory), "--data", str(text), *EVAL_FLAGS]) == 0
         results = json.loads((directory / f"eval-{text.name}" / "results.json").read_text())
         assert results["methods"][0]["perplexity"][0]["length"] == 32
+        # 1x is the source run's training length, 32 (not the config's original_seq_len, 2048)
+        assert results["methods"][0]["train_len"] == 32
         # a conversion trains nothing: its stage is zero-shot; the continued run's is continual
         assert results["methods"][0]["zero_shot"] is zero_shot
         digests.add(results["data"]["token_sha256"])

@@ -302,9 +302,10 @@ def _model_dir_tokens(model_dir: Path, options: EvalOptions):
 
 def model_dir_run_config(model_dir: Path, model_cfg, options: EvalOptions, train_len: int | None = None) -> dict:
     """What evaluate_run reads of a run's config.json, for a transformers model directory (tapa
-    convert / tapa export): the training length is `train_len`, else the exported run's seq_len
-    (when its run directory is still there), else the model's original_seq_len (a converted
-    model's max_position_embeddings). ValueError in one line without --data or a tokenizer.json."""
+    convert / tapa export): the training length is `train_len`, else the seq_len of the run whose
+    checkpoint was exported or converted (when that run directory is still there), else the model's
+    original_seq_len (a converted Llama's max_position_embeddings). ValueError in one line without
+    --data or a tokenizer.json."""
     from tapa.model.loading import read_json, run_config as run_config_of
 
     if not options.data:
@@ -313,19 +314,18 @@ def model_dir_run_config(model_dir: Path, model_cfg, options: EvalOptions, train
     if not (model_dir / "tokenizer.json").is_file():
         raise ValueError(f"{str(model_dir)!r} has no tokenizer.json: the model directory's own tokenizer "
                          "tokenizes --data; export it with its tokenizer")
+    convert_marker, export_marker = model_dir / "tapa_convert.json", model_dir / "tapa_export.json"
+    record = (read_json(convert_marker, "conversion record") if convert_marker.is_file()
+              else read_json(export_marker, "export record") if export_marker.is_file() else {})
+    checkpoint = record.get("checkpoint")  # a tapa run's checkpoint (a converted Llama has none)
+    source = run_config_of(Path(checkpoint)) if checkpoint and Path(checkpoint).is_dir() else {}
+    source_len = (source.get("train") or {}).get("seq_len")
     # init_from marks a continual stage: a conversion trains nothing (its source is provenance,
     # not a stage), so a converted model is evaluated as zero-shot
-    init_from, source_len, converted_from = None, None, None
-    convert_marker, export_marker = model_dir / "tapa_convert.json", model_dir / "tapa_export.json"
-    if convert_marker.is_file():
-        converted_from = read_json(convert_marker, "conversion record").get("from")
-    elif export_marker.is_file():
-        checkpoint = read_json(export_marker, "export record").get("checkpoint")
-        source = run_config_of(Path(checkpoint)) if checkpoint and Path(checkpoint).is_dir() else {}
-        source_len = (source.get("train") or {}).get("seq_len")
-        init_from = source.get("init_from")
+    converted = convert_marker.is_file()
     return {"train": {"seq_len": int(train_len or source_len or model_cfg.original_seq_len)},
-            "model_dir": str(model_dir), "init_from": init_from, "converted_from": converted_from}
+            "model_dir": str(model_dir), "init_from": None if converted else source.get("init_from"),
+            "converted_from": record.get("from") if converted else None}
 
 
 def _same_source(a: str, b: str) -> bool:
