@@ -117,6 +117,8 @@ def test_default_trials_follow_the_depths(run_dir):
     (["--values", "3"], "the retrieval tasks read --values, but they run only with --tasks"),
     (["--tasks", "multi-value", "--values", "1"], "--values: values must be an int >= 2"),
     (["--tasks", "single-key", "--task-lengths", "20"], "--task-lengths 20 too short for single-key"),
+    (["--tasks", "multi-value"], r"the default task lengths \(1x, 2x, 4x and 8x the training length 32\) include "
+                                 r"32,64,128,256, too short for multi-value"),
     (["--seed", "3"], "--seed sets the passkey and task prompts"),
 ])
 def test_bad_input_is_a_one_line_error(run_dir, args, message):

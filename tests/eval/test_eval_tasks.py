@@ -241,3 +241,7 @@ def test_task_names_settings_and_short_lengths():
     with pytest.raises(ValueError, match=f"--task-lengths 100 too short for multi-value.*at least {needed}"):
         check_task_lengths(["multi-value"], char_encode, [100, 4000])
     check_task_lengths(TASKS, char_encode, [needed + 100, 4000], TaskSettings(values=3))
+    # the default lengths (no --task-lengths given): the message names the default, not the flag
+    with pytest.raises(ValueError, match=r"^the default task lengths \(1x, 2x, 4x and 8x the training length 50\) "
+                                         rf"include 50,100, too short for multi-value.*pass --task-lengths of at least {needed}"):
+        check_task_lengths(["multi-value"], char_encode, [50, 100, 4000], train_len=50)

@@ -154,7 +154,8 @@ def evaluate_model(model, tokens, *, train_len: int, options: EvalOptions, train
         raise ValueError("the retrieval tasks need the tokenizer's decode function to score answers")
     task_lengths = options.task_lengths or [train_len * m for m in (1, 2, 4, 8)]
     if options.tasks:  # before the perplexity, which can take long
-        check_task_lengths(options.tasks, encode, task_lengths, options.task_settings)
+        check_task_lengths(options.tasks, encode, task_lengths, options.task_settings,
+                           train_len=None if options.task_lengths else train_len)
     perplexity = perplexity_vs_length(model, tokens, lengths=lengths, train_len=scaling_len,
                                       stride=options.stride, max_tokens=options.max_tokens,
                                       tokens_per_batch=options.tokens_per_batch,

@@ -251,16 +251,23 @@ def minimum_length(task: str, encode, settings: TaskSettings | None = None, samp
     return max(sizes)
 
 
-def check_task_lengths(tasks, encode, lengths, settings: TaskSettings | None = None) -> None:
-    """ValueError when a length is too short for a task's fixed text."""
+def check_task_lengths(tasks, encode, lengths, settings: TaskSettings | None = None, *,
+                       train_len: int | None = None) -> None:
+    """ValueError when a length is too short for a task's fixed text. train_len: the lengths are
+    the default ones, 1x-8x this training length (the message then names no flag the user gave)."""
     for task in tasks:
         needed = minimum_length(task, encode, settings)
         short = sorted(n for n in lengths if n < needed)
-        if short:
-            raise ValueError(f"--task-lengths {','.join(map(str, short))} too short for {task}: its instruction, "
-                             f"needles and question take up to {needed} tokens with this tokenizer; use "
-                             f"lengths of at least {needed} (better several times that); without "
-                             f"--task-lengths the lengths are 1x, 2x, 4x and 8x the training length")
+        if not short:
+            continue
+        what = (f"the default task lengths (1x, 2x, 4x and 8x the training length {train_len}) include "
+                f"{','.join(map(str, short))}, too short" if train_len else
+                f"--task-lengths {','.join(map(str, short))} too short")
+        remedy = ("pass --task-lengths" if train_len else "use lengths") + f" of at least {needed} (better several times that)"
+        tail = "" if train_len else ("; without --task-lengths the lengths are 1x, 2x, 4x and 8x the "
+                                     "training length")
+        raise ValueError(f"{what} for {task}: its instruction, needles and question take up to {needed} "
+                         f"tokens with this tokenizer; {remedy}{tail}")
 
 
 TASK_SEEDS = {task: index + 1 for index, task in enumerate(TASKS)}  # passkey grids use no task index
