@@ -36,6 +36,18 @@ def test_non_finite_flags_are_one_line_errors():
         main(["train", "--grad-clip", "nan", "--print-config"])
 
 
+def test_a_warmup_longer_than_the_run_is_noted(capsys):
+    """The recipe tiny warms up over 20 steps; with --steps 10 the lr never reaches its peak, which
+    used to pass without a word."""
+    assert main(["train", "--recipe", "tiny", "--steps", "10", "--lr", "1e-3", "--print-config"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["train"]["warmup_steps"] == 20
+    assert "note: --warmup-steps 20 is longer than --steps 10: the lr rises to 0.0005 and never reaches " \
+           "its peak 0.001" in err
+    assert main(["train", "--recipe", "tiny", "--steps", "20", "--print-config"]) == 0
+    assert "warmup" not in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("table, line, message", [
     ("model", 'tie_embeddings = "false"', r"\[model\] tie_embeddings must be bool, got str 'false'"),
     ("train", 'lr = "1e-3"', r"\[train\] lr must be float, got str '1e-3'"),

@@ -294,6 +294,10 @@ def run(args: argparse.Namespace) -> int:
         train_cfg, model_cfg, data_cfg = configs_from_args(args)
     except ValueError as err:
         raise SystemExit(f"tapa train: error: {err}") from err
+    if train_cfg.warmup_steps > train_cfg.steps:
+        print(f"tapa train: note: --warmup-steps {train_cfg.warmup_steps} is longer than --steps "
+              f"{train_cfg.steps}: the lr rises to {train_cfg.lr * train_cfg.steps / train_cfg.warmup_steps:g} and "
+              f"never reaches its peak {train_cfg.lr:g} (lower --warmup-steps)", file=sys.stderr)
     if train_cfg.init_from and not train_cfg.resume and not hasattr(args, "lr"):  # set by continual_lr
         # beside --print-config on stderr: its stdout is the JSON alone
         print(f"continual run: peak lr {train_cfg.lr:g}, where the pretraining schedule ended "
