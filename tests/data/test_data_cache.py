@@ -153,7 +153,11 @@ def test_cli_build_and_info(tmp_path, capsys):
     args = ["--data", str(source), "--cache-dir", str(tmp_path / "cache"), "--vocab-size", str(SMALL_VOCAB),
             "--val-fraction", "0.15", "--test-fraction", "0.15", "--quiet"]
     assert tapa_main(["data", "info", *args]) == 1
-    assert "no cached corpus" in capsys.readouterr().out
+    out, err = capsys.readouterr()
+    assert not out and err.startswith("tapa data: error: no cached corpus for this configuration")
+    # listing an empty cache is an empty listing, not a failure
+    assert tapa_main(["data", "info", "--all", "--cache-dir", str(tmp_path / "empty")]) == 0
+    assert capsys.readouterr().out.startswith("no cached corpora under")
     assert tapa_main(["data", "build", *args]) == 0
     out = capsys.readouterr().out
     assert "| train |" in out and "| total | 12 |" in out and "built in" in out

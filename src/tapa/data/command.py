@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -123,8 +124,9 @@ def run(args: argparse.Namespace) -> int:
         return _list_all(Path(cfg.cache_dir).expanduser())
     corpus = find_corpus(cfg)
     if corpus is None:
-        print(f"no cached corpus for this configuration under {cfg.cache_dir}; run 'tapa data build' "
-              "with the same options (or 'tapa data info --all' to list what is cached)")
+        print(f"tapa data: error: no cached corpus for this configuration under {cfg.cache_dir}; run "
+              "'tapa data build' with the same options (or 'tapa data info --all' to list what is cached)",
+              file=sys.stderr)
         return 1
     print(json.dumps(corpus.manifest, indent=2) if args.json else describe(corpus.manifest, corpus.directory))
     return 0
@@ -132,9 +134,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _list_all(cache_dir: Path) -> int:
     manifests = sorted(cache_dir.glob(f"*/{MANIFEST}")) if cache_dir.is_dir() else []
-    if not manifests:
+    if not manifests:  # an empty listing, not a failure
         print(f"no cached corpora under {cache_dir}")
-        return 1
+        return 0
     print("| directory | source | vocab | train tokens | val tokens | test tokens | created |")
     print("|---|---|---:|---:|---:|---:|---|")
     for path in manifests:
