@@ -257,3 +257,16 @@ def test_corpus_size_and_epochs_are_reported(four_steps, cache_dir):
     assert plan["train_tokens"] == tokens
     assert plan["epochs"] == pytest.approx(4 * train_cfg.batch_size / windows)
     assert records(four_steps)[-1]["epochs"] == pytest.approx(plan["epochs"])
+
+
+def test_summary_of_a_run_with_one_logged_step(tmp_path):
+    """With one logged step the summary said 'loss 5.908 -> 5.908', as if nothing trained."""
+    from tapa.train.command import summary
+
+    record = {"step": 10, "loss": 5.908, "tokens": 640, "elapsed_s": 2.0, "tokens_per_s": 320.0}
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "metrics.jsonl").write_text(json.dumps(record) + "\n")
+    assert "steps 10: loss 5.908 at step 10, val_loss n/a, 320 tokens/s" in summary(tmp_path)
+    first = {**record, "step": 1, "loss": 7.5}
+    (tmp_path / "metrics.jsonl").write_text(json.dumps(first) + "\n" + json.dumps(record) + "\n")
+    assert "steps 10: loss 7.500 -> 5.908, val_loss n/a" in summary(tmp_path)

@@ -460,7 +460,10 @@ def summary(run_dir: Path, *, corpus: bool = True) -> str:
     if records:
         first, last = records[0], records[-1]
         overall = last["tokens"] / last["elapsed_s"] if last["elapsed_s"] else float("nan")
-        lines.append(f"steps {last['step']}: loss {first['loss']:.3f} -> {last['loss']:.3f}, "
+        # one logged step has no "from": "loss 5.908 -> 5.908" read as if nothing trained
+        loss = (f"loss {first['loss']:.3f} -> {last['loss']:.3f}" if len(records) > 1
+                else f"loss {last['loss']:.3f} at step {last['step']}")
+        lines.append(f"steps {last['step']}: {loss}, "
                      f"val_loss {_loss(last.get('val_loss'))}, {overall:.0f} tokens/s overall "
                      f"(last interval {last['tokens_per_s']:.0f})")
     plan = read_run_config(run_dir).get("data_plan")
