@@ -102,6 +102,13 @@ def test_help_lists_each_command_in_one_line_and_every_out_shows_its_default(cap
         text = " ".join(capsys.readouterr().out.split())
         out_help = text.split("--out OUT ")[1].split(" --")[0]  # the option, not the usage line
         assert "(default: " in out_help and "results/" not in out_help, (command, out_help)
+    with pytest.raises(SystemExit):  # convert's model settings show what a conversion gets by default
+        main(["convert", "--help"])
+    options = {" ".join(entry.split()[:1]): " ".join(entry.split()) for entry in
+               capsys.readouterr().out.split("\n  --")[1:]}  # each option's name -> its help
+    for flag, default in (("local-window", "256"), ("pe", "tapa"), ("theta", "0.5"), ("alpha", "0.1"),
+                          ("distance", "power"), ("phase", "quadratic"), ("phase-init-scale", "1.0")):
+        assert f"(default: {default})" in options[flag], (flag, options[flag])
 
 
 def test_results_json_of_another_kind_is_a_clear_error(tmp_path):

@@ -332,18 +332,19 @@ def add_arguments(parser) -> None:
     parser.add_argument("--layer-pattern", default="G",
                         help="per-layer codes repeated over the layers: L = local (the checkpoint's RoPE "
                              "in a sliding window), G = global (--pe); e.g. LLLG. Default G: all global")
-    parser.add_argument("--local-window", type=int, default=256, help="tokens a local layer's query sees")
+    parser.add_argument("--local-window", type=int, default=256, help="tokens a local layer's query sees (default: %(default)s)")
     parser.add_argument("--pe", default="tapa", choices=[name for name, kind in KINDS.items()
                                                          if kind.family != "tapa" or name == "tapa"],
                         help="global layers: tapa (the TAPA split; --phase picks its variant), nope (no "
-                             "rotary), or a RoPE rule")
-    parser.add_argument("--theta", type=float, default=0.5, help="amplitude fraction of each head (d_A = theta * D)")
-    parser.add_argument("--alpha", type=float, default=0.1, help="distance exponent (power) or slope (linear)")
-    parser.add_argument("--distance", default="power", choices=["power", "linear"])
-    parser.add_argument("--phase", default="quadratic", choices=["quadratic", "linear"])
+                             "rotary), or a RoPE rule (default: %(default)s)")
+    parser.add_argument("--theta", type=float, default=0.5, help="amplitude fraction of each head, d_A = theta * D (default: %(default)s)")
+    parser.add_argument("--alpha", type=float, default=0.1, help="distance exponent (power) or slope (linear) (default: %(default)s)")
+    parser.add_argument("--distance", default="power", choices=["power", "linear"], help="(default: %(default)s)")
+    parser.add_argument("--phase", default="quadratic", choices=["quadratic", "linear"],
+                        help="(default: %(default)s)")
     parser.add_argument("--phase-init-scale", type=float, default=1.0,
                         help="multiplies the phase rows of W_q and W_k; 0 gives the source's attention "
-                             "without rotary")
+                             "without rotary (default: %(default)s)")
     parser.add_argument("--overwrite", action="store_true",
                         help="write into OUT_DIR even if it holds files tapa convert did not write")
 
