@@ -83,7 +83,8 @@ def test_bad_recipes_and_values(tmp_path):
         build_configs(load_recipe(str(tmp_path / "bad_value.toml")))
     for bad, message in [(dict(seq_len=0), "seq_len"), (dict(precision="fp8"), "precision"),
                          (dict(parallel="tp"), "parallel"), (dict(passkey_fraction=2.0), "passkey"),
-                         (dict(min_lr_ratio=1.5), "min_lr_ratio"), (dict(stop_after=0), "stop_after")]:
+                         (dict(min_lr_ratio=1.5), "min_lr_ratio"), (dict(stop_after=0), "stop_after"),
+                         (dict(steps=5, stop_after=6), r"stop_after \(6\) is past the run's last step \(5\)")]:
         with pytest.raises(ValueError, match=message):
             TrainConfig(**bad)
     with pytest.raises(SystemExit):  # argparse: not an int

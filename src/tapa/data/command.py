@@ -41,7 +41,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--all", action="store_true",
                         help="info: list every corpus in the cache directory instead of one manifest")
     parser.add_argument("--json", action="store_true", help="info: print the whole manifest as JSON")
-    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    parser.add_argument("--quiet", "--no-progress", dest="quiet", action="store_true",
+                        help="no progress bars (--no-progress: the name train and eval use)")
 
 
 def config_from_args(args: argparse.Namespace) -> DataConfig:

@@ -146,6 +146,9 @@ class TrainConfig:
             if value is not None and (not isinstance(value, int) or isinstance(value, bool)
                                       or value <= 0):
                 raise ValueError(f"{name} must be a positive int or None, got {value!r}")
+        if self.stop_after is not None and self.stop_after > self.steps:
+            raise ValueError(f"stop_after ({self.stop_after}) is past the run's last step ({self.steps}), so it "
+                             "would never stop it early; drop --stop-after or raise --steps")
         for name in FLOAT_FIELDS:  # also catches nan, which passes every comparison below
             value = getattr(self, name)
             if (not isinstance(value, (int, float)) or isinstance(value, bool)
