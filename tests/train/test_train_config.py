@@ -137,3 +137,16 @@ def test_list_recipes_shows_size_and_purpose(capsys):
         assert f" {command._human(_params(name))} parameters" in line
     assert "902K parameters" in by_name["tiny"] and "CPU demo" in by_name["tiny"]
     assert "toy study" in by_name["toy-gpu"] and "B parameters" in by_name["paper-7b"]
+
+
+def test_ddp_in_one_process_says_it_trains_the_plain_model():
+    """--parallel ddp without torchrun used to train one process without a word."""
+    import torch
+
+    from tapa.train.distributed import DistInfo
+    from tapa.train.parallelize import resolve_parallel
+
+    one = DistInfo(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"), initialized_here=False)
+    with pytest.warns(UserWarning, match="--parallel ddp in a single process trains the plain model"):
+        assert resolve_parallel("ddp", one) == "none"
+    assert resolve_parallel("auto", one) == "none"  # auto: no word, nothing was asked for

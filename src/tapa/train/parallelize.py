@@ -11,6 +11,7 @@ flattened data x context mesh."""
 from __future__ import annotations
 
 import contextlib
+import warnings
 
 import torch
 from torch import nn
@@ -25,8 +26,10 @@ def resolve_parallel(mode: str, info: DistInfo) -> str:
     if mode == "none" and info.world_size > 1:
         raise ValueError(f"parallel='none' with {info.world_size} processes would train "
                          "unsynchronized copies; use ddp or fsdp")
-    if mode == "ddp" and info.world_size == 1:
-        return "none"  # DDP over one process is the plain model
+    if mode == "ddp" and info.world_size == 1:  # DDP over one process is the plain model
+        warnings.warn("--parallel ddp in a single process trains the plain model; for data parallelism "
+                      "launch under torchrun (torchrun --nproc-per-node N -m tapa.cli train ...)", stacklevel=2)
+        return "none"
     return mode
 
 
