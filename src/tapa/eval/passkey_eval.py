@@ -159,14 +159,7 @@ def needle_grid(model, make_prompt, score, *, lengths, depths, trials: int, seed
     for li, length in enumerate(lengths):
         count = len(depths) * trials
         per_batch = count if batch_tokens is None else max(1, min(count, batch_tokens // length))
-
-        def cell_prompts():  # (depth index, trial, prompt), each cell's from its own generator
-            for di, depth in enumerate(depths):
-                rng = np.random.default_rng([*seed, li, di])
-                for trial in range(trials):
-                    yield di, trial, make_prompt(rng, length, float(depth))
-
-        prompts = cell_prompts()
+        prompts = _length_prompts(make_prompt, seed, li, length, depths, trials)
         hits = [0] * len(depths)
         with rope_scaling_at(model, length, train_len or length) as factor:
             for _ in range(0, count, per_batch):
@@ -189,6 +182,15 @@ def needle_grid(model, make_prompt, score, *, lengths, depths, trials: int, seed
             "accuracy": accuracy, "correct": correct, "rope_scale": scales, "examples": examples,
             "batch_tokens": batch_tokens, "seconds": time.perf_counter() - start_time,
             "timings": {name: round(value, 3) for name, value in timings.items()}}
+
+
+def _length_prompts(make_prompt, seed: list, length_index: int, length: int, depths, trials: int):
+    """(depth index, trial, prompt) of every cell of one length, depth by depth, each cell's prompts
+    from its own generator seeded with [*seed, length index, depth index]."""
+    for di, depth in enumerate(depths):
+        rng = np.random.default_rng([*seed, length_index, di])
+        for trial in range(trials):
+            yield di, trial, make_prompt(rng, length, float(depth))
 
 
 def passkey_grid(model, encode, decode=None, *, lengths: list[int], depths=DEFAULT_DEPTHS,
