@@ -48,6 +48,13 @@ def test_a_warmup_longer_than_the_run_is_noted(capsys):
     assert "warmup" not in capsys.readouterr().err
 
 
+def test_a_training_run_notes_its_short_warmup_once(cache_dir, tmp_path, capsys):
+    assert main(["train", "--recipe", "tiny", "--run-dir", str(tmp_path / "run"), "--seq-len", "32",
+                 "--vocab-size", "300", "--max-train-bytes", "200000", "--cache-dir", str(cache_dir),
+                 "--steps", "2", "--no-progress", "--no-plot", "--device", "cpu"]) == 0
+    assert capsys.readouterr().err.count("note: --warmup-steps 20 is longer than --steps 2") == 1
+
+
 @pytest.mark.parametrize("table, line, message", [
     ("model", 'tie_embeddings = "false"', r"\[model\] tie_embeddings must be bool, got str 'false'"),
     ("train", 'lr = "1e-3"', r"\[train\] lr must be float, got str '1e-3'"),

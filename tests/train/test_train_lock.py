@@ -150,7 +150,8 @@ def test_a_file_size_limit_during_the_weights_write_is_one_line(corpus, cache_di
     def limited():
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
 
-    result = subprocess.run([sys.executable, "-m", "tapa", *flags(run_dir, cache_dir, "--steps", "2")],
+    result = subprocess.run([sys.executable, "-m", "tapa", *flags(run_dir, cache_dir, "--steps", "2",
+                                                                 "--warmup-steps", "1")],  # no warmup note
                             env=_shell_env(), capture_output=True, text=True, timeout=300, preexec_fn=limited)
     assert result.returncode == 1, result.stderr
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr, result.stderr

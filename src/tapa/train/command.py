@@ -294,15 +294,14 @@ def run(args: argparse.Namespace) -> int:
         train_cfg, model_cfg, data_cfg = configs_from_args(args)
     except ValueError as err:
         raise SystemExit(f"tapa train: error: {err}") from err
-    if train_cfg.warmup_steps > train_cfg.steps:
-        print(f"tapa train: note: --warmup-steps {train_cfg.warmup_steps} is longer than --steps "
-              f"{train_cfg.steps}: the lr rises to {train_cfg.lr * train_cfg.steps / train_cfg.warmup_steps:g} and "
-              f"never reaches its peak {train_cfg.lr:g} (lower --warmup-steps)", file=sys.stderr)
     if train_cfg.init_from and not train_cfg.resume and not hasattr(args, "lr"):  # set by continual_lr
         # beside --print-config on stderr: its stdout is the JSON alone
         print(f"continual run: peak lr {train_cfg.lr:g}, where the pretraining schedule ended "
               f"(its lr x min_lr_ratio); --lr sets another", file=sys.stderr if args.print_config else sys.stdout)
+    warmup = warmup_note(train_cfg)
     if args.print_config:
+        if warmup:
+            print(f"tapa train: note: {warmup}", file=sys.stderr)
         print(json.dumps({"model": model_cfg.to_dict(), "data": data_cfg.to_dict(),
                           "train": train_cfg.to_dict()}, indent=2))
         return 0
@@ -327,8 +326,9 @@ def run(args: argparse.Namespace) -> int:
         check_memory(train_cfg, model_cfg, data_cfg, skip=args.skip_memory_check, show=main_rank)
         if main_rank:  # under torchrun rank 0 holds the lock; torchrun stops the others if it fails
             lock.acquire()
-            if lock.note:
-                print(f"tapa train: note: {lock.note}", file=sys.stderr, flush=True)
+            for note in (lock.note, warmup):
+                if note:
+                    print(f"tapa train: note: {note}", file=sys.stderr, flush=True)
         if train_cfg.resume:
             check_resume_data(run_dir, data_cfg)
             done = finished_step(run_dir, train_cfg)
@@ -448,6 +448,15 @@ def check_memory(train_cfg, model_cfg, data_cfg, *, skip: bool = False, show: bo
     if need > total / 2 and show:
         print(f"tapa train: warning: this run needs {detail}, more than half of the {total / gib:.1f} GiB "
               f"of {where}; if it runs out of memory, {hint}", file=sys.stderr, flush=True)
+
+
+def warmup_note(train_cfg) -> str | None:
+    """A note when the warmup outlasts the run, so that the lr never reaches its peak (else None)."""
+    if train_cfg.warmup_steps <= train_cfg.steps:
+        return None
+    return (f"--warmup-steps {train_cfg.warmup_steps} is longer than --steps {train_cfg.steps}: the lr rises to "
+            f"{train_cfg.lr * train_cfg.steps / train_cfg.warmup_steps:g} and never reaches its peak "
+            f"{train_cfg.lr:g} (lower --warmup-steps)")
 
 
 def summary(run_dir: Path, *, corpus: bool = True) -> str:
