@@ -63,6 +63,15 @@ for scale in 0.3 1; do
     continual retrofit-nope-lr$scale "$OUT/convert-nope" --lr "$lr"
 done
 
+# the stage-length lever (added 2026-12-05, beside the GPU's toy-gpu-cl20): the same stage 4x as
+# long, 72 steps = 295k tokens, 20% of pretraining, at the 0.1x lr
+for pair in "rope-yarn --pe rope-yarn --rope-scale 4 --original-seq-len 128" \
+            "retrofit-tapa --phase-lr-scale 0.1" "retrofit-nope"; do
+    set -- $pair; name=$1; shift
+    source_dir=$OUT/rope; [[ $name == retrofit-* ]] && source_dir=$OUT/convert-${name#retrofit-}
+    continual "$name-cl20" "$source_dir" "$@" --steps 72
+done
+
 evaluate() { local name=$1; shift
     [[ -e $OUT/eval-$name/results.json ]] || tapa eval "$OUT/$name" --data builtin \
         --lengths 128,256,512,1024,2048,4096 --stride 128 --max-tokens 16384 --split test \
@@ -74,7 +83,7 @@ for name in convert-tapa convert-nope; do   # model directories: they name no tr
     evaluate $name --train-len 128
 done
 for name in rope-yarn retrofit-tapa retrofit-nope hybrid-tapa-c hybrid-nope-c \
-        {rope-yarn,retrofit-tapa,retrofit-nope}-lr{0.3,1}; do
+        {rope-yarn,retrofit-tapa,retrofit-nope}-lr{0.3,1} {rope-yarn,retrofit-tapa,retrofit-nope}-cl20; do
     evaluate $name
 done
 stamp "done"

@@ -29,6 +29,10 @@ ARMS = {
     "rope-yarn-lr1": "RoPE + YaRN, continued at 1x the lr",
     "retrofit-tapa-lr1": "retrofit, TAPA hybrid, continued at 1x the lr",
     "retrofit-nope-lr1": "retrofit, NoPE hybrid, continued at 1x the lr",
+    # the stage-length lever: the stage 4x as long (20% of pretraining), at 0.1x the lr
+    "rope-yarn-cl20": "RoPE + YaRN, continued 4x as long (20%)",
+    "retrofit-tapa-cl20": "retrofit, TAPA hybrid, continued 4x as long (20%)",
+    "retrofit-nope-cl20": "retrofit, NoPE hybrid, continued 4x as long (20%)",
 }
 
 
