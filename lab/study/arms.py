@@ -55,7 +55,8 @@ GLOBAL_KINDS = {"tapa": ("--pe", "tapa", *PHASE_LR), "nope": ("--pe", "nope")}
 
 def _globals_screen() -> list:
     """The screen's arms: local window 64 and 128, the log-length query temperature (base at the
-    pretraining length), the layer ratio (LLG, LLLLLG), the continual stage's passkey share 0.1,
+    pretraining length), the layer ratio (LLG's and LLLLLG's, written out over 8 layers), the
+    continual stage's passkey share 0.1,
     for TAPA and NoPE globals; TAPA's theta 0.25 / 0.75 and alpha 0.05 / 0.2 in its globals."""
     arms = []
     for kind, pe in GLOBAL_KINDS.items():
@@ -64,8 +65,14 @@ def _globals_screen() -> list:
             ("w64", "window 64", ("--layer-pattern", "LLLG", "--local-window", "64"), ()),
             ("w128", "window 128", ("--layer-pattern", "LLLG", "--local-window", "128"), ()),
             ("temp", "query temperature", (*HYBRID, "--query-temperature-base", "{pretrain_len}"), ()),
-            ("llg", "LLG", ("--layer-pattern", "LLG", "--local-window", "256"), ()),
-            ("l5g", "LLLLLG", ("--layer-pattern", "LLLLLG", "--local-window", "256"), ()),
+            # the ratio levers over the toy recipe's 8 layers, written out: a short pattern repeats
+            # from layer 0 ("LLG" would be LLGLLGLL, the base's 2 globals moved and two local layers
+            # last; "LLLLLG" LLLLLGLL). The nearest counts to 8/3 and 8/6 globals, the last layer
+            # global as in the base (LLLGLLLG). A scale-768 confirmation (12 layers) needs its own.
+            ("llg", "LLG ratio (LGLLGLLG: 3 of 8 layers global)",
+             ("--layer-pattern", "LGLLGLLG", "--local-window", "256"), ()),
+            ("l5g", "LLLLLG ratio (LLLLLLLG: 1 of 8 layers global)",
+             ("--layer-pattern", "LLLLLLLG", "--local-window", "256"), ()),
             ("pk10", "continual passkey 0.1", HYBRID, ("--passkey-fraction", "0.1")),
         ]
         if kind == "tapa":

@@ -92,6 +92,28 @@ def test_retrofit_converts_the_rope_run_then_continues_from_the_converted_model(
     assert arms.TOY_GPU_CL20.fingerprint() != arms.TOY_GPU_SCREEN.fingerprint()
 
 
+def test_screen_arms_build_the_layouts_their_names_promise():
+    """Over the toy recipe's 8 layers: the base hybrids 2 global layers, the LLG-ratio arms 3, the
+    LLLLLG-ratio arms 1, and every hybrid arm's last layer global. A short pattern repeats from
+    layer 0, so "LLG" gave LLGLLGLL (the base's 2 globals moved, two local layers last)."""
+    import argparse
+
+    from tapa.train import command as train_command
+
+    parser = argparse.ArgumentParser()
+    train_command.add_arguments(parser)
+    expected = {"": 2, "-llg": 3, "-l5g": 1}
+    for kind in ("tapa", "nope"):
+        for name in [f"hybrid-{kind}"] + [a for a in arms.ARMS if a.startswith(f"hybrid-{kind}-")]:
+            args = parser.parse_args(["--recipe", arms.TOY_GPU.recipe, *plan._fill(arms.ARMS[name].pretrain,
+                                                                                    arms.TOY_GPU_SCREEN)])
+            _, model, _ = train_command.configs_from_args(args)
+            kinds = [model.layer_kind(i) for i in range(model.n_layers)]
+            assert model.n_layers == 8 and kinds[-1] == "global", (name, kinds)
+            tag = name[len(f"hybrid-{kind}"):]
+            assert kinds.count("global") == expected.get(tag, 2), (name, kinds)
+
+
 def test_runner_refuses_domain_stages_without_a_domain():
     with pytest.raises(SystemExit, match="no second domain"):
         run.configure(run.parse_args(["--protocol", "tiny-cpu", "--jobs", "nope:0.001:0",
