@@ -269,6 +269,21 @@ def test_settings_no_layer_reads_are_a_warning(overrides, ignored):
         tiny_config(**overrides)
 
 
+def test_a_pattern_cut_before_its_global_layer_is_a_warning():
+    """A pattern repeats from layer 0: "LLG" over 8 layers is LLGLLGLL, its last two layers local,
+    which the toy study's screen once ran as "the LLG ratio" without a word."""
+    import warnings
+
+    with pytest.warns(UserWarning, match="layer_pattern 'LLG' repeats from layer 0 over n_layers=8: the layers "
+                                         "are LLGLLGLL, the last ones local"):
+        tiny_config(layer_pattern="LLG", n_layers=8, local_window=8)
+    with warnings.catch_warnings():  # the pattern divides the layers, or is written out, or has no G
+        warnings.simplefilter("error")
+        tiny_config(layer_pattern="LLLG", n_layers=8, local_window=8)
+        tiny_config(layer_pattern="LGLLGLLG", n_layers=8, local_window=8)
+        tiny_config(layer_pattern="L", n_layers=3, local_window=8)
+
+
 def test_settings_every_layer_kind_reads_raise_no_warning():
     import warnings
 
