@@ -263,7 +263,8 @@ def check_task_lengths(tasks, encode, lengths, settings: TaskSettings | None = N
         what = (f"the default task lengths (1x, 2x, 4x and 8x the training length {train_len}) include "
                 f"{','.join(map(str, short))}, too short" if train_len else
                 f"--task-lengths {','.join(map(str, short))} too short")
-        remedy = ("pass --task-lengths" if train_len else "use lengths") + f" of at least {needed} (better several times that)"
+        remedy = (f"{'pass --task-lengths' if train_len else 'use lengths'} of at least {needed} (better "
+                  "several times that)")
         tail = "" if train_len else ("; without --task-lengths the lengths are 1x, 2x, 4x and 8x the "
                                      "training length")
         raise ValueError(f"{what} for {task}: its instruction, needles and question take up to {needed} "
