@@ -59,7 +59,7 @@ def test_local_window_flag_needs_a_local_layer():
     with pytest.raises(ValueError, match="--local-window sizes local layers, but layer_pattern='G'"):
         command.configs_from_args(_parse(["--recipe", "tiny", "--pe", "rope", "--local-window", "64"]))
     _, model_cfg, _ = command.configs_from_args(
-        _parse(["--recipe", "tiny", "--pe", "tapa", "--layer-pattern", "LG", "--local-window", "64"]))
+        _parse(["--recipe", "tiny", "--pe", "tapa", "--layer-pattern", "LLG", "--local-window", "64"]))
     assert model_cfg.local_window == 64
 
 
