@@ -87,10 +87,9 @@ class ModelConfig:
         if self.layer_pattern.endswith("G") and kinds[-1] != "global" and "global" in kinds:
             # the pattern repeats from layer 0, so a count it does not divide cuts it mid-way
             layout = "".join("G" if kind == "global" else "L" for kind in kinds)
-            warnings.warn(f"layer_pattern {self.layer_pattern!r} repeats from layer 0 over "
-                          f"n_layers={self.n_layers}: "
-                          f"the layers are {layout}, the last ones local; write all {self.n_layers} codes "
-                          "to choose another layout", stacklevel=3)
+            warnings.warn(f"layer_pattern {self.layer_pattern!r} repeats from layer 0 over n_layers="
+                          f"{self.n_layers}: the layers are {layout}, the last ones local; write all "
+                          f"{self.n_layers} codes to choose another layout", stacklevel=3)
         if "L" in self.layer_pattern and self.head_dim % 2:
             raise ValueError(f"local layers use RoPE, which needs an even head_dim, got {self.head_dim}")
         for name in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim",

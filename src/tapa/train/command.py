@@ -452,11 +452,13 @@ def check_memory(train_cfg, model_cfg, data_cfg, *, skip: bool = False, show: bo
 
 def warmup_note(train_cfg) -> str | None:
     """A note when the warmup outlasts the run, so that the lr never reaches its peak (else None)."""
+    from tapa.train.trainer import lr_at
+
     if train_cfg.warmup_steps <= train_cfg.steps:
         return None
     return (f"--warmup-steps {train_cfg.warmup_steps} is longer than --steps {train_cfg.steps}: the lr rises to "
-            f"{train_cfg.lr * train_cfg.steps / train_cfg.warmup_steps:g} and never reaches its peak "
-            f"{train_cfg.lr:g} (lower --warmup-steps)")
+            f"{lr_at(train_cfg.steps - 1, train_cfg):g} and never reaches its peak {train_cfg.lr:g} "
+            "(lower --warmup-steps)")
 
 
 def summary(run_dir: Path, *, corpus: bool = True) -> str:
