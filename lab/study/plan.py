@@ -362,3 +362,11 @@ def split_batches(groups: list[Group], est: Estimates, concurrent: int, budget_s
             slots[0] += cost(group)
             batches.append(([group], slots))
     return [chosen for chosen, _ in batches]
+
+
+def gpu_lanes(batches: list[list[Group]], gpus: int) -> list[list[list[Group]]]:
+    """One-GPU batches dealt out to multi-GPU calls: each call runs up to `gpus` batches side by
+    side, one a GPU (scripts/gpu_study.sh xN), in the order split_batches made them."""
+    if gpus < 1:
+        raise ValueError(f"gpus must be >= 1, got {gpus}")
+    return [batches[i:i + gpus] for i in range(0, len(batches), gpus)]

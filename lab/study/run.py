@@ -46,8 +46,8 @@ from lab.study.aggregate import load_jobs
 from lab.study.arms import (ARMS, DOMAIN_STAGES, FAMILIES, PROTOCOLS, STAGES, TINY_ESTIMATES,
                             Estimates, stages_of)
 from lab.study.plan import (Group, build_groups, check_flags, domain_dir, estimate_stage,
-                            parse_jobs, job_stages, parse_lr_map, plan_jobs, pretrain_owner,
-                            split_batches, stage_closure)
+                            gpu_lanes, parse_jobs, job_stages, parse_lr_map, plan_jobs,
+                            pretrain_owner, split_batches, stage_closure)
 from lab.study.summarize import (corpus_summary, done_marker, finished_stages, job_summary, pack,
                                  read_json, write_json_atomic)
 from tapa.train.rundir import read_metrics
@@ -106,12 +106,17 @@ def parse_args(argv=None) -> argparse.Namespace:
                      help="with --dry-run: pack the groups into device calls of this budget")
     how.add_argument("--calls-per-batch", type=int, default=1,
                      help="with --split-batches: back-to-back calls on one warm machine per batch")
+    how.add_argument("--gpus", type=int, default=1,
+                     help="with --split-batches: GPUs a call has; each runs one batch (a runner a "
+                          "GPU: scripts/gpu_study.sh xN)")
     how.add_argument("--worker", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker is None and bool(args.jobs) == bool(args.plan):
         parser.error("give exactly one of --jobs and --plan")
     if args.concurrent < 1:
         parser.error("--concurrent must be >= 1")
+    if args.gpus < 1:
+        parser.error("--gpus must be >= 1")
     return args
 
 
@@ -362,8 +367,11 @@ def schedule(args, protocol, estimates, groups, call, log, started: float) -> di
     root = args.root
     deadline = (args.time_budget - args.pack_reserve) if args.time_budget else float("inf")
     logs = root / "logs"
+    # the cores this runner may use: all of them, or its share when several runners (one a GPU,
+    # scripts/gpu_study.sh xN) run side by side
+    cpus = int(os.environ.get("STUDY_CPUS") or os.cpu_count() or 1)
     env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false",
-               OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // args.concurrent)))
+               OMP_NUM_THREADS=str(max(1, cpus // args.concurrent)))
     import tapa
     env["PYTHONPATH"] = os.pathsep.join([str(Path(tapa.__file__).resolve().parents[1]), str(REPO),
                                         env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
@@ -551,15 +559,30 @@ def dry_run(args, protocol, estimates, groups, problems) -> int:
         for flag in ("est_tokens_per_s", "est_speedup"):
             if getattr(args, flag):
                 passthrough.append(f"--{flag.replace('_', '-')} {getattr(args, flag):g}")
-        print(f"\n{len(batches)} batches of {calls} back-to-back device call(s) of "
-              f"{args.split_batches:.0f} s, {args.concurrent} processes at once"
-              + (" (calls after the first find the warm machine's runs and resume them)" if calls > 1 else ""))
-        for number, batch in enumerate(batches, 1):
-            jobs = ",".join(j.id for g in batch for j in g.jobs)
-            print(f"# batch {number}: {len(batch)} groups")
-            for call in range(1, calls + 1):
-                partial = " --allow-partial" if call < calls else ""
-                print(f"scripts/gpu_study.sh batch --jobs {jobs} {' '.join(passthrough)}{partial}")
+        if args.gpus == 1:
+            print(f"\n{len(batches)} batches of {calls} back-to-back device call(s) of "
+                  f"{args.split_batches:.0f} s, {args.concurrent} processes at once"
+                  + (" (calls after the first find the warm machine's runs and resume them)" if calls > 1 else ""))
+            for number, batch in enumerate(batches, 1):
+                jobs = ",".join(j.id for g in batch for j in g.jobs)
+                print(f"# batch {number}: {len(batch)} groups")
+                for call in range(1, calls + 1):
+                    partial = " --allow-partial" if call < calls else ""
+                    print(f"scripts/gpu_study.sh batch --jobs {jobs} {' '.join(passthrough)}{partial}")
+        else:
+            # a runner a GPU, each with one batch; the script sets each runner's budget itself
+            lanes = gpu_lanes(batches, args.gpus)
+            passthrough = [p for p in passthrough if not p.startswith("--time-budget")]
+            print(f"\n{len(batches)} batches on {args.gpus} GPUs: {len(lanes)} multi-GPU call group(s) of "
+                  f"{calls} back-to-back call(s), each GPU one batch ({args.concurrent} processes at once)")
+            for number, lane in enumerate(lanes, 1):
+                jobs = " ".join(",".join(j.id for g in batch for j in g.jobs) for batch in lane)
+                print(f"# call group {number}: {sum(len(b) for b in lane)} groups on {len(lane)} GPUs "
+                      f"(kind with at least {len(lane)} GPUs)")
+                for call in range(1, calls + 1):
+                    partial = " --allow-partial" if call < calls else ""
+                    print(f"CALL_SECONDS={args.split_batches + 30:.0f} scripts/gpu_study.sh x{len(lane)} "
+                          f"{jobs} {' '.join(passthrough)}{partial}")
     return 0 if not problems else 2
 
 

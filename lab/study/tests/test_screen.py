@@ -35,8 +35,17 @@ def test_domain_keeps_long_distinct_descriptions(tmp_path, monkeypatch):
     assert (tmp_path / "docs" / "rst-3.rst").read_text() == prose * 2
     assert manifest["bytes"] == len(prose * 4) + len("more")
     assert json.loads((tmp_path / "docs.json").read_text())["sha256"] == manifest["sha256"]
+    stamps = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "docs").iterdir()}
+    (tmp_path / "docs" / "beta-1.0.md").touch()
+    stamps["beta-1.0.md"] = (tmp_path / "docs" / "beta-1.0.md").stat().st_mtime_ns
     again = domain.build(tmp_path / "docs", min_bytes=1000)
     assert again["sha256"] == manifest["sha256"]  # the same packages, the same text
+    # ... left as it was: another runner of a multi-GPU call may be reading it
+    assert {p.name: p.stat().st_mtime_ns for p in (tmp_path / "docs").iterdir()} == stamps
+    dists[1] = FakeDistribution("Alpha", "2.1", prose + "changed")
+    changed = domain.build(tmp_path / "docs", min_bytes=1000)
+    assert changed["sha256"] != manifest["sha256"] and "alpha-2.1.md" in changed["names"]
+    assert sorted(p.name for p in (tmp_path / "docs").iterdir()) == changed["names"]
     monkeypatch.setattr(domain.importlib.metadata, "distributions", lambda: dists[3:4])
     with pytest.raises(ValueError, match="no installed distribution"):
         domain.build(tmp_path / "none", min_bytes=1000)

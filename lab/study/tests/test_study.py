@@ -639,3 +639,27 @@ def test_compare_takes_the_base_continual_stage_of_the_same_protocol(tmp_path):
     assert study.main(["compare", "--base", str(tmp_path / "base"), "--other", str(tmp_path / "other"),
                        "--out", str(tmp_path / "cli")]) == 0
     assert "--anchor rope-yarn" in (tmp_path / "cli" / "vs_toy-gpu.md").read_text()
+
+
+def test_dry_run_deals_batches_to_gpus(capsys):
+    """--gpus N prints multi-GPU calls (scripts/gpu_study.sh xN), one batch a GPU: every job once,
+    no call with more lanes than GPUs, and no --time-budget (the script sets each runner's)."""
+    argv = ["--protocol", "toy-gpu-screen", "--plan", "seeds", "--families", "hybrid", "--lr",
+            "hybrid=1e-3", "--seeds", "0", "--dry-run", "--split-batches", "540"]
+    assert run.main(argv) == 0
+    single = [line for line in capsys.readouterr().out.splitlines() if line.startswith("scripts/")]
+    assert run.main(argv + ["--gpus", "4"]) == 0
+    calls = [line for line in capsys.readouterr().out.splitlines() if "gpu_study.sh x" in line]
+    assert len(calls) == -(-len(single) // 4)
+    lanes = []
+    for line in calls:
+        words = line.split()
+        gpus = int(words[2][1:])
+        assert words[1] == "scripts/gpu_study.sh" and 1 <= gpus <= 4 and "--time-budget" not in line
+        lanes += words[3:3 + gpus]
+        assert words[3 + gpus].startswith("--")
+    # the same batches as one GPU's plan, dealt out
+    assert lanes == [line.split()[3] for line in single]
+    assert plan.gpu_lanes([[1], [2], [3]], 2) == [[[1], [2]], [[3]]]
+    with pytest.raises(ValueError):
+        plan.gpu_lanes([], 0)
