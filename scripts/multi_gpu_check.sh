@@ -10,7 +10,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STEPS=${STEPS:-50}
-ROOT=${ROOT:-runs/multigpu}
+ROOT=${ROOT:-/tmp/multigpu}
 OUT=${OUT:-results/multi-gpu-h200}
 RECIPES=("$@")
 [[ ${#RECIPES[@]} -eq 0 ]] && RECIPES=(toy-gpu gpu-350m)

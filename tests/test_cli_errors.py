@@ -153,3 +153,40 @@ def test_a_warning_is_one_line_naming_the_command():
         "3 layers has no global TAPA layer to read them; they are ignored\n")
     result = subprocess.run(command + ["--debug"], capture_output=True, text=True, env=env, timeout=120)
     assert result.returncode == 0 and "UserWarning: ModelConfig: theta=0.3 set" in result.stderr
+
+
+def test_under_torchrun_an_error_prints_once_per_launch_and_reaches_torchruns_report(tmp_path, monkeypatch, capsys):
+    """Under torchrun every rank fails alike on a bad flag: the line prints once per launch (on one
+    host), names the rank that printed it, and goes to the rank's torchrun error file, whose message
+    torchrun's closing report shows. A different line (a rank-specific failure) still prints."""
+    import tempfile
+
+    from tapa._torchrun import error_for_this_process
+
+    assert error_for_this_process("tapa x: error: a") == "tapa x: error: a"  # not under torchrun
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "launch-1")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    for rank in (1, 0):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(tmp_path / f"error{rank}.json"))
+        with pytest.raises(SystemExit) as exit_:
+            main(["train", "--no-such-flag"])
+        assert exit_.value.code == 2
+        recorded = json.loads((tmp_path / f"error{rank}.json").read_text())["message"]
+        assert recorded.startswith("tapa train: error: unrecognized arguments: --no-such-flag")
+    # rank 1 printed it, tagged; rank 0, failing the same way, printed nothing
+    assert capsys.readouterr().err.splitlines() == [f"{recorded} [rank 1 of 2]"]
+    assert error_for_this_process("tapa x: error: b") == "tapa x: error: b [rank 0 of 2]"
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "launch-2")  # another launch prints its own
+    assert error_for_this_process("tapa x: error: b") == "tapa x: error: b [rank 0 of 2]"
+    # a command's own error (train's configuration check) goes the same way
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "launch-3")
+    with pytest.raises(SystemExit) as exit_:
+        main(["train", "--recipe", "tiny", "--cp", "2", "--seq-len", "102", "--run-dir", str(tmp_path / "r")])
+    assert exit_.value.code.startswith("tapa train: error: seq_len (102) must be a multiple of 2 x cp")
+    assert exit_.value.code.endswith("[rank 0 of 2]")
+    with pytest.raises(SystemExit) as exit_:
+        main(["train", "--recipe", "tiny", "--cp", "2", "--seq-len", "102", "--run-dir", str(tmp_path / "r")])
+    assert exit_.value.code == 1

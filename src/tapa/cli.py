@@ -18,6 +18,7 @@ import sys
 import warnings
 
 import tapa
+from tapa._torchrun import error_for_this_process
 
 # command -> (module, one-line help)
 COMMANDS = {
@@ -45,7 +46,8 @@ class _CommandParser(argparse.ArgumentParser):
     a usage error is one line, without argparse's usage synopsis, with its exit status 2."""
 
     def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} ('{self.prog} --help' lists the options)\n")
+        line = error_for_this_process(f"{self.prog}: error: {message} ('{self.prog} --help' lists the options)")
+        self.exit(2, f"{line}\n" if line else None)
 
 
 def _top_parser() -> argparse.ArgumentParser:
@@ -107,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
         if debug or (isinstance(err, ImportError) and MISSING_EXTRA not in str(err)):
             raise
         message = " ".join(str(err).split("\n")) or type(err).__name__
-        raise SystemExit(f"tapa {name}: error: {message} (--debug shows the traceback)") from None
+        line = error_for_this_process(f"tapa {name}: error: {message} (--debug shows the traceback)")
+        raise SystemExit(line if line else 1) from None
     finally:
         warnings.formatwarning = format_warning
 
