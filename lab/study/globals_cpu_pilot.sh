@@ -104,10 +104,9 @@ for lever in ${LEVERS:-c1024 w32 w16 temp llg l5g theta25 theta75 alpha05 alpha2
         llg) flags=(--n-layers 6 --layer-pattern LLG --local-window 64) ;;
         l5g) flags=(--n-layers 6 --layer-pattern LLLLLG --local-window 64) ;;
         # TAPA only: the amplitude fraction theta and the distance exponent alpha of its globals
-        theta25) flags=("${BASE[@]}" --theta 0.25); kinds=tapa ;;
-        theta75) flags=("${BASE[@]}" --theta 0.75); kinds=tapa ;;
-        alpha05) flags=("${BASE[@]}" --alpha 0.05); kinds=tapa ;;
-        alpha2) flags=("${BASE[@]}" --alpha 0.2); kinds=tapa ;;
+        # (thetaNN: theta 0.NN, e.g. theta25, theta375; alphaNN: alpha 0.NN, e.g. alpha05, alpha2)
+        theta[0-9]*) flags=("${BASE[@]}" --theta "0.${lever#theta}"); kinds=tapa ;;
+        alpha[0-9]*) flags=("${BASE[@]}" --alpha "0.${lever#alpha}"); kinds=tapa ;;
         *) echo "unknown lever $lever" >&2; exit 2 ;;
     esac
     for kind in $kinds; do

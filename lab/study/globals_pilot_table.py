@@ -32,11 +32,13 @@ LEVERS = {
     "llg": "LLG (6 layers: LLGLLG)",
     "l5g": "LLLLLG (6 layers)",
     "theta25": "theta 0.25",
+    "theta375": "theta 0.375",
+    "theta625": "theta 0.625",
     "theta75": "theta 0.75",
     "alpha05": "alpha 0.05",
     "alpha2": "alpha 0.2",
 }
-TAPA_ONLY = ("theta25", "theta75", "alpha05", "alpha2")
+TAPA_ONLY = ("theta25", "theta375", "theta625", "theta75", "alpha05", "alpha2")
 ANCHOR = "rope-yarn"
 # the lengths of the ratio tables, as multiples of the 128-token pretraining length
 RATIO_LENGTHS = (128, 1024, 2048, 4096)

@@ -38,7 +38,7 @@ def test_run_names_and_arms():
     table = arms()
     assert list(table)[:3] == ["rope-yarn", "hybrid-tapa-c", "hybrid-nope-c"]
     assert "hybrid-tapa-theta25-c" in table and "hybrid-nope-theta25-c" not in table
-    assert len(table) == 3 + 2 * 6 + 4  # anchor, 2 bases, 6 levers on both kinds, 4 TAPA-only
+    assert len(table) == 3 + 2 * 6 + 6  # anchor, 2 bases, 6 levers on both kinds, 6 TAPA-only
 
 
 def test_seed_names():
