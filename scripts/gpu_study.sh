@@ -11,9 +11,10 @@
 #               kind="nvidia-h200-x2")       (archives in $OUT/gpu0, $OUT/gpu1; logs $OUT/gpuN.log)
 # JOBS: ARM:LR:SEED,... (the arms and protocols: lab/study/arms.py). The batches a plan needs, as
 # commands of this script: `PYTHONPATH=src python3 -m lab.study.run --plan seeds --lr ... --dry-run
-# --split-batches 540` (add `--gpus N` for xN calls). Keep --time-budget well under the call's 600 s (540 leaves a minute for the
-# machine; xN gives each runner CALL_SECONDS, default 570, less the corpus build). Runs stay under
-# /tmp/study, so a next call on the still-warm machine resumes them. Then, here:
+# --split-batches 540` (add `--gpus N` for xN calls). Keep --time-budget well under the call's
+# 600 s (540 leaves a minute for the machine; xN gives each runner CALL_SECONDS, default 570, less
+# the corpus build). Runs stay under /tmp/study, so a next call on the still-warm machine resumes
+# them. Then, here:
 #   python3 -m lab.study.aggregate aggregate --in ARCHIVES... --out results/toy-study
 set -uo pipefail
 cd "$(dirname "$0")/.."

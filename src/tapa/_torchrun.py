@@ -33,7 +33,9 @@ def error_for_this_process(line: str) -> str | None:
         except OSError:
             pass
     launch = f"{os.environ.get('TORCHELASTIC_RUN_ID', '')}-{os.environ.get('MASTER_PORT', '')}"
-    marks = Path(tempfile.gettempdir()) / f"tapa-torchrun-errors-{os.getuid()}" / launch
+    # an empty file a distinct line and launch, in the temp directory
+    user = os.getuid() if hasattr(os, "getuid") else 0
+    marks = Path(tempfile.gettempdir()) / f"tapa-torchrun-errors-{user}" / launch
     try:
         marks.mkdir(parents=True, exist_ok=True)
         os.close(os.open(marks / hashlib.sha256(line.encode()).hexdigest()[:16],
