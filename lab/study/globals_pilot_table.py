@@ -38,7 +38,8 @@ LEVERS = {
     "alpha05": "alpha 0.05",
     "alpha2": "alpha 0.2",
 }
-TAPA_ONLY = ("theta25", "theta375", "theta625", "theta75", "alpha05", "alpha2")
+# TAPA's own settings in its globals: no NoPE arm
+TAPA_ONLY = tuple(lever for lever in LEVERS if lever.startswith(("theta", "alpha")))
 ANCHOR = "rope-yarn"
 # the lengths of the ratio tables, as multiples of the 128-token pretraining length
 RATIO_LENGTHS = (128, 1024, 2048, 4096)

@@ -559,30 +559,28 @@ def dry_run(args, protocol, estimates, groups, problems) -> int:
         for flag in ("est_tokens_per_s", "est_speedup"):
             if getattr(args, flag):
                 passthrough.append(f"--{flag.replace('_', '-')} {getattr(args, flag):g}")
+        lanes = gpu_lanes(batches, args.gpus)
         if args.gpus == 1:
             print(f"\n{len(batches)} batches of {calls} back-to-back device call(s) of "
                   f"{args.split_batches:.0f} s, {args.concurrent} processes at once"
                   + (" (calls after the first find the warm machine's runs and resume them)" if calls > 1 else ""))
-            for number, batch in enumerate(batches, 1):
-                jobs = ",".join(j.id for g in batch for j in g.jobs)
-                print(f"# batch {number}: {len(batch)} groups")
-                for call in range(1, calls + 1):
-                    partial = " --allow-partial" if call < calls else ""
-                    print(f"scripts/gpu_study.sh batch --jobs {jobs} {' '.join(passthrough)}{partial}")
-        else:
-            # a runner a GPU, each with one batch; the script sets each runner's budget itself
-            lanes = gpu_lanes(batches, args.gpus)
+        else:  # a runner a GPU, each with one batch; the script sets each runner's budget itself
             passthrough = [p for p in passthrough if not p.startswith("--time-budget")]
             print(f"\n{len(batches)} batches on {args.gpus} GPUs: {len(lanes)} multi-GPU call group(s) of "
                   f"{calls} back-to-back call(s), each GPU one batch ({args.concurrent} processes at once)")
-            for number, lane in enumerate(lanes, 1):
-                jobs = " ".join(",".join(j.id for g in batch for j in g.jobs) for batch in lane)
+        for number, lane in enumerate(lanes, 1):
+            jobs = [",".join(j.id for g in batch for j in g.jobs) for batch in lane]
+            if args.gpus == 1:
+                print(f"# batch {number}: {len(lane[0])} groups")
+                command = f"scripts/gpu_study.sh batch --jobs {jobs[0]}"
+            else:
                 print(f"# call group {number}: {sum(len(b) for b in lane)} groups on {len(lane)} GPUs "
                       f"(kind with at least {len(lane)} GPUs)")
-                for call in range(1, calls + 1):
-                    partial = " --allow-partial" if call < calls else ""
-                    print(f"CALL_SECONDS={args.split_batches + 30:.0f} scripts/gpu_study.sh x{len(lane)} "
-                          f"{jobs} {' '.join(passthrough)}{partial}")
+                command = (f"CALL_SECONDS={args.split_batches + 30:.0f} scripts/gpu_study.sh x{len(lane)} "
+                           + " ".join(jobs))
+            for call in range(1, calls + 1):
+                partial = " --allow-partial" if call < calls else ""
+                print(f"{command} {' '.join(passthrough)}{partial}")
     return 0 if not problems else 2
 
 

@@ -3,7 +3,8 @@
 A bad flag or setting fails on every rank alike: each would print the same line, and torchrun's
 closing report would say only "To enable traceback see ...". `error_for_this_process` makes such a
 line print once per host, tagged with the rank that printed it, and hands it to torchrun's error
-file so that the report's root cause is that line. No torch import: the CLI uses it before any.
+file so that the report's root cause is that line. The CLI routes every command's error line
+through it (tapa.cli.main); no torch import, as the CLI may fail before any.
 """
 
 from __future__ import annotations

@@ -88,7 +88,20 @@ def main(argv: list[str] | None = None) -> int:
     if argv[0] not in COMMANDS:
         _top_parser().parse_args(argv)  # prints help, version or a usage error and exits
         return 2
-    name, rest = argv[0], argv[1:]
+    try:
+        return _run_command(argv[0], argv[1:], debug)
+    except SystemExit as exit_:
+        # every command's error line (its own SystemExit("tapa CMD: error: ..."), or a user error
+        # caught below) goes one way: under torchrun, once per launch and to torchrun's report
+        if not isinstance(exit_.code, str):
+            raise
+        line = error_for_this_process(exit_.code)
+        if line == exit_.code:
+            raise
+        raise SystemExit(line or 1) from None
+
+
+def _run_command(name: str, rest: list[str], debug: bool) -> int:
     module_name, help_ = COMMANDS[name]
     format_warning = warnings.formatwarning
     if not debug:
@@ -109,11 +122,9 @@ def main(argv: list[str] | None = None) -> int:
         if debug or (isinstance(err, ImportError) and MISSING_EXTRA not in str(err)):
             raise
         message = " ".join(str(err).split("\n")) or type(err).__name__
-        line = error_for_this_process(f"tapa {name}: error: {message} (--debug shows the traceback)")
-        raise SystemExit(line if line else 1) from None
+        raise SystemExit(f"tapa {name}: error: {message} (--debug shows the traceback)") from None
     finally:
         warnings.formatwarning = format_warning
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -21,7 +21,6 @@ import typing
 from pathlib import Path
 
 from tapa._config import field_help
-from tapa._torchrun import error_for_this_process
 from tapa.data import DataConfig
 from tapa.model import PE_CHOICES, PHASE_MATRICES, ModelConfig
 from tapa.ops import DISTANCES, IMPLS
@@ -294,7 +293,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         train_cfg, model_cfg, data_cfg = configs_from_args(args)
     except ValueError as err:
-        raise SystemExit(error_for_this_process(f"tapa train: error: {err}") or 1) from err
+        raise SystemExit(f"tapa train: error: {err}") from err
     if train_cfg.init_from and not train_cfg.resume and not hasattr(args, "lr"):  # set by continual_lr
         # beside --print-config on stderr: its stdout is the JSON alone
         print(f"continual run: peak lr {train_cfg.lr:g}, where the pretraining schedule ended "
@@ -340,7 +339,7 @@ def run(args: argparse.Namespace) -> int:
                 return 0
         run_dir = train(train_cfg, model_cfg, data_cfg)  # the lock held throughout
     except (ValueError, NonFiniteError) as err:  # bad input, CheckpointError, divergence: a message
-        raise SystemExit(error_for_this_process(f"tapa train: error: {err}") or 1) from err
+        raise SystemExit(f"tapa train: error: {err}") from err
     finally:
         lock.release()
     if main_rank:
