@@ -80,6 +80,11 @@ def _globals_screen() -> list:
                        for t in ("0.25", "0.75")]
             levers += [(f"alpha{a[2:]}", f"alpha {a}", (*HYBRID, "--alpha", a), ())
                        for a in ("0.05", "0.2")]
+            # the screen's first lead (2026-12-05, seed 0): theta 0.75 retrieved best of the TAPA
+            # arms at the 2% passkey share, NoPE's pk10 best of all; the two together (shares
+            # theta75's pretraining run)
+            levers.append(("theta75-pk10", "theta 0.75, continual passkey 0.1",
+                           (*HYBRID, "--theta", "0.75"), ("--passkey-fraction", "0.1")))
         for tag, what, model, continual in levers:
             # in the base hybrid arms' order (--pe, model, then TAPA's phase lr), so that an arm
             # with the base model (pk10) shares their pretraining run
@@ -313,15 +318,11 @@ class Estimates:
     eval_s_per_method: float = 14.0  # 6 lengths x 64k scored tokens, up to 16k windows
     passkey_s_per_method: float = 18.0  # 4 lengths x 5 depths x 50 trials, up to 16k prompts
     theory_s: float = 12.0  # load, 8 x 4096 tokens through one layer, binning, iid samples
-    # a retrieval-suite prompt: the passkey grid's 1000 prompts (2k-16k) took 13.6 s at the median
-    # (above); the suite's first run (2026-12-05, rope-yarn, 6160 prompts) was still going after
-    # 215 s of its stage, so more than 0.033 s a prompt. Its prompts then went a cell at a time in
-    # 16k-token batches, each batch a prefill and one eager decoding step (~3.5 ms) per answer token;
-    # since the grids batch every depth of a length up to 256k tokens (2026-12-05), the decoding
-    # steps fall from 35,172 to 2,605 and the prefills from 2,920 to 196 (lab.study.suite_cost, a
-    # 2,048-token BPE), and the projection is ~0.008 s a prompt, the prefill (~47M tokens) most of
-    # it. Not timed yet: 0.02, a 2.5x margin, until the grids' recorded timings replace it.
-    task_s_per_prompt: float = 0.02
+    # a retrieval-suite prompt: the suite's 6,160 prompts (4 tasks x 4 lengths (2k-16k) x 5 depths
+    # x 77) took 42-53 s on the screen's first five arms (2026-12-05, one H200; the grids' recorded
+    # `seconds`, every depth of a length batched up to 256k tokens), 0.007-0.009 s a prompt; its
+    # first run, a cell at a time in 16k-token batches, had taken more than 0.033 s
+    task_s_per_prompt: float = 0.009
     # fresh machine: BPE on 50 MB + tokenizing ~400 MB (64 s, then 77 s twice, 53 s with the
     # batched encoder), then the kernels' preflight (15 s): 68 s on 2026-12-01 21:58 UTC
     data_build_s: float = 80.0

@@ -10,12 +10,16 @@ stage 20% of pretraining") and writes to --out:
     retrieval.csv         arm, seed, task, length: correct of trials over every depth, accuracy and
                           its 95% Wilson interval
     retrieval_cells.csv   the same per depth
-    screen.md             each lever against its global kind's base arm (the screen's headline),
-                          then perplexity and retrieval per arm
+    screen.md             each lever against its global kind's base arm, each TAPA arm against
+                          NoPE globals under the same lever (the screen's headline), then
+                          perplexity and retrieval per arm (the trained passkey grid, then the suite)
     perplexity.png        perplexity vs length: stage x data panels, TAPA solid, NoPE dashed
     retrieval.png         accuracy vs length per task, with Wilson intervals
     retrieval_heatmap.png per task, accuracy by arm and length
 Every number comes from the job JSONs; an arm missing a stage shows an empty cell.
+With --keep-jobs FOLDER, the job JSONs of each runner archive among --in are first copied to
+FOLDER/jobs-CALL.tar.gz (results/toy-study/globals/jobs), so that the screen's later sessions
+aggregate every call from the tree.
 An arm run under toy-gpu-c4096 is named ARM@c4096, under toy-gpu-cl20 ARM@cl20. The retrofits of issue 38 (retrofit-tapa,
 retrofit-nope) are compared with the hybrid of their kind trained from scratch; --arms keeps the
 named arms only (results/retrofit: `--arms rope-yarn,hybrid-tapa,hybrid-nope,retrofit-tapa,
@@ -25,7 +29,10 @@ retrofit-nope`).
 from __future__ import annotations
 
 import argparse
+import gzip
+import io
 import math
+import tarfile
 from collections import defaultdict
 from pathlib import Path
 
@@ -97,8 +104,12 @@ def retrieval_rows(jobs: list[dict]) -> tuple[list[dict], list[dict]]:
     """(per length over every depth, per cell) rows of the retrieval suite."""
     lengths, cells = [], []
     for job in jobs:
-        tasks = (job["results"].get("passkey") or {}).get("tasks") or {}
+        result = job["results"].get("passkey") or {}
+        # the passkey grid (the prompt format the continual stage trains on), then the suite
+        tasks = {"passkey": result.get("passkey") or {}, **(result.get("tasks") or {})}
         for task, grid in tasks.items():
+            if not grid.get("correct"):
+                continue
             common = {"arm": arm_id(job), "label": _label(job), "kind": global_kind(job["arm"]),
                       "seed": job["seed"], "task": task}
             for li, length in enumerate(grid["lengths"]):
@@ -132,34 +143,57 @@ def _number(value) -> str:
     return "" if value is None else f"{value:.2f}"
 
 
-def lever_table(ppl: list[dict], retrieval: list[dict]) -> str:
-    """Each lever's change against its kind's base arm at the lengths that decide the question."""
+RETRIEVAL_COLUMNS = ("passkey", "single-key", "multi-key")  # the lever tables' retrieval tasks
+
+
+def _comparison(ppl: list[dict], retrieval: list[dict], pairs: list[tuple[str, str]],
+                intro: str, second: str) -> str:
+    """A row per (arm, reference arm): perplexity ratio - 1 and retrieval points at the two
+    longest lengths of each measure (8x-32x the pretraining length in the screen)."""
     ppl_mean = _mean_by(ppl, ("arm", "stage", "data", "length"), "perplexity")
     hits = _mean_by(retrieval, ("arm", "task", "length"), "accuracy")
-    # the two longest lengths of each measure: 8x-32x the pretraining length in the screen
     far = sorted({r["length"] for r in ppl})[-2:]
     prompts = sorted({r["length"] for r in retrieval})[-2:]
+    tasks = [t for t in RETRIEVAL_COLUMNS if any(r["task"] == t for r in retrieval)]
     checks = [("continual", "test", n) for n in far] + [("continual", "domain", n) for n in far]
     header = ([f"{data} ppl {length_label(n)}" for _, data, n in checks]
-              + [f"{task} {length_label(n)}" for task in ("single-key", "multi-key") for n in prompts])
-    lines = ["Change against the base arm of the same global kind (perplexity: ratio - 1, lower is "
-             "better; retrieval: accuracy points over every depth, higher is better). Continual "
-             "stage.", "", "| arm | base | " + " | ".join(header) + " |",
-             "|---|---|" + "---|" * len(header)]
-    for arm in _arms(ppl + retrieval):
-        base = base_of(arm)
-        if base is None:
-            continue
+              + [f"{task} {length_label(n)}" for task in tasks for n in prompts])
+    lines = [intro + " (perplexity: ratio - 1, lower is better; retrieval: accuracy points over "
+             "every depth, higher is better). Continual stage.", "",
+             f"| arm | {second} | " + " | ".join(header) + " |", "|---|---|" + "---|" * len(header)]
+    for arm, reference in pairs:
         cells = []
         for stage, data, n in checks:
-            mine, theirs = ppl_mean.get((arm, stage, data, n)), ppl_mean.get((base, stage, data, n))
+            mine, theirs = ppl_mean.get((arm, stage, data, n)), ppl_mean.get((reference, stage, data, n))
             cells.append(f"{mine / theirs - 1:+.1%}" if mine and theirs else "")
-        for task in ("single-key", "multi-key"):
+        for task in tasks:
             for n in prompts:
-                mine, theirs = hits.get((arm, task, n)), hits.get((base, task, n))
+                mine, theirs = hits.get((arm, task, n)), hits.get((reference, task, n))
                 cells.append(f"{100 * (mine - theirs):+.0f}" if None not in (mine, theirs) else "")
-        lines.append(f"| {arm} | {base} | " + " | ".join(cells) + " |")
+        lines.append(f"| {arm} | {reference} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def lever_table(ppl: list[dict], retrieval: list[dict]) -> str:
+    """Each lever's change against its kind's base arm at the lengths that decide the question."""
+    pairs = [(arm, base_of(arm)) for arm in _arms(ppl + retrieval) if base_of(arm) is not None]
+    return _comparison(ppl, retrieval, pairs, "Change against the base arm of the same global kind",
+                       "base")
+
+
+def kind_table(ppl: list[dict], retrieval: list[dict]) -> str:
+    """Each TAPA-global arm against NoPE globals under the same lever (the NoPE base arm where the
+    lever has no NoPE arm: theta, alpha), the question the screen asks."""
+    arms = _arms(ppl + retrieval)
+    if BASES["nope"] not in arms:
+        return ""
+    pairs = []
+    for arm in arms:
+        if global_kind(arm) == "tapa" and not arm.startswith("retrofit-"):
+            twin = BASES["nope"] + arm[len(BASES["tapa"]):]
+            pairs.append((arm, twin if twin in arms else BASES["nope"]))
+    return _comparison(ppl, retrieval, pairs, "TAPA globals against NoPE globals under the same "
+                       "lever, or against the NoPE base where the lever is TAPA's own", "NoPE arm") if pairs else ""
 
 
 def perplexity_table(rows: list[dict], stage: str, data: str) -> str:
@@ -291,7 +325,7 @@ def plot_heatmap(rows: list[dict], path: Path) -> Path | None:
         ax.set_yticks(range(len(arms)), arms if column == 0 else [""] * len(arms), fontsize=7)
         ax.set_title(task, fontsize=9)
     fig.colorbar(image, ax=axes[0].tolist(), shrink=0.8, label="% correct")
-    fig.suptitle("Retrieval by arm and prompt length (mean over seeds, every depth)", fontsize=10)
+    fig.suptitle("Retrieval by arm and prompt length (mean over seeds, every depth)", fontsize=10, y=1.08)
     fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
     return path
@@ -323,7 +357,7 @@ def screen(paths, out_dir: str | Path, command: str, arms: list[str] | None = No
                 f"({', '.join(sorted({j['protocol']['name'] for j in jobs}))}); hardware: "
                 f"{'; '.join(hardware) or 'unknown'}; jobs dated {dates[0][:10]} to "
                 f"{dates[-1][:10]}" + (f"; {domain_line}." if domain_line else "."),
-                lever_table(ppl, retrieval)]
+                lever_table(ppl, retrieval), kind_table(ppl, retrieval)]
     sections += [perplexity_table(ppl, s, d) for s in ("continual", "zero-shot") for d in ("test", "domain")]
     sections += [retrieval_table(retrieval, t) for t in dict.fromkeys(r["task"] for r in retrieval)]
     plots = [plot_perplexity(ppl, out / "perplexity.png"), plot_retrieval(retrieval, out / "retrieval.png"),
@@ -331,6 +365,37 @@ def screen(paths, out_dir: str | Path, command: str, arms: list[str] | None = No
     sections += [f"![{p.stem}]({p.name})" for p in plots if p]
     (out / "screen.md").write_text("\n\n".join(s for s in sections if s) + "\n")
     return written + [out / "screen.md"] + [p for p in plots if p]
+
+
+def keep_jobs(archives, folder: str | Path) -> list[Path]:
+    """Copy the job JSONs of each runner archive (study-PROTOCOL-CALL.tar.gz) into
+    FOLDER/jobs-CALL.tar.gz, without the archive's logs and tokenizer, so that a screen spread over
+    sessions aggregates every call from the tree. Byte-stable: a second copy rewrites nothing."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for archive in map(Path, archives):
+        if not archive.name.startswith("study-") or not archive.name.endswith(".tar.gz"):
+            raise ValueError(f"{str(archive)!r} is not a runner archive (study-PROTOCOL-CALL.tar.gz)")
+        with tarfile.open(archive) as tar:
+            members = sorted((m for m in tar.getmembers() if m.isfile() and m.name.endswith(".job.json")),
+                             key=lambda m: m.name)
+            files = [(Path(m.name).name, tar.extractfile(m).read()) for m in members]
+        if not files:
+            raise ValueError(f"{str(archive)!r} holds no job JSONs")
+        call = "-".join(archive.name[:-len(".tar.gz")].split("-")[-3:])  # DATE-TIME-PID
+        buffer = io.BytesIO()
+        with gzip.GzipFile(fileobj=buffer, mode="wb", mtime=0) as gz, \
+                tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
+            for name, data in files:
+                info = tarfile.TarInfo(f"jobs/{name}")
+                info.size, info.mode = len(data), 0o644
+                tar.addfile(info, io.BytesIO(data))
+        target = folder / f"jobs-{call}.tar.gz"
+        if not target.exists() or target.read_bytes() != buffer.getvalue():
+            target.write_bytes(buffer.getvalue())
+        written.append(target)
+    return written
 
 
 def main(argv=None) -> int:
@@ -341,7 +406,17 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default="results/toy-study/globals")
     parser.add_argument("--arms", default=None,
                         help="comma-separated arms (ARM or ARM@c4096) to report; default: all")
+    parser.add_argument("--keep-jobs", metavar="FOLDER",
+                        help="first copy the job JSONs of each runner archive among --in into "
+                             "FOLDER/jobs-CALL.tar.gz (the screen's record in the tree)")
     args = parser.parse_args(argv)
+    if args.keep_jobs:
+        archives = [p for p in args.inputs if p.endswith(".tar.gz")]
+        try:
+            kept = keep_jobs(archives, args.keep_jobs)
+        except (ValueError, OSError, tarfile.TarError) as err:
+            raise SystemExit(f"lab.study.screen: {err}") from err
+        print(f"kept the job JSONs of {len(kept)} archives in {args.keep_jobs}")
     arms = args.arms.split(",") if args.arms else None
     command = (f"python3 -m lab.study.screen --in {' '.join(args.inputs)} --out {args.out}"
                + (f" --arms {args.arms}" if arms else ""))

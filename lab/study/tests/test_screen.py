@@ -2,6 +2,8 @@
 and retrieval stages (lab/study/plan.py, run.py), and the screen's tables (lab/study/screen.py)."""
 
 import csv
+import io
+import os
 import json
 import tarfile
 from email.message import Message
@@ -131,13 +133,15 @@ def test_runner_refuses_domain_stages_without_a_domain():
 
 def screen_job(arm, seed, continual, domain_ppl, tasks, protocol="toy-gpu-screen"):
     """A job JSON with continual perplexity at 4096 and 16384 on both texts, and a retrieval grid
-    of two lengths x two depths at 10 trials a cell (tasks: {task: [[hits]]})."""
+    of two lengths x two depths at 10 trials a cell (tasks: {task: [[hits]]}; the task "passkey"
+    is the trained passkey grid, the others the suite's)."""
     proto = arms.PROTOCOLS[protocol].to_dict()
     ppl = lambda values: {"perplexity": [{"length": n, "perplexity": v, "tokens": 100}
                                          for n, v in zip((4096, 16384), values)]}
     grids = {task: {"lengths": [8192, 16384], "depths": [0.0, 1.0], "trials": 10,
                     "correct": hits, "accuracy": [[h / 10 for h in row] for row in hits]}
              for task, hits in tasks.items()}
+    passkey = grids.pop("passkey", {})
     return {"kind": "tapa-study-job", "job": f"{arm}:0.001:{seed}", "arm": arm, "label": arm,
             "seed": seed, "lr": 0.001, "protocol": proto, "stages_done": ["pretrain"],
             "date": "2026-12-05T00:00:00", "hardware": ["H200"],
@@ -145,7 +149,7 @@ def screen_job(arm, seed, continual, domain_ppl, tasks, protocol="toy-gpu-screen
                                   "sha256": "ab" * 32}},
             "results": {"eval1": ppl(continual),
                         "domain1": {**ppl(domain_ppl), "data": {"source": "/x/package-docs"}},
-                        "passkey": {"passkey": {}, "tasks": grids}}}
+                        "passkey": {"passkey": passkey, "tasks": grids}}}
 
 
 def test_screen_tables_compare_each_lever_with_its_base(tmp_path):
@@ -184,6 +188,30 @@ def test_screen_tables_compare_each_lever_with_its_base(tmp_path):
     with open(tmp_path / "out" / "perplexity.csv", newline="") as handle:
         sources = {r["source"] for r in csv.DictReader(handle) if r["data"] == "domain"}
     assert sources == {"package-docs"}
+
+
+def test_screen_sets_tapa_against_nope_under_the_same_lever(tmp_path):
+    full, half, none = [[10, 10], [10, 10]], [[5, 5], [5, 5]], [[0, 0], [0, 0]]
+    jobs = [screen_job("hybrid-tapa", 0, [10.0, 20.0], [30.0, 40.0], {"passkey": half, "single-key": none}),
+            screen_job("hybrid-tapa-theta75", 0, [10.0, 18.0], [30.0, 40.0], {"passkey": full, "single-key": half}),
+            screen_job("hybrid-tapa-w64", 0, [10.0, 22.0], [30.0, 40.0], {"passkey": none, "single-key": none}),
+            screen_job("hybrid-nope", 0, [10.0, 20.0], [30.0, 50.0], {"passkey": half, "single-key": half}),
+            screen_job("hybrid-nope-w64", 0, [10.0, 11.0], [30.0, 40.0], {"passkey": full, "single-key": full})]
+    for index, job in enumerate(jobs):
+        (tmp_path / f"{index}.job.json").write_text(json.dumps(job))
+    screen.screen([tmp_path], tmp_path / "out", "cmd")
+    text = (tmp_path / "out" / "screen.md").read_text()
+    table = next(part for part in text.split("\n\n") if part.startswith("| arm | NoPE arm |"))
+    assert "| passkey 8k | passkey 16k | single-key 8k | single-key 16k |" in table
+    rows = {line.split(" | ")[0].strip("| "): line for line in table.splitlines()[2:]}
+    assert set(rows) == {"hybrid-tapa", "hybrid-tapa-theta75", "hybrid-tapa-w64"}
+    # theta has no NoPE arm: against the NoPE base (test 16k 18/20, domain 16k 40/50, passkey
+    # 100 - 50, single-key 50 - 50); w64 against NoPE's w64 (22/11, passkey 0 - 100)
+    assert "| hybrid-tapa-theta75 | hybrid-nope | +0.0% | -10.0% | +0.0% | -20.0% | +50 | +50 | +0 | +0 |" in table
+    assert "| hybrid-tapa-w64 | hybrid-nope-w64 | +0.0% | +100.0% | +0.0% | +0.0% | -100 | -100 | -100 | -100 |" in table
+    with open(tmp_path / "out" / "retrieval.csv", newline="") as handle:
+        tasks = {r["task"] for r in csv.DictReader(handle)}
+    assert tasks == {"passkey", "single-key"}
 
 
 def test_screen_refuses_inputs_without_screen_jobs(tmp_path):
@@ -229,3 +257,26 @@ def test_retrieval_defaults_keep_older_jobs_ids():
     # the screen shares the toy protocol's pretraining
     assert protocol_fingerprint(arms.TOY_GPU_SCREEN.to_dict(), "pretrain") == \
         protocol_fingerprint(old, "pretrain")
+
+
+def test_keep_jobs_copies_an_archives_job_jsons_once(tmp_path):
+    job = screen_job("hybrid-tapa", 0, [10.0, 20.0], [30.0, 40.0], {"single-key": [[5, 5], [5, 5]]})
+    archive = tmp_path / "study-toy-gpu-screen-20261205-120028-1106.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        for name, text in (("jobs/hybrid-tapa-lr0.001-s0.job.json", json.dumps(job)),
+                           ("logs/runner.log", "a log"), ("corpus/tokenizer.json", "{}")):
+            data = text.encode()
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    (kept,) = screen.keep_jobs([archive], tmp_path / "jobs")
+    assert kept.name == "jobs-20261205-120028-1106.tar.gz"
+    with tarfile.open(kept) as tar:
+        assert tar.getnames() == ["jobs/hybrid-tapa-lr0.001-s0.job.json"]
+    first, mtime = kept.read_bytes(), kept.stat().st_mtime_ns
+    os.utime(kept, ns=(mtime - 10**9, mtime - 10**9))
+    screen.keep_jobs([archive], tmp_path / "jobs")
+    assert kept.read_bytes() == first and kept.stat().st_mtime_ns == mtime - 10**9  # not rewritten
+    assert screen.screen_jobs([tmp_path / "jobs"])[0]["arm"] == "hybrid-tapa"
+    with pytest.raises(ValueError, match="not a runner archive"):
+        screen.keep_jobs([tmp_path / "other.tar.gz"], tmp_path / "jobs")
