@@ -121,6 +121,21 @@ def test_flop_count_of_a_hybrid_counts_local_layers_at_their_window():
     assert flops_per_token(model, 16) == 6 * matmul_params(model) + 6 * 4 * 16 * 64
 
 
+def test_flop_count_with_packed_documents_counts_the_attention_the_mask_keeps():
+    cfg = ModelConfig(dim=64, n_layers=4, n_heads=2, vocab_size=100, layer_pattern="LLLG", local_window=32)
+    with torch.device("meta"):
+        model = TapaLM(cfg)
+    one_row = torch.zeros(2, 128, dtype=torch.long)  # one document a row: the dense count
+    assert flops_per_token(model, 128, one_row) == flops_per_token(model, 128)
+    # rows of 64 + 64 and 96 + 16 + 16 tokens (labels restart in each row): span = sum n^2 / 256
+    ids = torch.tensor([[0] * 64 + [1] * 64, [0] * 96 + [1] * 16 + [2] * 16])
+    span = (64**2 + 64**2 + 96**2 + 16**2 + 16**2) / 256
+    assert span == 70.0
+    assert flops_per_token(model, 128, ids) == 6 * matmul_params(model) + 6 * (3 * 32 + span) * 64
+    short = torch.tensor([[0, 0, 1, 1, 2, 2, 3, 3]])  # documents shorter than the window
+    assert flops_per_token(model, 8, short) == 6 * matmul_params(model) + 6 * 4 * 2.0 * 64
+
+
 def test_doc_mask_packs_rows_the_same_way_every_time():
     from tapa.bench.model import document_ids
 
@@ -129,3 +144,16 @@ def test_doc_mask_packs_rows_the_same_way_every_time():
     assert bool((ids[:, 1:] >= ids[:, :-1]).all()) and bool((ids[:, 0] == 0).all())
     counts = [len(row.unique()) for row in ids]
     assert all(5 < n < 40 for n in counts)  # about 500 / 40 documents a row
+
+
+def test_attention_path_names_the_document_masked_path():
+    from tapa.bench.model import attention_path
+    cpu = torch.device("cpu")
+    rope = ModelConfig(dim=64, n_layers=4, n_heads=2, vocab_size=100, pe="rope")
+    hybrid = ModelConfig(dim=64, n_layers=4, n_heads=2, vocab_size=100, pe="nope", layer_pattern="LLLG",
+                         local_window=32)
+    assert attention_path(rope, cpu) == "sdpa"
+    assert attention_path(rope, cpu, documents=True) == "chunked-documents"
+    assert attention_path(hybrid, cpu, documents=True) == "local+chunked-documents"
+    tapa = ModelConfig(dim=64, n_layers=4, n_heads=2, vocab_size=100, pe="tapa")
+    assert attention_path(tapa, cpu, documents=True) == "tapa-reference"

@@ -140,7 +140,7 @@ def measure(cfg: ModelConfig, *, seq_len: int, parallel: ContextParallel | None,
         forward["context_parallel"] = shard
     elif documents is not None:
         forward["document_ids"] = documents
-    path = attention_path(cfg, device)
+    path = attention_path(cfg, device, documents=bool(doc_mask))
     step = training_step(wrapped, optimizer, path, device, inputs, targets=targets, **forward)
     step_s, loss = time_steps(step, warmup=warmup, steps=steps, device=device)
     if not torch.isfinite(loss):

@@ -103,9 +103,19 @@ def matmul_params(model: TapaLM) -> int:
     return total
 
 
-def flops_per_token(model: TapaLM, seq_len: int) -> float:
+def flops_per_token(model: TapaLM, seq_len: int, document_ids: torch.Tensor | None = None) -> float:
+    """Training FLOPs a token: the matmuls' 6 N, and 6 x span x dim a layer for attention, where
+    a causal global layer's span is seq_len (a query sees (seq_len + 1) / 2 keys on average, two
+    matmuls) and a local layer's the window. With packed documents (document_ids (batch,
+    seq_len)) a global layer's span is the documents' sum of n^2 over the tokens (each document a
+    causal row of its own), and a local layer's at most that: the FLOPs the mask keeps."""
     cfg = model.config
-    attended = sum(min(seq_len, cfg.local_window) if cfg.layer_kind(i) == "local" else seq_len
+    span = float(seq_len)
+    if document_ids is not None:
+        # runs of a label within each row (labels restart at 0 in every row)
+        lengths = torch.cat([torch.unique_consecutive(row.cpu(), return_counts=True)[1] for row in document_ids])
+        span = float((lengths.double() ** 2).sum() / lengths.sum())
+    attended = sum(min(span, cfg.local_window) if cfg.layer_kind(i) == "local" else span
                    for i in range(cfg.n_layers))
     return 6.0 * matmul_params(model) + 6.0 * attended * cfg.dim
 
@@ -120,11 +130,16 @@ def parse_variant(spec: str) -> dict:
     return {"pe": parts[0], "layer_pattern": parts[1], "local_window": int(parts[2])}
 
 
-def attention_path(cfg: ModelConfig, device: torch.device) -> str:
-    """What computes attention: "tapa-triton", "tapa-reference", "sdpa-flash" or "sdpa"."""
+def attention_path(cfg: ModelConfig, device: torch.device, documents: bool = False) -> str:
+    """What computes the global layers' attention: "tapa-triton", "tapa-reference", "sdpa-flash",
+    "sdpa", or with packed documents (documents=True) for softmax layers "flex-documents" (CUDA)
+    or "chunked-documents" (the model's document-masked window as long as the row)."""
     if cfg.is_hybrid:
-        return "local+" + attention_path(ModelConfig(**{**cfg.to_dict(), "layer_pattern": "G"}), device)
+        plain = ModelConfig(**{**cfg.to_dict(), "layer_pattern": "G"})
+        return "local+" + attention_path(plain, device, documents)
     if cfg.family != "tapa":
+        if documents:
+            return "flex-documents" if device.type == "cuda" else "chunked-documents"
         return "sdpa-flash" if device.type == "cuda" else "sdpa"
     from tapa.ops.tapa import _triton_backend
 
@@ -216,9 +231,10 @@ def measure(cfg: ModelConfig, *, seq_len: int, batch: int, warmup: int, steps: i
     """Time `steps` training steps of a fresh model (the loss by the model's chunked
     cross-entropy, as training computes it); returns the measured row (no MFU)."""
     model, optimizer = new_model(cfg, device, checkpointing=checkpointing, compile_model=compile_model)
-    path = attention_path(cfg, device)
+    path = attention_path(cfg, device, documents=bool(doc_mask))
     tokens = torch.randint(0, cfg.vocab_size, (batch, seq_len + 1), device=device)
-    documents = Documents.from_ids(document_ids(batch, seq_len, doc_mask, device)) if doc_mask else None
+    ids = document_ids(batch, seq_len, doc_mask, device) if doc_mask else None
+    documents = Documents.from_ids(ids) if doc_mask else None
     step = training_step(model, optimizer, path, device, tokens[:, :-1], targets=tokens[:, 1:],
                          document_ids=documents)
     step_s, loss = time_steps(step, warmup=warmup, steps=steps, device=device)
@@ -229,7 +245,7 @@ def measure(cfg: ModelConfig, *, seq_len: int, batch: int, warmup: int, steps: i
         "seq_len": seq_len, "batch": batch, "checkpointing": checkpointing, "doc_mask": doc_mask,
         "params_m": round(model.num_parameters() / 1e6, 1),
         "step_ms": round(1e3 * step_s, 2), "tokens_per_s": round(batch * seq_len / step_s, 1),
-        "tflops": float(f"{batch * seq_len * flops_per_token(model, seq_len) / step_s / 1e12:.4g}"),
+        "tflops": float(f"{batch * seq_len * flops_per_token(model, seq_len, ids) / step_s / 1e12:.4g}"),
         "peak_mem_gib": (round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
                          if device.type == "cuda" else None),
     }
@@ -308,7 +324,9 @@ def write_results(rows: list[dict], out_dir: Path, *, command: str, device_name:
         f"- Date (UTC): {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M}",
         f"- Device: {device_name}; torch {torch.__version__}; Python {platform.python_version()}",
         f"- Peak bf16 for MFU: {peak_tflops} TFLOP/s" if peak_tflops else "- MFU: no peak known",
-        "- FLOPs/token = 6 * N_matmul + 6 * n_layers * seq_len * dim (causal attention);"
+        "- FLOPs/token = 6 * N_matmul + 6 * n_layers * seq_len * dim (causal attention; a local"
+        " layer's window for seq_len; with --doc-mask the documents' sum of n^2 / tokens, the"
+        " attention the mask keeps);"
         " tapa_over_rope = tokens/s / RoPE tokens/s at the same length (target >= 0.9; the hybrid"
         " should exceed 1 at 32k).",
         *[f"- {note}" for note in notes], "",
