@@ -1,0 +1,277 @@
+"""Associative recall at CPU scale: can a hybrid's global layers retrieve past the training length,
+and does TAPA or NoPE in them retrieve better?
+
+The globals pilot (results/toy-study/globals/cpu-pilot) measures perplexity only: its 1.1M-parameter
+language models never learned passkey retrieval. This pilot trains the same kind of hybrid on a
+synthetic multi-query associative recall task instead, which models this small do learn, so the
+question "what do the global layers add to retrieval" gets a CPU-scale answer.
+
+A sequence of T tokens: random filler, a block of P key-value pairs at a random offset, more filler,
+then the P keys again in a shuffled order, each followed by its value. The loss and the accuracy
+count the value predicted after each repeated key (P targets a sequence). Keys, values and filler
+have disjoint vocabularies, so the only way to the answer is to find the key's earlier occurrence
+and read the token after it: a local layer can carry "my previous token" into each position, and a
+global layer must then match it at any distance. Trained at T = train_len; evaluated at longer T,
+where the pairs sit farther from their queries than anything seen in training.
+
+    python3 -m lab.study.recall_pilot --arms hybrid-tapa hybrid-nope --seeds 0 --out /tmp/recall
+    python3 -m lab.study.recall_pilot --table /tmp/recall --plot recall.png > summary.md
+
+Each (arm, seed) writes OUT/ARM-sSEED.json and is skipped when that file exists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from tapa.model import ModelConfig, TapaLM
+from tapa.train.config import TrainConfig
+from tapa.train.trainer import lr_at, make_optimizer, set_lr
+
+N_KEYS = N_VALUES = 64
+N_FILLER = 128
+KEY0, VALUE0, FILLER0 = 0, N_KEYS, N_KEYS + N_VALUES
+VOCAB = N_KEYS + N_VALUES + N_FILLER
+
+# Arms: (layer pattern, global pe, extra ModelConfig fields). Every arm has 4 layers (Setup: dim, heads).
+ARMS = {
+    "hybrid-tapa": ("LLLG", "tapa", {}),
+    "hybrid-nope": ("LLLG", "nope", {}),
+    "hybrid-rope": ("LLLG", "rope", {}),
+    "hybrid-tapa-theta25": ("LLLG", "tapa", {"theta": 0.25}),
+    "hybrid-tapa-theta75": ("LLLG", "tapa", {"theta": 0.75}),
+    "hybrid-tapa-temp": ("LLLG", "tapa", {"query_temperature_base": "train_len"}),
+    "hybrid-nope-temp": ("LLLG", "nope", {"query_temperature_base": "train_len"}),
+}
+LABELS = {
+    "hybrid-tapa": "TAPA globals (theta 0.5)",
+    "hybrid-nope": "NoPE globals",
+    "hybrid-rope": "RoPE globals (no scaling)",
+    "hybrid-tapa-theta25": "TAPA globals, theta 0.25",
+    "hybrid-tapa-theta75": "TAPA globals, theta 0.75",
+    "hybrid-tapa-temp": "TAPA globals, query temperature",
+    "hybrid-nope-temp": "NoPE globals, query temperature",
+}
+
+
+@dataclasses.dataclass
+class Setup:
+    train_len: int = 64
+    pairs: int = 8
+    window: int = 16
+    dim: int = 128
+    heads: int = 4
+    steps: int = 3000
+    batch: int = 32
+    lr: float = 3e-3
+    warmup: int = 100
+    eval_lens: tuple[int, ...] = (64, 128, 256, 512, 1024, 2048)
+    eval_seqs: int = 64
+    eval_batch: int = 16
+
+
+def make_batch(n: int, length: int, pairs: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor,
+                                                                            torch.Tensor]:
+    """(inputs, targets, pair offsets): inputs (n, length) token ids, targets -100 except the value
+    after each repeated key, and each sequence's pair-block offset (the depth)."""
+    if length < 4 * pairs + 1:
+        raise ValueError(f"length {length} holds no {pairs} pairs and their queries")
+    seq = FILLER0 + torch.randint(0, N_FILLER, (n, length + 1), generator=gen)
+    keys = KEY0 + torch.argsort(torch.rand(n, N_KEYS, generator=gen), dim=1)[:, :pairs]
+    values = VALUE0 + torch.randint(0, N_VALUES, (n, pairs), generator=gen)
+    query_start = length + 1 - 2 * pairs
+    offsets = torch.randint(0, query_start - 2 * pairs + 1, (n,), generator=gen)
+    rows = torch.arange(n)[:, None]
+    slots = offsets[:, None] + 2 * torch.arange(pairs)
+    seq[rows, slots], seq[rows, slots + 1] = keys, values
+    order = torch.argsort(torch.rand(n, pairs, generator=gen), dim=1)
+    qslots = query_start + 2 * torch.arange(pairs)
+    seq[rows, qslots] = keys.gather(1, order)
+    seq[rows, qslots + 1] = values.gather(1, order)
+    inputs, targets = seq[:, :-1], torch.full((n, length), -100)
+    targets[rows, qslots] = seq[rows, qslots + 1]
+    return inputs, targets, offsets
+
+
+def model_config(arm: str, setup: Setup) -> ModelConfig:
+    pattern, pe, extra = ARMS[arm]
+    extra = {k: setup.train_len if v == "train_len" else v for k, v in extra.items()}
+    return ModelConfig(vocab_size=VOCAB, dim=setup.dim, n_layers=4, n_heads=setup.heads, pe=pe,
+                       layer_pattern=pattern, local_window=setup.window, phase_init_scale=0.1,
+                       attn_impl="reference", **extra)
+
+
+@torch.no_grad()
+def accuracy(model: TapaLM, length: int, setup: Setup, seed: int) -> dict:
+    gen = torch.Generator().manual_seed(10_000 + seed * 100 + int(math.log2(length)))
+    right = total = 0
+    by_depth = [[0, 0] for _ in range(4)]
+    for start in range(0, setup.eval_seqs, setup.eval_batch):
+        n = min(setup.eval_batch, setup.eval_seqs - start)
+        inputs, targets, offsets = make_batch(n, length, setup.pairs, gen)
+        logits = model(inputs)
+        mask = targets >= 0
+        hit = (logits.argmax(-1) == targets) & mask
+        right += int(hit.sum())
+        total += int(mask.sum())
+        span = length - 4 * setup.pairs + 1
+        for row in range(n):
+            bucket = min(3, int(4 * int(offsets[row]) / span))
+            by_depth[bucket][0] += int(hit[row].sum())
+            by_depth[bucket][1] += int(mask[row].sum())
+    return {"length": length, "accuracy": right / total, "queries": total,
+            "by_depth": [r / t if t else None for r, t in by_depth]}
+
+
+def run_arm(arm: str, seed: int, setup: Setup, out: Path, progress: bool) -> dict:
+    torch.manual_seed(seed)
+    cfg = model_config(arm, setup)
+    model = TapaLM(cfg)
+    train_cfg = TrainConfig(lr=setup.lr, steps=setup.steps, warmup_steps=setup.warmup,
+                            phase_lr_scale=0.1)
+    optimizer = make_optimizer(model, train_cfg)
+    gen = torch.Generator().manual_seed(seed)
+    start = time.time()
+    losses = []
+    for step in range(setup.steps):
+        set_lr(optimizer, lr_at(step, train_cfg))
+        inputs, targets, _ = make_batch(setup.batch, setup.train_len, setup.pairs, gen)
+        loss = model.loss(inputs, targets)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), train_cfg.grad_clip)
+        optimizer.step()
+        losses.append(loss.item())
+        if progress and (step + 1) % 100 == 0:
+            print(f"  {arm} seed {seed} step {step + 1}: loss {sum(losses[-100:]) / 100:.3f} "
+                  f"({time.time() - start:.0f} s)", file=sys.stderr, flush=True)
+    train_s = time.time() - start
+    model.eval()
+    evals = [accuracy(model, length, setup, seed) for length in setup.eval_lens]
+    result = {"arm": arm, "seed": seed, "setup": dataclasses.asdict(setup), "config": cfg.label,
+              "parameters": model.num_parameters(), "train_s": round(train_s, 1),
+              "eval_s": round(time.time() - start - train_s, 1),
+              "final_loss": sum(losses[-100:]) / min(100, len(losses)),
+              "loss_curve": [round(sum(losses[i:i + 50]) / len(losses[i:i + 50]), 4)
+                             for i in range(0, len(losses), 50)],
+              "evals": evals}
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{arm}-s{seed}.json"
+    path.with_suffix(".tmp").write_text(json.dumps(result, indent=1))
+    path.with_suffix(".tmp").replace(path)
+    return result
+
+
+def table(folder: Path) -> str:
+    """A markdown table: accuracy by evaluation length, mean over seeds (each seed in brackets)."""
+    results: dict[str, list[dict]] = {}
+    for path in sorted(folder.glob("*-s*.json")):
+        data = json.loads(path.read_text())
+        results.setdefault(data["arm"], []).append(data)
+    if not results:
+        raise SystemExit(f"recall_pilot: no results in {folder}")
+    lengths = next(iter(results.values()))[0]["setup"]["eval_lens"]
+    train_len = next(iter(results.values()))[0]["setup"]["train_len"]
+    lines = ["| arm | seeds | " + " | ".join(f"{n} ({n // train_len}x)" for n in lengths) + " |",
+             "|---|---|" + "---|" * len(lengths)]
+    for arm in [a for a in ARMS if a in results]:
+        runs = sorted(results[arm], key=lambda r: r["seed"])
+        cells = []
+        for i in range(len(lengths)):
+            accs = [100 * r["evals"][i]["accuracy"] for r in runs]
+            cells.append(f"{sum(accs) / len(accs):.1f} ({' / '.join(f'{a:.0f}' for a in accs)})")
+        lines.append(f"| {LABELS[arm]} | {', '.join(str(r['seed']) for r in runs)} | "
+                     + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot(folder: Path, path: Path) -> Path:
+    """Two panels: the training loss on the answers by step, and accuracy by evaluation length;
+    one line per arm (mean over its seeds, each seed faint)."""
+    from tapa.eval.plots import _pyplot
+
+    plt = _pyplot()
+    results: dict[str, list[dict]] = {}
+    for file in sorted(folder.glob("*-s*.json")):
+        data = json.loads(file.read_text())
+        results.setdefault(data["arm"], []).append(data)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    for index, arm in enumerate(a for a in ARMS if a in results):
+        color = f"C{index}"
+        runs = results[arm]
+        curves = [r["loss_curve"] for r in runs]
+        every = runs[0]["setup"]["steps"] / len(curves[0])
+        steps = [every * (i + 1) for i in range(len(curves[0]))]
+        for curve in curves:
+            left.plot(steps, curve, color=color, alpha=0.25, lw=0.8)
+        left.plot(steps, [sum(c[i] for c in curves) / len(curves) for i in range(len(steps))],
+                  color=color, label=f"{LABELS[arm]} ({len(runs)} seed{'s' if len(runs) > 1 else ''})")
+        lengths = [e["length"] for e in runs[0]["evals"]]
+        accs = [[100 * e["accuracy"] for e in r["evals"]] for r in runs]
+        for acc in accs:
+            right.plot(lengths, acc, color=color, alpha=0.25, lw=0.8, marker=".")
+        right.plot(lengths, [sum(a[i] for a in accs) / len(accs) for i in range(len(lengths))],
+                   color=color, marker="o", label=LABELS[arm])
+    chance = math.log(N_VALUES)
+    left.axhline(chance, color="gray", ls=":", lw=0.8)
+    left.set(xlabel="training step", ylabel="loss on the answers (nats)",
+             title=f"Learning to recall (chance: ln {N_VALUES} = {chance:.2f})")
+    right.set(xscale="log", xlabel="sequence length (tokens)", ylabel="% of answers right",
+              title=f"Recall vs length (trained at {runs[0]['setup']['train_len']})", ylim=(0, 100))
+    right.set_xticks(lengths, [str(n) for n in lengths])
+    for ax in (left, right):
+        ax.grid(True, alpha=0.3)
+    left.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--arms", nargs="+", choices=sorted(ARMS), default=list(ARMS))
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0])
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--steps", type=int, default=Setup.steps)
+    parser.add_argument("--window", type=int, default=Setup.window)
+    parser.add_argument("--batch", type=int, default=Setup.batch)
+    parser.add_argument("--dim", type=int, default=Setup.dim)
+    parser.add_argument("--heads", type=int, default=Setup.heads)
+    parser.add_argument("--lr", type=float, default=Setup.lr)
+    parser.add_argument("--eval-lens", type=int, nargs="+", default=list(Setup.eval_lens))
+    parser.add_argument("--eval-seqs", type=int, default=Setup.eval_seqs,
+                        help="sequences a length (each asks every pair once)")
+    parser.add_argument("--table", type=Path, help="print the table of a finished OUT and exit")
+    parser.add_argument("--plot", type=Path, help="with --table: also write this plot (PNG)")
+    parser.add_argument("--no-progress", action="store_true")
+    args = parser.parse_args(argv)
+    if args.table:
+        print(table(args.table))
+        if args.plot:
+            plot(args.table, args.plot)
+        return
+    if args.out is None:
+        parser.error("--out is required (or --table)")
+    setup = Setup(steps=args.steps, window=args.window, batch=args.batch, lr=args.lr, dim=args.dim,
+                  heads=args.heads, eval_lens=tuple(args.eval_lens), eval_seqs=args.eval_seqs)
+    for seed in args.seeds:
+        for arm in args.arms:
+            if (args.out / f"{arm}-s{seed}.json").exists():
+                continue
+            result = run_arm(arm, seed, setup, args.out, progress=not args.no_progress)
+            accs = " ".join(f"{e['length']}:{100 * e['accuracy']:.0f}%" for e in result["evals"])
+            print(f"{arm} seed {seed}: loss {result['final_loss']:.3f}, {accs} "
+                  f"({result['train_s']:.0f} s train, {result['eval_s']:.0f} s eval)", flush=True)
+
+
+if __name__ == "__main__":
+    main()
