@@ -50,6 +50,9 @@ ARMS = {
     "hybrid-tapa-theta75": ("LLLG", "tapa", {"theta": 0.75}),
     "hybrid-tapa-temp": ("LLLG", "tapa", {"query_temperature_base": "train_len"}),
     "hybrid-nope-temp": ("LLLG", "nope", {"query_temperature_base": "train_len"}),
+    # a diagnosis: TAPA globals whose phase rows start at 0 and never train (cos = 1 at every
+    # distance), i.e. NoPE scored on the amplitude part's head_dim / 2 dims only
+    "hybrid-tapa-nophase": ("LLLG", "tapa", {"phase_init_scale": 0.0, "phase_lr_scale": 0.0}),
 }
 LABELS = {
     "hybrid-tapa": "TAPA globals (theta 0.5)",
@@ -59,6 +62,7 @@ LABELS = {
     "hybrid-tapa-theta75": "TAPA globals, theta 0.75",
     "hybrid-tapa-temp": "TAPA globals, query temperature",
     "hybrid-nope-temp": "NoPE globals, query temperature",
+    "hybrid-tapa-nophase": "TAPA globals, phase rows frozen at 0",
 }
 
 
@@ -103,10 +107,12 @@ def make_batch(n: int, length: int, pairs: int, gen: torch.Generator) -> tuple[t
 
 def model_config(arm: str, setup: Setup) -> ModelConfig:
     pattern, pe, extra = ARMS[arm]
-    extra = {k: setup.train_len if v == "train_len" else v for k, v in extra.items()}
+    extra = {k: setup.train_len if v == "train_len" else v for k, v in extra.items()
+             if k != "phase_lr_scale"}
+    extra.setdefault("phase_init_scale", 0.1)
     return ModelConfig(vocab_size=VOCAB, dim=setup.dim, n_layers=4, n_heads=setup.heads, pe=pe,
-                       layer_pattern=pattern, local_window=setup.window, phase_init_scale=0.1,
-                       attn_impl="reference", **extra)
+                       layer_pattern=pattern, local_window=setup.window, attn_impl="reference",
+                       **extra)
 
 
 @torch.no_grad()
@@ -136,7 +142,7 @@ def run_arm(arm: str, seed: int, setup: Setup, out: Path, progress: bool) -> dic
     cfg = model_config(arm, setup)
     model = TapaLM(cfg)
     train_cfg = TrainConfig(lr=setup.lr, steps=setup.steps, warmup_steps=setup.warmup,
-                            phase_lr_scale=0.1)
+                            phase_lr_scale=ARMS[arm][2].get("phase_lr_scale", 0.1))
     optimizer = make_optimizer(model, train_cfg)
     gen = torch.Generator().manual_seed(seed)
     start = time.time()

@@ -40,3 +40,19 @@ def test_a_tiny_run_writes_its_result_and_table(tmp_path, capsys):
     table = capsys.readouterr().out
     assert (tmp_path / "recall.png").stat().st_size > 10_000
     assert "| TAPA globals (theta 0.5) | 0 |" in table and "| NoPE globals | 0 |" in table
+
+
+def test_the_frozen_phase_arm_keeps_its_phase_rows_at_zero(tmp_path, monkeypatch):
+    from tapa.model import is_phase_parameter
+    setup = rp.Setup(dim=32, heads=2, steps=2, eval_lens=(64,), eval_seqs=4)
+    captured, original = {}, rp.accuracy
+
+    def spy(model, length, setup_, seed):  # the trained model, before its evaluation
+        captured.update({n: p.detach().clone() for n, p in model.named_parameters() if is_phase_parameter(n)})
+        return original(model, length, setup_, seed)
+
+    monkeypatch.setattr(rp, "accuracy", spy)
+    rp.run_arm("hybrid-tapa-nophase", 0, setup, tmp_path, progress=False)
+    assert captured and all(p.abs().max() == 0 for p in captured.values())
+    rp.run_arm("hybrid-tapa", 0, setup, tmp_path, progress=False)
+    assert all(p.abs().max() > 0 for p in captured.values())  # the spy sees what it should
