@@ -101,7 +101,8 @@ def perplexity_rows(jobs: list[dict]) -> list[dict]:
 
 
 def retrieval_rows(jobs: list[dict]) -> tuple[list[dict], list[dict]]:
-    """(per length over every depth, per cell) rows of the retrieval suite."""
+    """(per length over every depth, per cell) rows of the passkey grid (task "passkey") and of
+    the retrieval suite's tasks."""
     lengths, cells = [], []
     for job in jobs:
         result = job["results"].get("passkey") or {}
@@ -192,8 +193,10 @@ def kind_table(ppl: list[dict], retrieval: list[dict]) -> str:
         if global_kind(arm) == "tapa" and not arm.startswith("retrofit-"):
             twin = BASES["nope"] + arm[len(BASES["tapa"]):]
             pairs.append((arm, twin if twin in arms else BASES["nope"]))
+    if not pairs:
+        return ""
     return _comparison(ppl, retrieval, pairs, "TAPA globals against NoPE globals under the same "
-                       "lever, or against the NoPE base where the lever is TAPA's own", "NoPE arm") if pairs else ""
+                       "lever, or against the NoPE base where the lever is TAPA's own", "NoPE arm")
 
 
 def perplexity_table(rows: list[dict], stage: str, data: str) -> str:
@@ -325,7 +328,8 @@ def plot_heatmap(rows: list[dict], path: Path) -> Path | None:
         ax.set_yticks(range(len(arms)), arms if column == 0 else [""] * len(arms), fontsize=7)
         ax.set_title(task, fontsize=9)
     fig.colorbar(image, ax=axes[0].tolist(), shrink=0.8, label="% correct")
-    fig.suptitle("Retrieval by arm and prompt length (mean over seeds, every depth)", fontsize=10, y=1.08)
+    fig.suptitle("Retrieval by arm and prompt length (mean over seeds, every depth)", fontsize=10,
+                 y=1.08)
     fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
     return path

@@ -113,7 +113,8 @@ def flops_per_token(model: TapaLM, seq_len: int, document_ids: torch.Tensor | No
     span = float(seq_len)
     if document_ids is not None:
         # runs of a label within each row (labels restart at 0 in every row)
-        lengths = torch.cat([torch.unique_consecutive(row.cpu(), return_counts=True)[1] for row in document_ids])
+        lengths = torch.cat([torch.unique_consecutive(row, return_counts=True)[1]
+                             for row in document_ids.cpu()])
         span = float((lengths.double() ** 2).sum() / lengths.sum())
     attended = sum(min(span, cfg.local_window) if cfg.layer_kind(i) == "local" else span
                    for i in range(cfg.n_layers))
