@@ -210,6 +210,7 @@ def plot(folder: Path, path: Path) -> Path:
         data = json.loads(file.read_text())
         results.setdefault(data["arm"], []).append(data)
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    top = max(100 * e["accuracy"] for runs in results.values() for r in runs for e in r["evals"])
     for index, arm in enumerate(a for a in ARMS if a in results):
         color = f"C{index}"
         runs = results[arm]
@@ -231,7 +232,8 @@ def plot(folder: Path, path: Path) -> Path:
     left.set(xlabel="training step", ylabel="loss on the answers (nats)",
              title=f"Learning to recall (chance: ln {N_VALUES} = {chance:.2f})")
     right.set(xscale="log", xlabel="sequence length (tokens)", ylabel="% of answers right",
-              title=f"Recall vs length (trained at {runs[0]['setup']['train_len']})", ylim=(0, 100))
+              title=f"Recall vs length (trained at {runs[0]['setup']['train_len']})",
+              ylim=(0, min(100, 10 * math.ceil(1.2 * top / 10))))
     right.set_xticks(lengths, [str(n) for n in lengths])
     for ax in (left, right):
         ax.grid(True, alpha=0.3)
