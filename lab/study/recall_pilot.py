@@ -233,7 +233,7 @@ def plot(folder: Path, path: Path) -> Path:
              title=f"Learning to recall (chance: ln {N_VALUES} = {chance:.2f})")
     right.set(xscale="log", xlabel="sequence length (tokens)", ylabel="% of answers right",
               title=f"Recall vs length (trained at {runs[0]['setup']['train_len']})",
-              ylim=(0, min(100, 10 * math.ceil(1.2 * top / 10))))
+              ylim=(0, min(100, max(10, 10 * math.ceil(1.2 * top / 10)))))
     right.set_xticks(lengths, [str(n) for n in lengths])
     for ax in (left, right):
         ax.grid(True, alpha=0.3)
