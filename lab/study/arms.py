@@ -319,7 +319,7 @@ class Estimates:
     passkey_s_per_method: float = 18.0  # 4 lengths x 5 depths x 50 trials, up to 16k prompts
     theory_s: float = 12.0  # load, 8 x 4096 tokens through one layer, binning, iid samples
     # a retrieval-suite prompt: the suite's 6,160 prompts (4 tasks x 4 lengths (2k-16k) x 5 depths
-    # x 77) took 42-53 s on the screen's first five arms (2026-12-05, one H200; the grids' recorded
+    # x 77) took 44-54 s on the screen's first five arms (2026-12-05, one H200; the grids' recorded
     # `seconds`, every depth of a length batched up to 256k tokens), 0.007-0.009 s a prompt; its
     # first run, a cell at a time in 16k-token batches, had taken more than 0.033 s
     task_s_per_prompt: float = 0.009
