@@ -176,14 +176,20 @@ def run_arm(arm: str, seed: int, setup: Setup, out: Path, progress: bool) -> dic
     return result
 
 
-def table(folder: Path) -> str:
-    """A markdown table: accuracy by evaluation length, mean over seeds (each seed in brackets)."""
+def load_results(folder: Path) -> dict[str, list[dict]]:
+    """{arm: its runs' results} of a finished OUT (SystemExit if it has none)."""
     results: dict[str, list[dict]] = {}
     for path in sorted(folder.glob("*-s*.json")):
         data = json.loads(path.read_text())
         results.setdefault(data["arm"], []).append(data)
     if not results:
         raise SystemExit(f"recall_pilot: no results in {folder}")
+    return results
+
+
+def table(folder: Path) -> str:
+    """A markdown table: accuracy by evaluation length, mean over seeds (each seed in brackets)."""
+    results = load_results(folder)
     lengths = next(iter(results.values()))[0]["setup"]["eval_lens"]
     train_len = next(iter(results.values()))[0]["setup"]["train_len"]
     lines = ["| arm | seeds | " + " | ".join(f"{n} ({n // train_len}x)" for n in lengths) + " |",
@@ -205,10 +211,7 @@ def plot(folder: Path, path: Path) -> Path:
     from tapa.eval.plots import _pyplot
 
     plt = _pyplot()
-    results: dict[str, list[dict]] = {}
-    for file in sorted(folder.glob("*-s*.json")):
-        data = json.loads(file.read_text())
-        results.setdefault(data["arm"], []).append(data)
+    results = load_results(folder)
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     top = max(100 * e["accuracy"] for runs in results.values() for r in runs for e in r["evals"])
     for index, arm in enumerate(a for a in ARMS if a in results):

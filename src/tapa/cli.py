@@ -126,5 +126,6 @@ def _run_command(name: str, rest: list[str], debug: bool) -> int:
     finally:
         warnings.formatwarning = format_warning
 
+
 if __name__ == "__main__":
     sys.exit(main())

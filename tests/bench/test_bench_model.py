@@ -122,18 +122,19 @@ def test_flop_count_of_a_hybrid_counts_local_layers_at_their_window():
 
 
 def test_flop_count_with_packed_documents_counts_the_attention_the_mask_keeps():
+    from tapa.model import Documents
     cfg = ModelConfig(dim=64, n_layers=4, n_heads=2, vocab_size=100, layer_pattern="LLLG", local_window=32)
     with torch.device("meta"):
         model = TapaLM(cfg)
     one_row = torch.zeros(2, 128, dtype=torch.long)  # one document a row: the dense count
-    assert flops_per_token(model, 128, one_row) == flops_per_token(model, 128)
+    assert flops_per_token(model, 128, Documents.from_ids(one_row)) == flops_per_token(model, 128)
     # rows of 64 + 64 and 96 + 16 + 16 tokens (labels restart in each row): span = sum n^2 / 256
     ids = torch.tensor([[0] * 64 + [1] * 64, [0] * 96 + [1] * 16 + [2] * 16])
     span = (64**2 + 64**2 + 96**2 + 16**2 + 16**2) / 256
     assert span == 70.0
-    assert flops_per_token(model, 128, ids) == 6 * matmul_params(model) + 6 * (3 * 32 + span) * 64
+    assert flops_per_token(model, 128, Documents.from_ids(ids)) == 6 * matmul_params(model) + 6 * (3 * 32 + span) * 64
     short = torch.tensor([[0, 0, 1, 1, 2, 2, 3, 3]])  # documents shorter than the window
-    assert flops_per_token(model, 8, short) == 6 * matmul_params(model) + 6 * 4 * 2.0 * 64
+    assert flops_per_token(model, 8, Documents.from_ids(short)) == 6 * matmul_params(model) + 6 * 4 * 2.0 * 64
 
 
 def test_doc_mask_packs_rows_the_same_way_every_time():

@@ -103,19 +103,17 @@ def matmul_params(model: TapaLM) -> int:
     return total
 
 
-def flops_per_token(model: TapaLM, seq_len: int, document_ids: torch.Tensor | None = None) -> float:
+def flops_per_token(model: TapaLM, seq_len: int, documents: Documents | None = None) -> float:
     """Training FLOPs a token: the matmuls' 6 N, and 6 x span x dim a layer for attention, where
     a causal global layer's span is seq_len (a query sees (seq_len + 1) / 2 keys on average, two
-    matmuls) and a local layer's the window. With packed documents (document_ids (batch,
-    seq_len)) a global layer's span is the documents' sum of n^2 over the tokens (each document a
-    causal row of its own), and a local layer's at most that: the FLOPs the mask keeps."""
+    matmuls) and a local layer's the window. With packed documents a global layer's span is the
+    documents' sum of n^2 over the tokens (each document a causal row of its own), and a local
+    layer's at most that: the FLOPs the mask keeps."""
     cfg = model.config
     span = float(seq_len)
-    if document_ids is not None:
-        # runs of a label within each row (labels restart at 0 in every row)
-        lengths = torch.cat([torch.unique_consecutive(row, return_counts=True)[1]
-                             for row in document_ids.cpu()])
-        span = float((lengths.double() ** 2).sum() / lengths.sum())
+    if documents is not None:
+        lengths = documents.cu_seqlens.diff().double()
+        span = float((lengths ** 2).sum() / lengths.sum())
     attended = sum(min(span, cfg.local_window) if cfg.layer_kind(i) == "local" else span
                    for i in range(cfg.n_layers))
     return 6.0 * matmul_params(model) + 6.0 * attended * cfg.dim
@@ -234,8 +232,7 @@ def measure(cfg: ModelConfig, *, seq_len: int, batch: int, warmup: int, steps: i
     model, optimizer = new_model(cfg, device, checkpointing=checkpointing, compile_model=compile_model)
     path = attention_path(cfg, device, documents=bool(doc_mask))
     tokens = torch.randint(0, cfg.vocab_size, (batch, seq_len + 1), device=device)
-    ids = document_ids(batch, seq_len, doc_mask, device) if doc_mask else None
-    documents = Documents.from_ids(ids) if doc_mask else None
+    documents = Documents.from_ids(document_ids(batch, seq_len, doc_mask, device)) if doc_mask else None
     step = training_step(model, optimizer, path, device, tokens[:, :-1], targets=tokens[:, 1:],
                          document_ids=documents)
     step_s, loss = time_steps(step, warmup=warmup, steps=steps, device=device)
@@ -246,7 +243,7 @@ def measure(cfg: ModelConfig, *, seq_len: int, batch: int, warmup: int, steps: i
         "seq_len": seq_len, "batch": batch, "checkpointing": checkpointing, "doc_mask": doc_mask,
         "params_m": round(model.num_parameters() / 1e6, 1),
         "step_ms": round(1e3 * step_s, 2), "tokens_per_s": round(batch * seq_len / step_s, 1),
-        "tflops": float(f"{batch * seq_len * flops_per_token(model, seq_len, ids) / step_s / 1e12:.4g}"),
+        "tflops": float(f"{batch * seq_len * flops_per_token(model, seq_len, documents) / step_s / 1e12:.4g}"),
         "peak_mem_gib": (round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
                          if device.type == "cuda" else None),
     }
