@@ -262,6 +262,12 @@ TOY_GPU_C4096 = dataclasses.replace(TOY_GPU_SCREEN, name="toy-gpu-c4096", contin
 # issue 38's retrofit, the lever its first run points to: a continual stage 4x as long, 612 x 16 x
 # 2048 = 20.05M tokens, 20% of pretraining (the arms' own lr scale and flags unchanged)
 TOY_GPU_CL20 = dataclasses.replace(TOY_GPU_SCREEN, name="toy-gpu-cl20", continual_steps=612)
+# issue 37's confirmation: the scale step (91M, 12 layers) with the screen's evaluations (the
+# retrieval suite, the second domain), for its 3 seeds of the screen's best arms and of the
+# existing hybrid-tapa, hybrid-nope and rope-yarn arms (the scale-768 runs of 2026-12-02 had
+# neither evaluation). The ratio levers' patterns are written for 8 layers; over 12 they repeat.
+SCALE_768_CONFIRM = dataclasses.replace(SCALE_768, name="scale-768-confirm", retrieval_tasks=("all",),
+                                        domain="package-docs")
 
 # Seconds-long CPU version of every stage, for tests and a dry run of the machinery.
 TINY_CPU = Protocol(
@@ -287,7 +293,8 @@ TINY_CPU_SCREEN = dataclasses.replace(TINY_CPU, name="tiny-cpu-screen",
                                       retrieval_tasks=("single-key", "multi-key"), task_trials=1,
                                       passkey_lengths=(512, 1024), domain="package-docs")
 
-PROTOCOLS = {p.name: p for p in (TOY_GPU, TOY_GPU_SCREEN, TOY_GPU_C4096, TOY_GPU_CL20, SCALE_768, TINY_CPU,
+PROTOCOLS = {p.name: p for p in (TOY_GPU, TOY_GPU_SCREEN, TOY_GPU_C4096, TOY_GPU_CL20, SCALE_768,
+                                 SCALE_768_CONFIRM, TINY_CPU,
                                  TINY_CPU_SCREEN)}
 
 

@@ -103,6 +103,22 @@ def test_retrofit_converts_the_rope_run_then_continues_from_the_converted_model(
     assert arms.TOY_GPU_CL20.fingerprint() != arms.TOY_GPU_SCREEN.fingerprint()
 
 
+def test_confirmation_protocol_is_the_scale_step_with_the_screens_evaluations():
+    """scale-768-confirm trains scale-768's 91M model and evaluates like the screen: the second
+    domain before and after the continual stage, the retrieval suite beside the passkey grid."""
+    jobs = [plan.Job("hybrid-tapa-theta75", 0.001, 0)]
+    (group,) = plan.build_groups(jobs, arms.SCALE_768_CONFIRM, arms.stages_of(arms.SCALE_768_CONFIRM), Path("/r"))
+    pretrain = group.stage("pretrain").argv
+    for flag, value in (("--dim", "768"), ("--n-layers", "12"), ("--steps", "2500"), ("--theta", "0.75")):
+        assert pretrain[pretrain.index(flag) + 1] == value
+    passkey = group.stage("passkey-hybrid-tapa-theta75").argv
+    assert passkey[passkey.index("--tasks") + 1] == "all"
+    names = [stage.name for stage in group.stages]
+    assert "domain0" in names and "domain1-hybrid-tapa-theta75" in names
+    assert arms.SCALE_768_CONFIRM.fingerprint() != arms.SCALE_768.fingerprint()
+    assert plan.check_flags([group]) == []
+
+
 def test_screen_arms_build_the_layouts_their_names_promise():
     """Over the toy recipe's 8 layers: the base hybrids 2 global layers, the LLG-ratio arms 3, the
     LLLLLG-ratio arms 1, and every hybrid arm's last layer global. A short pattern repeats from
