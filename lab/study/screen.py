@@ -11,8 +11,9 @@ stage 20% of pretraining") and writes to --out:
                           its 95% Wilson interval
     retrieval_cells.csv   the same per depth
     screen.md             each lever against its global kind's base arm, each TAPA arm against
-                          NoPE globals under the same lever (the screen's headline), then
-                          perplexity and retrieval per arm (the trained passkey grid, then the suite)
+                          NoPE globals under the same lever (the screen's headline), seed by seed
+                          with one-sided tests where both have 2+ seeds, then perplexity and
+                          retrieval per arm (the trained passkey grid, then the suite)
     perplexity.png        perplexity vs length: stage x data panels, TAPA solid, NoPE dashed
     retrieval.png         accuracy vs length per task, with Wilson intervals
     retrieval_heatmap.png per task, accuracy by arm and length
@@ -20,7 +21,8 @@ Every number comes from the job JSONs; an arm missing a stage shows an empty cel
 With --keep-jobs FOLDER, the job JSONs of each runner archive among --in are first copied to
 FOLDER/jobs-CALL.tar.gz (results/toy-study/globals/jobs), so that the screen's later sessions
 aggregate every call from the tree.
-An arm run under toy-gpu-c4096 is named ARM@c4096, under toy-gpu-cl20 ARM@cl20. The retrofits of issue 38 (retrofit-tapa,
+An arm run under toy-gpu-c4096 is named ARM@c4096, under toy-gpu-cl20 ARM@cl20, under
+scale-768-confirm ARM@768. The retrofits of issue 38 (retrofit-tapa,
 retrofit-nope) are compared with the hybrid of their kind trained from scratch; --arms keeps the
 named arms only (results/retrofit: `--arms rope-yarn,hybrid-tapa,hybrid-nope,retrofit-tapa,
 retrofit-nope`).
@@ -40,11 +42,14 @@ from lab.study.aggregate import _log_length_axes, _panel_grid, _save_panels, loa
 
 from tapa._paths import write_csv
 from tapa.eval.plots import _pyplot, length_label
+from tapa.eval.stats import mann_whitney_exact, welch_t
 from tapa.eval.tasks import wilson_interval
 
 PROTOCOL_TAGS = {"toy-gpu-screen": "", "toy-gpu-c4096": "@c4096", "toy-gpu-cl20": "@cl20",
-                 "tiny-cpu-screen": ""}
-PROTOCOL_LABELS = {"@c4096": ", continual at 4096", "@cl20": ", continual stage 20%"}
+                 "scale-768-confirm": "@768", "tiny-cpu-screen": ""}
+SCALE_TAGS = {"@768"}  # protocols that change the model's size, not a lever of the screen
+PROTOCOL_LABELS = {"@c4096": ", continual at 4096", "@cl20": ", continual stage 20%",
+                   "@768": ", 91M (scale-768)"}
 STAGES = {"eval0": ("zero-shot", "test"), "eval1": ("continual", "test"),
           "domain0": ("zero-shot", "domain"), "domain1": ("continual", "domain")}
 BASES = {"tapa": "hybrid-tapa", "nope": "hybrid-nope"}  # each global kind's base arm
@@ -66,9 +71,21 @@ def global_kind(arm: str) -> str:
     return arm
 
 
+def _split_tag(arm: str) -> tuple[str, str]:
+    """('hybrid-tapa-w64', '@c4096') from 'hybrid-tapa-w64@c4096'; ('rope', '') from 'rope'."""
+    name, at, tag = arm.partition("@")
+    return name, at + tag
+
+
 def base_of(arm: str) -> str | None:
+    """The base arm of the arm's global kind: at the same scale (a scale step such as @768 is
+    compared within itself), while a protocol lever (@c4096, @cl20) is compared with the base arm."""
     kind = global_kind(arm)
-    return BASES.get(kind) if arm != BASES.get(kind) else None
+    if kind not in BASES:
+        return None
+    tag = _split_tag(arm)[1]
+    base = BASES[kind] + (tag if tag in SCALE_TAGS else "")
+    return base if arm != base else None
 
 
 def _label(job: dict) -> str:
@@ -182,21 +199,84 @@ def lever_table(ppl: list[dict], retrieval: list[dict]) -> str:
                        "base")
 
 
-def kind_table(ppl: list[dict], retrieval: list[dict]) -> str:
-    """Each TAPA-global arm against NoPE globals under the same lever (the NoPE base arm where the
-    lever has no NoPE arm: theta, alpha), the question the screen asks."""
-    arms = _arms(ppl + retrieval)
-    if BASES["nope"] not in arms:
-        return ""
+def kind_pairs(arms: list[str]) -> list[tuple[str, str]]:
+    """(TAPA arm, NoPE arm) for each TAPA-global arm among `arms`: NoPE globals under the same
+    lever, else the NoPE base arm (theta and alpha have no NoPE arm), at the same scale."""
     pairs = []
     for arm in arms:
-        if global_kind(arm) == "tapa" and not arm.startswith("retrofit-"):
-            twin = BASES["nope"] + arm[len(BASES["tapa"]):]
-            pairs.append((arm, twin if twin in arms else BASES["nope"]))
+        if global_kind(arm) != "tapa" or arm.startswith("retrofit-"):
+            continue
+        tag = _split_tag(arm)[1]
+        candidates = [BASES["nope"] + arm[len(BASES["tapa"]):], BASES["nope"] + tag]
+        if tag not in SCALE_TAGS:
+            candidates.append(BASES["nope"])
+        other = next((c for c in candidates if c in arms), None)
+        if other:
+            pairs.append((arm, other))
+    return pairs
+
+
+def kind_table(ppl: list[dict], retrieval: list[dict]) -> str:
+    """Each TAPA-global arm against NoPE globals under the same lever, the question the screen
+    asks."""
+    pairs = kind_pairs(_arms(ppl + retrieval))
     if not pairs:
         return ""
     return _comparison(ppl, retrieval, pairs, "TAPA globals against NoPE globals under the same "
                        "lever, or against the NoPE base where the lever is TAPA's own", "NoPE arm")
+
+
+def _per_seed(ppl: list[dict], retrieval: list[dict]) -> dict:
+    """{(arm, measure): {seed: value}} for the measures that decide the question: continual-stage
+    perplexity on both texts and retrieval accuracy (%), at the two longest lengths of each."""
+    values = defaultdict(dict)
+    far = sorted({r["length"] for r in ppl})[-2:]
+    for r in ppl:
+        if r["stage"] == "continual" and r["length"] in far:
+            values[(r["arm"], f"{r['data']} ppl {length_label(r['length'])}")][r["seed"]] = r["perplexity"]
+    prompts = sorted({r["length"] for r in retrieval})[-2:]
+    for r in retrieval:
+        if r["task"] in RETRIEVAL_COLUMNS and r["length"] in prompts:
+            values[(r["arm"], f"{r['task']} {length_label(r['length'])}")][r["seed"]] = 100 * r["accuracy"]
+    return values
+
+
+def seed_table(ppl: list[dict], retrieval: list[dict]) -> str:
+    """For each TAPA/NoPE pair of the kind table in which both arms have 2 or more seeds: every
+    seed's value of each deciding measure, the difference of the means, and one-sided p-values that
+    TAPA is better (lower perplexity, higher accuracy): Welch's t and the exact Mann-Whitney test
+    (3 seeds against 3 can reach p = 0.05, no lower). The issue's goal asks for both."""
+    values = _per_seed(ppl, retrieval)
+    seeds = defaultdict(set)
+    for (arm, _), by_seed in values.items():
+        seeds[arm] |= set(by_seed)
+    pairs = [(a, b) for a, b in kind_pairs(_arms(ppl + retrieval)) if len(seeds[a]) >= 2 and len(seeds[b]) >= 2]
+    if not pairs:
+        return ""
+    measures = list(dict.fromkeys(m for _, m in values))
+    lines = ["Seed by seed, where both arms have 2 or more seeds: TAPA globals against NoPE globals. "
+             "Values per seed (seeds in order), TAPA minus NoPE in the means, and one-sided p that "
+             "TAPA is better (Welch's t; exact Mann-Whitney). Perplexity after the continual stage, "
+             "retrieval in % over every depth.", "",
+             "| arm | NoPE arm | measure | TAPA seeds | NoPE seeds | difference | p Welch | p M-W |",
+             "|---|---|---|---|---|---|---|---|"]
+    for tapa, nope in pairs:
+        for measure in measures:
+            a, b = values.get((tapa, measure)), values.get((nope, measure))
+            if not a or not b or len(a) < 2 or len(b) < 2:
+                continue
+            lower_is_better = "ppl" in measure
+            mine, theirs = [a[k] for k in sorted(a)], [b[k] for k in sorted(b)]
+            # both tests ask whether the first sample is lower: negate accuracies
+            sign = 1.0 if lower_is_better else -1.0
+            _, _, p_welch = welch_t([sign * v for v in mine], [sign * v for v in theirs])
+            _, p_mw = mann_whitney_exact([sign * v for v in mine], [sign * v for v in theirs])
+            shown = (lambda v: f"{v:.2f}") if lower_is_better else (lambda v: f"{v:.0f}")
+            diff = sum(mine) / len(mine) - sum(theirs) / len(theirs)
+            lines.append(f"| {tapa} | {nope} | {measure} | {' / '.join(map(shown, mine))} | "
+                         f"{' / '.join(map(shown, theirs))} | {diff:+.2f} | "
+                         f"{'' if math.isnan(p_welch) else f'{p_welch:.3f}'} | {p_mw:.3f} |")
+    return "\n".join(lines)
 
 
 def perplexity_table(rows: list[dict], stage: str, data: str) -> str:
@@ -361,7 +441,7 @@ def screen(paths, out_dir: str | Path, command: str, arms: list[str] | None = No
                 f"({', '.join(sorted({j['protocol']['name'] for j in jobs}))}); hardware: "
                 f"{'; '.join(hardware) or 'unknown'}; jobs dated {dates[0][:10]} to "
                 f"{dates[-1][:10]}" + (f"; {domain_line}." if domain_line else "."),
-                lever_table(ppl, retrieval), kind_table(ppl, retrieval)]
+                lever_table(ppl, retrieval), kind_table(ppl, retrieval), seed_table(ppl, retrieval)]
     sections += [perplexity_table(ppl, s, d) for s in ("continual", "zero-shot") for d in ("test", "domain")]
     sections += [retrieval_table(retrieval, t) for t in dict.fromkeys(r["task"] for r in retrieval)]
     plots = [plot_perplexity(ppl, out / "perplexity.png"), plot_retrieval(retrieval, out / "retrieval.png"),

@@ -230,6 +230,41 @@ def test_screen_sets_tapa_against_nope_under_the_same_lever(tmp_path):
     assert tasks == {"passkey", "single-key"}
 
 
+def test_screen_tests_tapa_against_nope_seed_by_seed(tmp_path):
+    """With 3 seeds a side, the seed table lists every seed and the one-sided p-values: TAPA lower
+    in perplexity on every seed gives the exact Mann-Whitney floor 1/20; TAPA behind in retrieval
+    gives p near 1. A scale step (@768) is compared within itself, never with the toy arms, and an
+    arm with one seed gets no seed rows."""
+    hits = lambda h: [[h, h], [h, h]]
+    jobs = []
+    for seed in range(3):
+        jobs += [screen_job("hybrid-tapa-theta75", seed, [10.0, 18.0 + seed], [30.0, 40.0], {"single-key": hits(2)}),
+                 screen_job("hybrid-nope", seed, [10.0, 21.0 + seed], [30.0, 40.0], {"single-key": hits(6 + seed)}),
+                 screen_job("hybrid-tapa-theta75", seed, [9.0, 15.0], [30.0, 40.0], {"single-key": hits(9)},
+                            protocol="scale-768-confirm")]
+    jobs += [screen_job("hybrid-nope", 0, [9.0, 16.0], [30.0, 40.0], {"single-key": hits(1)}, protocol="scale-768-confirm"),
+             screen_job("hybrid-tapa-w64", 0, [10.0, 18.0], [30.0, 40.0], {"single-key": hits(2)})]
+    for index, job in enumerate(jobs):
+        (tmp_path / f"{index}.job.json").write_text(json.dumps(job))
+    screen.screen([tmp_path], tmp_path / "out", "cmd")
+    text = (tmp_path / "out" / "screen.md").read_text()
+    table = next(part for part in text.split("\n\n") if part.startswith("| arm | NoPE arm | measure |"))
+    rows = {tuple(cell.strip() for cell in line.strip("|").split("|")[:3]): line for line in table.splitlines()[2:]}
+    assert {arm for arm, _, _ in rows} == {"hybrid-tapa-theta75"}  # 768 has one NoPE seed; w64 one seed
+    line = rows[("hybrid-tapa-theta75", "hybrid-nope", "test ppl 16k")]
+    assert "| 18.00 / 19.00 / 20.00 | 21.00 / 22.00 / 23.00 | -3.00 |" in line
+    assert line.rstrip(" |").endswith("0.050")
+    assert float(line.split("|")[-3]) < 0.05  # Welch: a clear gap, no spread difference
+    keys = rows[("hybrid-tapa-theta75", "hybrid-nope", "single-key 16k")]
+    assert "| 20 / 20 / 20 | 60 / 70 / 80 |" in keys and keys.rstrip(" |").endswith("1.000")
+    kinds = next(part for part in text.split("\n\n") if part.startswith("| arm | NoPE arm | test"))
+    assert "| hybrid-tapa-theta75@768 | hybrid-nope@768 |" in kinds  # within the scale step
+    assert "| hybrid-tapa-w64 | hybrid-nope |" in kinds
+    assert screen.base_of("hybrid-nope@768") is None and screen.base_of("hybrid-tapa@768") is None
+    assert screen.base_of("hybrid-tapa-theta75@768") == "hybrid-tapa@768"
+    assert screen.base_of("hybrid-tapa@c4096") == "hybrid-tapa"  # a protocol lever: against the base
+
+
 def test_screen_refuses_inputs_without_screen_jobs(tmp_path):
     job = screen_job("hybrid-tapa", 0, [1.0, 1.0], [1.0, 1.0], {})
     job["protocol"]["name"] = "toy-gpu"
