@@ -47,6 +47,7 @@ from tapa.eval.tasks import wilson_interval
 
 PROTOCOL_TAGS = {"toy-gpu-screen": "", "toy-gpu-c4096": "@c4096", "toy-gpu-cl20": "@cl20",
                  "scale-768-confirm": "@768", "tiny-cpu-screen": ""}
+TAPA_ONLY = ("theta", "alpha")  # lever tags with no NoPE arm
 SCALE_TAGS = {"@768"}  # protocols that change the model's size, not a lever of the screen
 PROTOCOL_LABELS = {"@c4096": ", continual at 4096", "@cl20": ", continual stage 20%",
                    "@768": ", 91M (scale-768)"}
@@ -164,31 +165,56 @@ def _number(value) -> str:
 RETRIEVAL_COLUMNS = ("passkey", "single-key", "multi-key")  # the lever tables' retrieval tasks
 
 
-def _comparison(ppl: list[dict], retrieval: list[dict], pairs: list[tuple[str, str]],
-                intro: str, second: str) -> str:
-    """A row per (arm, reference arm): perplexity ratio - 1 and retrieval points at the two
-    longest lengths of each measure (8x-32x the pretraining length in the screen)."""
-    ppl_mean = _mean_by(ppl, ("arm", "stage", "data", "length"), "perplexity")
-    hits = _mean_by(retrieval, ("arm", "task", "length"), "accuracy")
+def _measures(ppl: list[dict], retrieval: list[dict]) -> list[str]:
+    """The measures that decide the question, in table order: continual-stage perplexity on the
+    test split, then on the second domain, at the two longest lengths (8x-32x the pretraining
+    length in the screen); then each retrieval task's accuracy at the two longest prompts."""
     far = sorted({r["length"] for r in ppl})[-2:]
     prompts = sorted({r["length"] for r in retrieval})[-2:]
     tasks = [t for t in RETRIEVAL_COLUMNS if any(r["task"] == t for r in retrieval)]
-    checks = [("continual", "test", n) for n in far] + [("continual", "domain", n) for n in far]
-    header = ([f"{data} ppl {length_label(n)}" for _, data, n in checks]
-              + [f"{task} {length_label(n)}" for task in tasks for n in prompts])
+    return ([f"{data} ppl {length_label(n)}" for data in ("test", "domain") for n in far]
+            + [f"{task} {length_label(n)}" for task in tasks for n in prompts])
+
+
+def _per_seed(ppl: list[dict], retrieval: list[dict]) -> dict:
+    """{(arm, measure): {seed: value}} for `_measures`: perplexity, retrieval accuracy in %."""
+    wanted = set(_measures(ppl, retrieval))
+    values = defaultdict(dict)
+    for r in ppl:
+        measure = f"{r['data']} ppl {length_label(r['length'])}"
+        if r["stage"] == "continual" and measure in wanted:
+            values[(r["arm"], measure)][r["seed"]] = r["perplexity"]
+    for r in retrieval:
+        measure = f"{r['task']} {length_label(r['length'])}"
+        if measure in wanted:
+            values[(r["arm"], measure)][r["seed"]] = 100 * r["accuracy"]
+    return values
+
+
+def _comparison(ppl: list[dict], retrieval: list[dict], pairs: list[tuple[str, str]],
+                intro: str, second: str) -> str:
+    """A row per (arm, reference arm): perplexity ratio - 1 and retrieval points on each of
+    `_measures`, over the seeds both arms have (a lever's seed against the same seed of its
+    reference: seeds differ by more than most levers)."""
+    values, measures = _per_seed(ppl, retrieval), _measures(ppl, retrieval)
     lines = [intro + " (perplexity: ratio - 1, lower is better; retrieval: accuracy points over "
-             "every depth, higher is better). Continual stage.", "",
-             f"| arm | {second} | " + " | ".join(header) + " |", "|---|---|" + "---|" * len(header)]
+             "every depth, higher is better), over the seeds both arms have. Continual stage.", "",
+             f"| arm | {second} | seeds | " + " | ".join(measures) + " |",
+             "|---|---|---|" + "---|" * len(measures)]
     for arm, reference in pairs:
-        cells = []
-        for stage, data, n in checks:
-            mine, theirs = ppl_mean.get((arm, stage, data, n)), ppl_mean.get((reference, stage, data, n))
-            cells.append(f"{mine / theirs - 1:+.1%}" if mine and theirs else "")
-        for task in tasks:
-            for n in prompts:
-                mine, theirs = hits.get((arm, task, n)), hits.get((reference, task, n))
-                cells.append(f"{100 * (mine - theirs):+.0f}" if None not in (mine, theirs) else "")
-        lines.append(f"| {arm} | {reference} | " + " | ".join(cells) + " |")
+        cells, used = [], set()
+        for measure in measures:
+            mine, theirs = values.get((arm, measure), {}), values.get((reference, measure), {})
+            shared = sorted(set(mine) & set(theirs))
+            used |= set(shared)
+            if not shared:
+                cells.append("")
+                continue
+            a = sum(mine[k] for k in shared) / len(shared)
+            b = sum(theirs[k] for k in shared) / len(shared)
+            cells.append(f"{a / b - 1:+.1%}" if "ppl" in measure else f"{a - b:+.0f}")
+        seeds = ", ".join(map(str, sorted(used))) or "none shared"
+        lines.append(f"| {arm} | {reference} | {seeds} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -201,13 +227,16 @@ def lever_table(ppl: list[dict], retrieval: list[dict]) -> str:
 
 def kind_pairs(arms: list[str]) -> list[tuple[str, str]]:
     """(TAPA arm, NoPE arm) for each TAPA-global arm among `arms`: NoPE globals under the same
-    lever, else the NoPE base arm (theta and alpha have no NoPE arm), at the same scale."""
+    levers (TAPA's own, theta and alpha, have no NoPE arm and are left out of the match), else
+    the NoPE base arm, at the same scale."""
     pairs = []
     for arm in arms:
         if global_kind(arm) != "tapa" or arm.startswith("retrofit-"):
             continue
-        tag = _split_tag(arm)[1]
-        candidates = [BASES["nope"] + arm[len(BASES["tapa"]):], BASES["nope"] + tag]
+        name, tag = _split_tag(arm)
+        # the same levers less TAPA's own (theta, alpha): hybrid-tapa-theta75-pk10 -> hybrid-nope-pk10
+        levers = [p for p in name[len(BASES["tapa"]):].split("-") if p and not p.startswith(TAPA_ONLY)]
+        candidates = ["-".join([BASES["nope"], *levers]) + tag, BASES["nope"] + tag]
         if tag not in SCALE_TAGS:
             candidates.append(BASES["nope"])
         other = next((c for c in candidates if c in arms), None)
@@ -226,21 +255,6 @@ def kind_table(ppl: list[dict], retrieval: list[dict]) -> str:
                        "lever, or against the NoPE base where the lever is TAPA's own", "NoPE arm")
 
 
-def _per_seed(ppl: list[dict], retrieval: list[dict]) -> dict:
-    """{(arm, measure): {seed: value}} for the measures that decide the question: continual-stage
-    perplexity on both texts and retrieval accuracy (%), at the two longest lengths of each."""
-    values = defaultdict(dict)
-    far = sorted({r["length"] for r in ppl})[-2:]
-    for r in ppl:
-        if r["stage"] == "continual" and r["length"] in far:
-            values[(r["arm"], f"{r['data']} ppl {length_label(r['length'])}")][r["seed"]] = r["perplexity"]
-    prompts = sorted({r["length"] for r in retrieval})[-2:]
-    for r in retrieval:
-        if r["task"] in RETRIEVAL_COLUMNS and r["length"] in prompts:
-            values[(r["arm"], f"{r['task']} {length_label(r['length'])}")][r["seed"]] = 100 * r["accuracy"]
-    return values
-
-
 def seed_table(ppl: list[dict], retrieval: list[dict]) -> str:
     """For each TAPA/NoPE pair of the kind table in which both arms have 2 or more seeds: every
     seed's value of each deciding measure, the difference of the means, and one-sided p-values that
@@ -253,7 +267,7 @@ def seed_table(ppl: list[dict], retrieval: list[dict]) -> str:
     pairs = [(a, b) for a, b in kind_pairs(_arms(ppl + retrieval)) if len(seeds[a]) >= 2 and len(seeds[b]) >= 2]
     if not pairs:
         return ""
-    measures = list(dict.fromkeys(m for _, m in values))
+    measures = _measures(ppl, retrieval)
     lines = ["Seed by seed, where both arms have 2 or more seeds: TAPA globals against NoPE globals. "
              "Values per seed (seeds in order), TAPA minus NoPE in the means, and one-sided p that "
              "TAPA is better (Welch's t; exact Mann-Whitney). Perplexity after the continual stage, "
