@@ -13,7 +13,8 @@ stage 20% of pretraining") and writes to --out:
     screen.md             each lever against its global kind's base arm, each TAPA arm against
                           NoPE globals under the same lever (the screen's headline), seed by seed
                           with one-sided tests where both have 2+ seeds, then perplexity and
-                          retrieval per arm (the trained passkey grid, then the suite)
+                          retrieval per arm (the trained passkey grid, then the suite), and the
+                          pretrained global layer's logit mean / variance vs distance
     perplexity.png        perplexity vs length: stage x data panels, TAPA solid, NoPE dashed
     retrieval.png         accuracy vs length per task, with Wilson intervals
     retrieval_heatmap.png per task, accuracy by arm and length
@@ -38,7 +39,7 @@ import tarfile
 from collections import defaultdict
 from pathlib import Path
 
-from lab.study.aggregate import _log_length_axes, _panel_grid, _save_panels, load_jobs
+from lab.study.aggregate import _log_length_axes, _panel_grid, _save_panels, load_jobs, theory_markdown, theory_rows
 
 from tapa._paths import write_csv
 from tapa.eval.plots import _pyplot, length_label
@@ -458,6 +459,7 @@ def screen(paths, out_dir: str | Path, command: str, arms: list[str] | None = No
                 lever_table(ppl, retrieval), kind_table(ppl, retrieval), seed_table(ppl, retrieval)]
     sections += [perplexity_table(ppl, s, d) for s in ("continual", "zero-shot") for d in ("test", "domain")]
     sections += [retrieval_table(retrieval, t) for t in dict.fromkeys(r["task"] for r in retrieval)]
+    sections.append(theory_markdown(theory_rows(jobs), jobs))  # the pretrained globals' logit decay
     plots = [plot_perplexity(ppl, out / "perplexity.png"), plot_retrieval(retrieval, out / "retrieval.png"),
              plot_heatmap(retrieval, out / "retrieval_heatmap.png")]
     sections += [f"![{p.stem}]({p.name})" for p in plots if p]

@@ -298,7 +298,12 @@ def test_tiny_screen_end_to_end(tmp_path, capsys):
     assert {j["arm"] for j in jobs} == {"hybrid-tapa", "hybrid-nope", "retrofit-tapa"}
     written = screen.screen([out], tmp_path / "agg", "cmd")
     assert {p.name for p in written} == set(screen.OUTPUTS)
-    assert "| retrofit-tapa | hybrid-tapa |" in (tmp_path / "agg" / "screen.md").read_text()
+    text = (tmp_path / "agg" / "screen.md").read_text()
+    assert "| retrofit-tapa | hybrid-tapa |" in text
+    # the theory stage's logit moments of each pretraining's global layer (the retrofit has none)
+    theory = next(part for part in text.split("\n\n") if part.startswith("| arm | seed | layer |"))
+    assert {line.split(" | ")[0].strip("| ") for line in theory.splitlines()[2:]} == {
+        j["label"] for j in jobs if j["arm"] != "retrofit-tapa"}
 
 
 def test_retrieval_defaults_keep_older_jobs_ids():
