@@ -26,7 +26,7 @@ An arm run under toy-gpu-c4096 is named ARM@c4096, under toy-gpu-cl20 ARM@cl20, 
 scale-768-confirm ARM@768. The retrofits of issue 38 (retrofit-tapa,
 retrofit-nope) are compared with the hybrid of their kind trained from scratch; --arms keeps the
 named arms only (results/retrofit: `--arms rope-yarn,hybrid-tapa,hybrid-nope,retrofit-tapa,
-retrofit-nope`).
+retrofit-nope`); --seeds the named seeds only.
 """
 
 from __future__ import annotations
@@ -346,10 +346,16 @@ def _line_panels(rows: list[dict], panels: int):
     fig, axes = _panel_grid(plt, panels)
     cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"] + ["black", "grey", "olive"]
     arms = _arms(rows)
+    seeds = defaultdict(set)
+    for row in rows:
+        seeds[row["arm"]].add(row["seed"])
 
     def style(arm: str) -> dict:
+        # the legend names the seeds each line pools, as the arms need not have run the same ones
+        n = sorted(seeds[arm])
+        label = f"{arm} (seed{'s' if len(n) > 1 else ''} {', '.join(map(str, n))})"
         return {"color": cycle[arms.index(arm) % len(cycle)], "marker": "o", "markersize": 3,
-                "linestyle": "--" if global_kind(arm) == "nope" else "-", "label": arm}
+                "linestyle": "--" if global_kind(arm) == "nope" else "-", "label": label}
     return plt, fig, axes, arms, style
 
 
@@ -372,7 +378,8 @@ def plot_perplexity(rows: list[dict], path: Path) -> Path | None:
         ax.grid(True, alpha=0.3)
     axes.flat[len(panels) - 1].legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return _save_panels(plt, fig, axes, len(panels), "perplexity (lower is better)",
-                        "Perplexity vs length (TAPA globals solid, NoPE globals dashed)", path)
+                        "Perplexity vs length (TAPA globals solid, NoPE globals dashed; mean over the "
+                        "seeds named)", path)
 
 
 def plot_retrieval(rows: list[dict], path: Path) -> Path | None:
@@ -393,10 +400,14 @@ def plot_retrieval(rows: list[dict], path: Path) -> Path | None:
                               [100 * (hi - a) for a, (_, hi) in zip(acc, bounds)]],
                         capsize=2, **style(arm))
         ax.set(xscale="log", ylim=(-3, 103), title=task, xlabel="prompt length (tokens)")
+        lengths = sorted({n for _, n in counts})
+        ax.set_xticks(lengths, [length_label(n) for n in lengths])
+        ax.minorticks_off()
         ax.grid(True, alpha=0.3)
     axes.flat[len(tasks) - 1].legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return _save_panels(plt, fig, axes, len(tasks), "% correct over every depth",
-                        "Retrieval after the continual stage (95% Wilson intervals)",
+                        "Retrieval after the continual stage (the named seeds pooled; 95% Wilson "
+                        "intervals)",
                         path)
 
 
@@ -430,12 +441,17 @@ def plot_heatmap(rows: list[dict], path: Path) -> Path | None:
     return path
 
 
-def screen(paths, out_dir: str | Path, command: str, arms: list[str] | None = None) -> list[Path]:
+def screen(paths, out_dir: str | Path, command: str, arms: list[str] | None = None,
+           seeds: list[int] | None = None) -> list[Path]:
     jobs = screen_jobs(paths)
     if arms:
         jobs = [j for j in jobs if arm_id(j) in arms]
         if not jobs:
             raise ValueError(f"none of the arms {arms} has a job in the inputs")
+    if seeds is not None:
+        jobs = [j for j in jobs if j["seed"] in seeds]
+        if not jobs:
+            raise ValueError(f"no job of the seeds {seeds} in the inputs")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     ppl = perplexity_rows(jobs)
@@ -506,6 +522,9 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default="results/toy-study/globals")
     parser.add_argument("--arms", default=None,
                         help="comma-separated arms (ARM or ARM@c4096) to report; default: all")
+    parser.add_argument("--seeds", default=None,
+                        help="comma-separated seeds to report (e.g. 0, where the other arms of a "
+                             "table ran one seed); default: all")
     parser.add_argument("--keep-jobs", metavar="FOLDER",
                         help="first copy the job JSONs of each runner archive among --in into "
                              "FOLDER/jobs-CALL.tar.gz (the screen's record in the tree)")
@@ -518,10 +537,14 @@ def main(argv=None) -> int:
             raise SystemExit(f"lab.study.screen: {err}") from err
         print(f"kept the job JSONs of {len(kept)} archives in {args.keep_jobs}")
     arms = args.arms.split(",") if args.arms else None
-    command = (f"python3 -m lab.study.screen --in {' '.join(args.inputs)} --out {args.out}"
-               + (f" --arms {args.arms}" if arms else ""))
     try:
-        written = screen(args.inputs, args.out, command, arms)
+        seeds = [int(seed) for seed in args.seeds.split(",")] if args.seeds else None
+    except ValueError:
+        raise SystemExit(f"lab.study.screen: --seeds takes comma-separated integers, not {args.seeds!r}") from None
+    command = (f"python3 -m lab.study.screen --in {' '.join(args.inputs)} --out {args.out}"
+               + (f" --arms {args.arms}" if arms else "") + (f" --seeds {args.seeds}" if seeds else ""))
+    try:
+        written = screen(args.inputs, args.out, command, arms, seeds)
     except ValueError as err:
         raise SystemExit(f"lab.study.screen: {err}") from err
     print(f"wrote {len(written)} files to {args.out}: " + ", ".join(p.name for p in written))

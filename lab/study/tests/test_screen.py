@@ -269,6 +269,13 @@ def test_screen_tests_tapa_against_nope_seed_by_seed(tmp_path):
     assert screen.base_of("hybrid-nope@768") is None and screen.base_of("hybrid-tapa@768") is None
     assert screen.base_of("hybrid-tapa-theta75@768") == "hybrid-tapa@768"
     assert screen.base_of("hybrid-tapa@c4096") == "hybrid-tapa"  # a protocol lever: against the base
+    # --seeds: one seed's tables (no seed table then), and a clear error for a seed never run
+    screen.screen([tmp_path], tmp_path / "seed0", "cmd", seeds=[0])
+    with open(tmp_path / "seed0" / "perplexity.csv", newline="") as handle:
+        assert {r["seed"] for r in csv.DictReader(handle)} == {"0"}
+    assert "| arm | NoPE arm | measure |" not in (tmp_path / "seed0" / "screen.md").read_text()
+    with pytest.raises(ValueError, match="no job of the seeds"):
+        screen.screen([tmp_path], tmp_path / "seed7", "cmd", seeds=[7])
 
 
 def test_screen_refuses_inputs_without_screen_jobs(tmp_path):
