@@ -12,7 +12,10 @@ What a call does:
 3. Runs up to --concurrent groups at once (a group: the jobs that share one pretraining run,
    see plan.py), each in its own worker process that runs the group's `tapa train` / `tapa eval`
    commands one after another. A group starts only if its estimated time fits in what is left
-   of --time-budget; at the budget, running groups are stopped. Finished stages leave a marker,
+   of --time-budget (with --allow-partial, whenever a minute is left); inside a group, an
+   evaluation stage starts only if it should finish before the budget (StagePace: an evaluation
+   stopped at the budget is lost whole, a training stage resumes from its checkpoint); at the
+   budget, running groups are stopped. Finished stages leave a marker,
    so on a machine that still holds --root a later call skips them and resumes an interrupted
    training run from its last checkpoint. A fresh machine starts over: everything the study
    needs later is in the archive.
@@ -29,6 +32,7 @@ import datetime
 import gc
 import importlib
 import json
+import math
 import os
 import platform
 import shlex
@@ -45,7 +49,7 @@ from lab.study import domain, preflight
 from lab.study.aggregate import load_jobs
 from lab.study.arms import (ARMS, DOMAIN_STAGES, FAMILIES, PROTOCOLS, STAGES, TINY_ESTIMATES,
                             Estimates, stages_of)
-from lab.study.plan import (Group, build_groups, check_flags, domain_dir, estimate_stage,
+from lab.study.plan import (Group, Stage, build_groups, check_flags, domain_dir, estimate_stage,
                             gpu_lanes, parse_jobs, job_stages, parse_lr_map, plan_jobs,
                             pretrain_owner, split_batches, stage_closure)
 from lab.study.summarize import (corpus_summary, done_marker, finished_stages, job_summary, pack,
@@ -189,6 +193,46 @@ def done_jobs(folder: Path, protocol_id: str, stages) -> set[str]:
 # ---------------------------------------------------------------------------------------------
 # the worker: one group's stages, in this process, one after another
 
+class StagePace:
+    """The worker's guard at a call's end: will an evaluation stage finish before the deadline?
+
+    Training stages always start (they checkpoint, and the next call resumes them); an evaluation
+    stage starts only if its expected time fits in what is left. Expected: the seconds per method
+    of its kind measured in this process, else the runner's estimate times the slowest ratio of
+    measured to estimated time among this process's finished evaluations (a slower GPU than the
+    estimates' shows there first), never below the estimate."""
+
+    def __init__(self, spec: dict):
+        self.deadline = spec.get("deadline_unix")
+        est = dict(spec.get("estimates") or {})
+        if est:  # JSON made the speedup table's keys strings
+            est["speedup"] = {int(k): v for k, v in est.get("speedup", {}).items()}
+        self.estimates = Estimates(**est) if est else None
+        self.level = spec.get("level", 1)
+        self.seen: dict[str, float] = {}  # kind -> measured seconds per method
+        self.slowdown = 1.0
+
+    def expected(self, stage: dict) -> float:
+        if stage["kind"] in self.seen:
+            return self.seen[stage["kind"]] * max(stage["methods"], 1)
+        return estimate_stage(Stage(**stage), self.estimates, self.level) * self.slowdown
+
+    def too_late(self, stage: dict) -> str | None:
+        """Why the stage should not start now, or None."""
+        if self.deadline is None or self.estimates is None or stage["kind"] in ("pretrain", "continual"):
+            return None
+        need, left = self.expected(stage), self.deadline - time.time()
+        return f"needs ~{need:.0f} s, {max(left, 0):.0f} s left" if need > left else None
+
+    def record(self, stage: dict, seconds: float) -> None:
+        if stage["kind"] in ("pretrain", "continual") or self.estimates is None:
+            return
+        estimate = estimate_stage(Stage(**stage), self.estimates, self.level)
+        self.seen[stage["kind"]] = max(self.seen.get(stage["kind"], 0.0), seconds / max(stage["methods"], 1))
+        if estimate > 0:
+            self.slowdown = max(self.slowdown, seconds / estimate)
+
+
 def run_worker(spec_path: Path) -> int:
     spec = json.loads(spec_path.read_text())
     root, gid = Path(spec["root"]), spec["group"]
@@ -210,16 +254,28 @@ def run_worker(spec_path: Path) -> int:
     device = "cuda" if spec["device"] == "cuda" and torch.cuda.is_available() else "cpu"
     hardware = hardware_description(device)
     kernels = preflight.kernel_defaults()
-    failed, status = set(), 0
+    failed, deferred, status = set(), set(), 0
     finished = finished_stages(root, gid, spec["stages"])
+    pace = StagePace(spec)
     for stage in spec["stages"]:
         name, out, marker = stage["name"], Path(stage["out"]), done_marker(root, gid, stage["name"])
         if name in finished:
             print(f"== {name}: done in an earlier call", flush=True)
             continue
+        if any(need in deferred for need in stage["needs"]):
+            print(f"== {name}: left for the next call with what it needs", flush=True)
+            deferred.add(name)
+            continue
         if any(need in failed or not done_marker(root, gid, need).is_file() for need in stage["needs"]):
             print(f"== {name}: not run, it needs {stage['needs']}", flush=True)
             failed.add(name)
+            continue
+        late = pace.too_late(stage)
+        if late:
+            # an evaluation stopped at the budget is lost whole; left for the next call, it costs
+            # nothing now, and the call ends sooner (device time is counted while the machine is held)
+            print(f"== {name}: left for the next call: {late}", flush=True)
+            deferred.add(name)
             continue
         argv = list(stage["argv"])
         if marker.is_file():  # stale: finished with other flags, or it read a stage run again
@@ -252,6 +308,7 @@ def run_worker(spec_path: Path) -> int:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()  # give the memory back to the other workers
         if rc == 0:
+            pace.record(stage, time.perf_counter() - clock)
             marker.parent.mkdir(parents=True, exist_ok=True)
             write_json_atomic(marker, {"stage": name, "argv": argv, "wall_s": time.perf_counter() - clock,
                                        "started": started, "finished": _now(), "hardware": hardware,
@@ -417,9 +474,12 @@ def schedule(args, protocol, estimates, groups, call, log, started: float) -> di
             spec = root / "runs" / group.id / "worker.json"
             spec.parent.mkdir(parents=True, exist_ok=True)
             (spec.parent / "status.json").unlink(missing_ok=True)  # an earlier call's
-            spec.write_text(json.dumps({"root": str(root), "group": group.id, "call": call,
-                                        "device": protocol.device,
-                                        "stages": [vars(s) for s in group.stages]}, indent=1))
+            spec.write_text(json.dumps({
+                "root": str(root), "group": group.id, "call": call, "device": protocol.device,
+                "stages": [vars(s) for s in group.stages],
+                # the worker starts no evaluation it cannot finish by then (StagePace)
+                "deadline_unix": time.time() + (deadline - elapsed) if math.isfinite(deadline) else None,
+                "estimates": vars(estimates), "level": level}, indent=1))
             with open(logs / f"{group.id}.log", "a") as handle:
                 handle.write(f"\n##### call {call}\n")
                 handle.flush()

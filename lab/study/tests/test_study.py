@@ -67,6 +67,9 @@ def test_runner_end_to_end_two_jobs_at_once(study_root, capsys):
         if importlib.util.find_spec("triton") is not None:  # the kernels each stage trained with
             assert set(job["kernels"]) >= {"pretrain", "continual"}
             assert set(job["kernels"]["pretrain"]) == {"128", "64"}
+    # the worker got the call's deadline and the estimates it checks evaluations against
+    spec = json.loads((study_root / "runs" / "nope-lr0.001-s0" / "worker.json").read_text())
+    assert spec["deadline_unix"] > 1.7e9 and spec["estimates"]["eval_s_per_method"] == arms.TINY_ESTIMATES.eval_s_per_method
     theory = jobs["jobs/nope-lr0.001-s0.job.json"]["results"]["theory"]
     estimates = {row[0] for row in theory["rows"]}
     assert theory["kind"] == "nope" and {"trained", "trained-centered", "iid-empirical"} <= estimates
@@ -77,6 +80,31 @@ def test_runner_end_to_end_two_jobs_at_once(study_root, capsys):
     written = study.aggregate([out], study_root / "agg")
     assert {p.name for p in written} >= {"README.md", "perplexity_zero_shot.png", "passkey.md",
                                          "theory_trained.png"}
+
+
+def test_worker_starts_no_evaluation_it_cannot_finish(monkeypatch):
+    """StagePace: training stages always start (they checkpoint); an evaluation starts only if its
+    expected time fits before the deadline: the estimate at first, then scaled by how much slower
+    than estimated this process's evaluations ran, or its kind's own measured rate."""
+    (group,) = plan.build_groups([plan.Job("nope", 0.001, 0)], arms.TINY_CPU, list(arms.STAGES), Path("/r"))
+    stages = {s.kind: vars(s) for s in group.stages}
+    est = arms.Estimates(eval_s_per_method=10.0, passkey_s_per_method=20.0, theory_s=5.0)
+    now = [1000.0]
+    monkeypatch.setattr(run.time, "time", lambda: now[0])
+    spec = {"deadline_unix": 1030.0, "estimates": json.loads(json.dumps(vars(est))), "level": 1}
+    pace = run.StagePace(spec)
+    assert pace.estimates.speedup[1] == 1.0  # the JSON round trip's string keys are ints again
+    assert pace.too_late(stages["eval0"]) is None  # 10 s of 30
+    assert pace.too_late(stages["passkey"]) is None  # 20 s of 30
+    now[0] = 1015.0
+    assert pace.too_late(stages["passkey"]) == "needs ~20 s, 15 s left"
+    assert pace.too_late(stages["pretrain"]) is None and pace.too_late(stages["continual"]) is None
+    now[0] = 1000.0
+    pace.record(stages["eval0"], 25.0)  # 2.5x its estimate: this GPU is slower than estimated
+    assert pace.too_late(stages["passkey"]) == "needs ~50 s, 30 s left"
+    assert pace.expected(stages["eval1"]) == 25.0  # its kind's measured rate, not the scaled estimate
+    assert pace.too_late(stages["eval1"]) is None
+    assert run.StagePace({**spec, "deadline_unix": None}).too_late(stages["passkey"]) is None
 
 
 @pytest.mark.slow  # reads the runs the end-to-end test above leaves in study_root
