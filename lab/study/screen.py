@@ -39,7 +39,8 @@ import tarfile
 from collections import defaultdict
 from pathlib import Path
 
-from lab.study.aggregate import _log_length_axes, _panel_grid, _save_panels, load_jobs, theory_markdown, theory_rows
+from lab.study.aggregate import (_log_length_axes, _panel_grid, _save_panels, load_jobs, theory_markdown,
+                                  theory_rows)
 
 from tapa._paths import write_csv
 from tapa.eval.plots import _pyplot, length_label
@@ -265,7 +266,8 @@ def seed_table(ppl: list[dict], retrieval: list[dict]) -> str:
     seeds = defaultdict(set)
     for (arm, _), by_seed in values.items():
         seeds[arm] |= set(by_seed)
-    pairs = [(a, b) for a, b in kind_pairs(_arms(ppl + retrieval)) if len(seeds[a]) >= 2 and len(seeds[b]) >= 2]
+    pairs = [(a, b) for a, b in kind_pairs(_arms(ppl + retrieval))
+             if len(seeds[a]) >= 2 and len(seeds[b]) >= 2]
     if not pairs:
         return ""
     measures = _measures(ppl, retrieval)
@@ -540,7 +542,8 @@ def main(argv=None) -> int:
     try:
         seeds = [int(seed) for seed in args.seeds.split(",")] if args.seeds else None
     except ValueError:
-        raise SystemExit(f"lab.study.screen: --seeds takes comma-separated integers, not {args.seeds!r}") from None
+        raise SystemExit(f"lab.study.screen: --seeds takes comma-separated integers, "
+                         f"not {args.seeds!r}") from None
     command = (f"python3 -m lab.study.screen --in {' '.join(args.inputs)} --out {args.out}"
                + (f" --arms {args.arms}" if arms else "") + (f" --seeds {args.seeds}" if seeds else ""))
     try:
