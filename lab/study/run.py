@@ -193,44 +193,44 @@ def done_jobs(folder: Path, protocol_id: str, stages) -> set[str]:
 # ---------------------------------------------------------------------------------------------
 # the worker: one group's stages, in this process, one after another
 
+TRAIN_KINDS = ("pretrain", "continual")  # stages that checkpoint, so a stopped one resumes
+
 class StagePace:
     """The worker's guard at a call's end: will an evaluation stage finish before the deadline?
 
     Training stages always start (they checkpoint, and the next call resumes them); an evaluation
-    stage starts only if its expected time fits in what is left. Expected: the seconds per method
-    of its kind measured in this process, else the runner's estimate times the slowest ratio of
-    measured to estimated time among this process's finished evaluations (a slower GPU than the
-    estimates' shows there first), never below the estimate."""
+    stage starts only if its expected time fits in what is left. Expected: the runner's own
+    estimate given the rates this call measured (observed_rates, from the stages' done markers);
+    for a kind not measured yet, the estimate times the slowest ratio of measured to estimated
+    time among the evaluations this call finished (a GPU slower than the estimates shows there
+    first), never below the estimate."""
 
-    def __init__(self, spec: dict):
+    def __init__(self, spec: dict, root: Path):
         self.deadline = spec.get("deadline_unix")
         est = dict(spec.get("estimates") or {})
         if est:  # JSON made the speedup table's keys strings
             est["speedup"] = {int(k): v for k, v in est.get("speedup", {}).items()}
         self.estimates = Estimates(**est) if est else None
         self.level = spec.get("level", 1)
-        self.seen: dict[str, float] = {}  # kind -> measured seconds per method
-        self.slowdown = 1.0
+        self.root, self.call = root, spec.get("call")
+        self.group = Group(spec["group"], [], [Stage(**stage) for stage in spec["stages"]])
 
     def expected(self, stage: dict) -> float:
-        if stage["kind"] in self.seen:
-            return self.seen[stage["kind"]] * max(stage["methods"], 1)
-        return estimate_stage(Stage(**stage), self.estimates, self.level) * self.slowdown
+        rates = observed_rates(self.root, [self.group], self.call)
+        estimate = lambda s, observed=None: estimate_stage(s, self.estimates, self.level, observed)  # noqa: E731
+        stage = Stage(**stage)
+        if stage.kind in rates:
+            return estimate(stage, rates)
+        ratios = [estimate(s, rates) / estimate(s) for s in self.group.stages
+                  if s.kind in rates and s.kind not in TRAIN_KINDS]
+        return estimate(stage) * max([1.0, *ratios])
 
     def too_late(self, stage: dict) -> str | None:
         """Why the stage should not start now, or None."""
-        if self.deadline is None or self.estimates is None or stage["kind"] in ("pretrain", "continual"):
+        if self.deadline is None or self.estimates is None or stage["kind"] in TRAIN_KINDS:
             return None
         need, left = self.expected(stage), self.deadline - time.time()
         return f"needs ~{need:.0f} s, {max(left, 0):.0f} s left" if need > left else None
-
-    def record(self, stage: dict, seconds: float) -> None:
-        if stage["kind"] in ("pretrain", "continual") or self.estimates is None:
-            return
-        estimate = estimate_stage(Stage(**stage), self.estimates, self.level)
-        self.seen[stage["kind"]] = max(self.seen.get(stage["kind"], 0.0), seconds / max(stage["methods"], 1))
-        if estimate > 0:
-            self.slowdown = max(self.slowdown, seconds / estimate)
 
 
 def run_worker(spec_path: Path) -> int:
@@ -256,7 +256,7 @@ def run_worker(spec_path: Path) -> int:
     kernels = preflight.kernel_defaults()
     failed, deferred, status = set(), set(), 0
     finished = finished_stages(root, gid, spec["stages"])
-    pace = StagePace(spec)
+    pace = StagePace(spec, root)
     for stage in spec["stages"]:
         name, out, marker = stage["name"], Path(stage["out"]), done_marker(root, gid, stage["name"])
         if name in finished:
@@ -308,7 +308,6 @@ def run_worker(spec_path: Path) -> int:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()  # give the memory back to the other workers
         if rc == 0:
-            pace.record(stage, time.perf_counter() - clock)
             marker.parent.mkdir(parents=True, exist_ok=True)
             write_json_atomic(marker, {"stage": name, "argv": argv, "wall_s": time.perf_counter() - clock,
                                        "started": started, "finished": _now(), "hardware": hardware,

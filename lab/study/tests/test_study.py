@@ -82,17 +82,21 @@ def test_runner_end_to_end_two_jobs_at_once(study_root, capsys):
                                          "theory_trained.png"}
 
 
-def test_worker_starts_no_evaluation_it_cannot_finish(monkeypatch):
+def test_worker_starts_no_evaluation_it_cannot_finish(tmp_path, monkeypatch):
     """StagePace: training stages always start (they checkpoint); an evaluation starts only if its
     expected time fits before the deadline: the estimate at first, then scaled by how much slower
-    than estimated this process's evaluations ran, or its kind's own measured rate."""
+    than estimated this call's evaluations ran (their done markers), or its kind's own measured
+    rate."""
+    from lab.study.summarize import done_marker, write_json_atomic
+
     (group,) = plan.build_groups([plan.Job("nope", 0.001, 0)], arms.TINY_CPU, list(arms.STAGES), Path("/r"))
     stages = {s.kind: vars(s) for s in group.stages}
     est = arms.Estimates(eval_s_per_method=10.0, passkey_s_per_method=20.0, theory_s=5.0)
     now = [1000.0]
     monkeypatch.setattr(run.time, "time", lambda: now[0])
-    spec = {"deadline_unix": 1030.0, "estimates": json.loads(json.dumps(vars(est))), "level": 1}
-    pace = run.StagePace(spec)
+    spec = {"deadline_unix": 1030.0, "estimates": json.loads(json.dumps(vars(est))), "level": 1,
+            "group": group.id, "call": "c1", "stages": [vars(s) for s in group.stages]}
+    pace = run.StagePace(spec, tmp_path)
     assert pace.estimates.speedup[1] == 1.0  # the JSON round trip's string keys are ints again
     assert pace.too_late(stages["eval0"]) is None  # 10 s of 30
     assert pace.too_late(stages["passkey"]) is None  # 20 s of 30
@@ -100,11 +104,15 @@ def test_worker_starts_no_evaluation_it_cannot_finish(monkeypatch):
     assert pace.too_late(stages["passkey"]) == "needs ~20 s, 15 s left"
     assert pace.too_late(stages["pretrain"]) is None and pace.too_late(stages["continual"]) is None
     now[0] = 1000.0
-    pace.record(stages["eval0"], 25.0)  # 2.5x its estimate: this GPU is slower than estimated
+    # eval0 finished in this call at 2.5x its estimate: this GPU is slower than estimated
+    marker = done_marker(tmp_path, group.id, stages["eval0"]["name"])
+    marker.parent.mkdir(parents=True)
+    write_json_atomic(marker, {"argv": stages["eval0"]["argv"], "wall_s": 25.0, "call": "c1"})
     assert pace.too_late(stages["passkey"]) == "needs ~50 s, 30 s left"
     assert pace.expected(stages["eval1"]) == 25.0  # its kind's measured rate, not the scaled estimate
     assert pace.too_late(stages["eval1"]) is None
-    assert run.StagePace({**spec, "deadline_unix": None}).too_late(stages["passkey"]) is None
+    assert run.StagePace({**spec, "call": "c2"}, tmp_path).too_late(stages["passkey"]) is None  # another call's
+    assert run.StagePace({**spec, "deadline_unix": None}, tmp_path).too_late(stages["passkey"]) is None
 
 
 @pytest.mark.slow  # reads the runs the end-to-end test above leaves in study_root
