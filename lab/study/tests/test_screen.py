@@ -259,7 +259,7 @@ def test_screen_tests_tapa_against_nope_seed_by_seed(tmp_path):
     assert float(line.split("|")[-3]) < 0.05  # Welch: a clear gap, no spread difference
     keys = rows[("hybrid-tapa-theta75", "hybrid-nope", "single-key 16k")]
     assert "| 20 / 20 / 20 | 60 / 70 / 80 |" in keys and keys.rstrip(" |").endswith("1.000")
-    kinds = next(part for part in text.split("\n\n") if part.startswith("| arm | NoPE arm | seeds |"))
+    kinds = next(part for part in text.split("\n\n") if part.startswith("| arm | NoPE arm | seeds | test"))
     assert "| hybrid-tapa-theta75@768 | hybrid-nope@768 |" in kinds  # within the scale step
     # a one-seed arm against the same seed of its reference, not the reference's mean: w64's 18
     # against NoPE's seed-0 21 (the mean of its 3 seeds is 22); theta's own lever is left out of
@@ -276,6 +276,44 @@ def test_screen_tests_tapa_against_nope_seed_by_seed(tmp_path):
     assert "| arm | NoPE arm | measure |" not in (tmp_path / "seed0" / "screen.md").read_text()
     with pytest.raises(ValueError, match="no job of the seeds"):
         screen.screen([tmp_path], tmp_path / "seed7", "cmd", seeds=[7])
+
+
+def test_screen_checks_the_issues_goal_criterion_by_criterion(tmp_path):
+    """The goal row: met only when TAPA is better beyond the seed spread in far perplexity AND in
+    multi-key retrieval AND within 1% of RoPE + YaRN; one failing criterion fails the goal, and a
+    missing RoPE + YaRN arm is not read as met. The single-key line reads 8x the pretraining
+    length."""
+    hits = lambda h: [[h, h], [h, h]]
+
+    def write(folder, tapa_far, nope_keys, rope_far):
+        folder.mkdir()
+        jobs = []
+        for seed in range(3):
+            jobs += [screen_job("hybrid-tapa-theta75", seed, [10.0, tapa_far + seed], [30.0, 40.0],
+                                {"multi-key": hits(9), "single-key": hits(9)}),
+                     screen_job("hybrid-nope", seed, [10.5, 21.0 + seed], [30.0, 40.0],
+                                {"multi-key": hits(nope_keys + seed), "single-key": hits(5)})]
+            if rope_far is not None:
+                jobs.append(screen_job("rope-yarn", seed, [10.0, rope_far + seed], [30.0, 40.0], {}))
+        for index, job in enumerate(jobs):
+            job["protocol"]["pretrain_len"] = 1024  # so 8x is the grid's 8192
+            (folder / f"{index}.job.json").write_text(json.dumps(job))
+        screen.screen([folder], folder / "out", "cmd")
+        text = (folder / "out" / "screen.md").read_text()
+        table = next(part for part in text.split("\n\n") if part.startswith("| arm | NoPE arm | seeds | perplexity, far"))
+        return table.splitlines()[2], text
+
+    row, text = write(tmp_path / "met", 18.0, 2, 17.9)
+    assert row.startswith("| hybrid-tapa-theta75 | hybrid-nope | 3 / 3 | met (p 0.050) | met (p 0.050) | met (x1.005, seeds 0, 1, 2) |")
+    assert row.endswith("| met |")
+    assert "Single-key retrieval at 8x the pretraining length (8k): the best arm, hybrid-tapa-theta75, 90%" in text
+    assert "(goal 90%: met)" in text
+    row, _ = write(tmp_path / "far-from-rope", 18.0, 2, 17.0)  # 19/18 on the means: 5.6% above RoPE + YaRN
+    assert "| not met (x1.056, seeds 0, 1, 2) | not met |" in row
+    row, _ = write(tmp_path / "no-rope", 18.0, 2, None)
+    assert "| no rope-yarn arm with shared seeds | not met |" in row
+    row, _ = write(tmp_path / "keys-level", 18.0, 8, 17.9)  # NoPE's multi-key 80-100% against 90%
+    assert "| met (p 0.050) | not met (p " in row and row.endswith("| not met |")
 
 
 def test_screen_refuses_inputs_without_screen_jobs(tmp_path):
