@@ -278,6 +278,37 @@ def test_screen_tests_tapa_against_nope_seed_by_seed(tmp_path):
         screen.screen([tmp_path], tmp_path / "seed7", "cmd", seeds=[7])
 
 
+def test_screen_scores_retrieval_beyond_the_local_window(tmp_path):
+    """A needle next to the question (depth 1.0) is copied by the local layers; the deciding
+    measures count only the depths whose needle lies beyond the largest local window among the
+    arms, the same cells for every arm (a window-free RoPE arm included)."""
+    assert screen.beyond(2048, 0.75, 256) and not screen.beyond(2048, 0.9, 256)
+    assert not screen.beyond(2048, 1.0, 0) and screen.beyond(16384, 0.95, 256)
+    local_only, global_too = [[0, 0, 10], [0, 0, 10]], [[6, 6, 10], [3, 3, 10]]
+    jobs = [screen_job("hybrid-tapa", 0, [10.0, 20.0], [30.0, 40.0], {"single-key": local_only}),
+            screen_job("hybrid-nope", 0, [10.0, 20.0], [30.0, 40.0], {"single-key": global_too}),
+            screen_job("rope-yarn", 0, [10.0, 20.0], [30.0, 40.0], {"single-key": global_too})]
+    for job, pattern, window in zip(jobs, ("LLLG", "LLLG", "G"), (256, 256, 0)):
+        for task in job["results"]["passkey"]["tasks"].values():
+            task["depths"], task["lengths"] = [0.0, 0.75, 1.0], [2048, 16384]
+        job["results"]["pretrain"] = {"model": {"layer_pattern": pattern, "local_window": window}}
+    assert [screen.local_window(j) for j in jobs] == [256, 256, 0]
+    rows, cells = screen.retrieval_rows(jobs)
+    found = {(r["arm"], r["length"]): r for r in rows}
+    tapa = found[("hybrid-tapa", 2048)]
+    assert (tapa["correct"], tapa["trials"], tapa["far_correct"], tapa["far_trials"]) == (10, 30, 0, 20)
+    assert found[("rope-yarn", 16384)]["far_accuracy"] == 0.3 and found[("rope-yarn", 16384)]["beyond"] == 256
+    assert [c["beyond_window"] for c in cells[:3]] == [True, True, False]
+    for index, job in enumerate(jobs):
+        (tmp_path / f"{index}.job.json").write_text(json.dumps(job))
+    screen.screen([tmp_path], tmp_path / "out", "cmd")
+    text = (tmp_path / "out" / "screen.md").read_text()
+    # TAPA's 33% over every depth is 0% beyond the window, NoPE's 60% against 73% over every depth
+    assert "| hybrid-tapa | hybrid-nope | 0 | +0.0% | +0.0% | +0.0% | +0.0% | -60 | -30 |" in text
+    assert "| hybrid-tapa | 0 (0-16); all 33 | 0 (0-16); all 33 |" in text
+    assert "more than 256 tokens back" in text
+
+
 def test_screen_checks_the_issues_goal_criterion_by_criterion(tmp_path):
     """The goal row: met only when TAPA is better beyond the seed spread in far perplexity AND in
     multi-key retrieval AND within 1% of RoPE + YaRN; one failing criterion fails the goal, and a
