@@ -9,7 +9,7 @@ stage 20% of pretraining") and writes to --out:
                           domain), length, perplexity
     retrieval.csv         arm, seed, task, length: correct of trials over every depth, accuracy and
                           its 95% Wilson interval; far_*: the same over the depths whose needle lies
-                          beyond the largest local window (`beyond`, the window in tokens), which
+                          beyond the largest local window (`beyond`: the window in tokens), which
                           only the global layers reach: the screen's deciding retrieval measure
     retrieval_cells.csv   the same per depth
     screen.md             issue 37's goal, criterion by criterion, for each TAPA/NoPE pair with
@@ -49,7 +49,7 @@ from lab.study.aggregate import (_log_length_axes, _panel_grid, _save_panels, lo
 from tapa._paths import write_csv
 from tapa.eval.plots import _pyplot, length_label
 from tapa.eval.stats import mann_whitney_exact, welch_t
-from tapa.eval.tasks import wilson_interval
+from tapa.eval.tasks import beyond_window, wilson_interval
 
 PROTOCOL_TAGS = {"toy-gpu-screen": "", "toy-gpu-c4096": "@c4096", "toy-gpu-cl20": "@cl20",
                  "scale-768-confirm": "@768", "tiny-cpu-screen": ""}
@@ -133,20 +133,13 @@ def local_window(job: dict) -> int:
     return 0
 
 
-def beyond(length: int, depth: float, window: int) -> bool:
-    """Whether a needle at `depth` of a `length`-token prompt lies more than `window` tokens before
-    the question (the filler is the prompt less a few dozen tokens of instruction and question, so
-    (1 - depth) * length is the distance to within that): out of a local layer's reach, so that
-    only the global layers can bring it to the answer."""
-    return (1.0 - depth) * length > window
-
-
 def retrieval_rows(jobs: list[dict]) -> tuple[list[dict], list[dict]]:
     """(per length, per cell) rows of the passkey grid (task "passkey") and of the retrieval
     suite's tasks. A length's row counts every depth (correct, trials, accuracy, its Wilson
     interval) and, as far_*, only the depths whose needle lies beyond the largest local window
-    among the jobs (`beyond`): the same cells for every arm, the retrieval that the global layers
-    alone can do. A needle at depth 1.0 sits next to the question, where the local layers copy it."""
+    among the jobs (`tapa.eval.tasks.beyond_window`): the same cells for every arm, the retrieval
+    that the global layers alone can do. A needle at depth 1.0 sits next to the question, where the
+    local layers copy it."""
     window = max((local_window(job) for job in jobs), default=0)
     lengths, cells = [], []
     for job in jobs:
@@ -161,7 +154,7 @@ def retrieval_rows(jobs: list[dict]) -> tuple[list[dict], list[dict]]:
             for li, length in enumerate(grid["lengths"]):
                 hits = grid["correct"][li]
                 trials = grid["trials"] * len(hits)
-                far = [h for h, depth in zip(hits, grid["depths"]) if beyond(length, depth, window)]
+                far = [h for h, depth in zip(hits, grid["depths"]) if beyond_window(length, depth, window)]
                 far_trials = grid["trials"] * len(far)
                 low, high = wilson_interval(sum(hits), trials)
                 far_low, far_high = wilson_interval(sum(far), far_trials) if far else (math.nan, math.nan)
@@ -173,7 +166,7 @@ def retrieval_rows(jobs: list[dict]) -> tuple[list[dict], list[dict]]:
                 for di, depth in enumerate(grid["depths"]):
                     cells.append({**common, "length": length, "depth": depth, "correct": hits[di],
                                   "trials": grid["trials"], "accuracy": hits[di] / grid["trials"],
-                                  "beyond_window": beyond(length, depth, window)})
+                                  "beyond_window": beyond_window(length, depth, window)})
     return lengths, cells
 
 
@@ -351,8 +344,8 @@ def goal_table(ppl: list[dict], retrieval: list[dict], pretrain_len: int | None 
     test-split perplexity at the two longest lengths and in multi-key retrieval at the two longest
     prompts (the needle beyond the local window), and within 1% of RoPE + YaRN (the arm `rope-yarn`
     at the same scale, over the seeds both have) at every length. Then the best arm's single-key
-    accuracy at 8x the pretraining length, beyond the window, against the 90% goal. A criterion without its data says so; none is read as met. No
-    section without such a pair."""
+    accuracy at 8x the pretraining length, beyond the window, against the 90% goal. A criterion
+    without its data says so; none is read as met. No section without such a pair."""
     values = _per_seed(ppl, retrieval)
     seeds = defaultdict(set)
     for (arm, _), by_seed in values.items():
@@ -605,7 +598,8 @@ def screen(paths, out_dir: str | Path, command: str, arms: list[str] | None = No
             write_csv(out / name, rows)
             written.append(out / name)
     hardware = sorted({h for j in jobs for h in j.get("hardware", [])})
-    lengths = {j["protocol"].get("pretrain_len") for j in jobs if PROTOCOL_TAGS[j["protocol"]["name"]] not in SCALE_TAGS}
+    lengths = {j["protocol"].get("pretrain_len") for j in jobs
+               if PROTOCOL_TAGS[j["protocol"]["name"]] not in SCALE_TAGS}
     pretrain_len = lengths.pop() if len(lengths) == 1 else None  # the toy screen's, when one
     dates = sorted(j["date"] for j in jobs)
     domains = {(d["domain"], d["files"], d["bytes"], d["sha256"][:12])

@@ -196,6 +196,33 @@ def test_report_says_which_data_and_reads_older_results():
     assert "| 0% | 100% (51-100) |" in markdown and "| all depths | 75% (41-93) |" in markdown
 
 
+def test_report_pools_the_depths_beyond_a_hybrids_local_window():
+    """A hybrid's grids get a row over the depths whose needle lies beyond its local window (what
+    its global layers retrieve); an all-global model's do not, nor a grid whose every depth is
+    beyond the window (the row would repeat "all depths")."""
+    from tapa.eval.report import grid_table, local_window, results_markdown
+
+    grid = {"lengths": [512, 4096], "depths": [0.0, 0.5, 0.9, 1.0], "trials": 10, "filler": "corpus",
+            "correct": [[0, 2, 8, 10], [1, 1, 9, 10]],
+            "accuracy": [[0.0, 0.2, 0.8, 1.0], [0.1, 0.1, 0.9, 1.0]]}
+    hybrid = {"layer_pattern": "LLLG", "local_window": 256}
+    assert local_window(hybrid) == 256 and local_window({"layer_pattern": "G", "local_window": 256}) == 0
+    table = grid_table("hybrid", grid, window=local_window(hybrid))
+    # at 512 only depth 0 is more than 256 tokens back (0 of 10; 0.5 is 256 back, not beyond); at
+    # 4096 depths 0, 0.5 and 0.9 are (11 of 30)
+    assert "| beyond the 256-token window | 0% (0-28) | 37% (22-54) |" in table
+    assert "beyond" not in grid_table("global", grid)
+    assert "beyond" not in grid_table("hybrid", dict(grid, lengths=[4096, 8192], depths=[0.0, 0.25, 0.5, 0.75]),
+                                      window=256)
+    method = {"label": "TAPA hybrid", "run": "r", "train_len": 32, "zero_shot": True, **hybrid,
+              "passkey": grid, "tasks": {"single-key": grid},
+              "perplexity": [{"length": 32, "perplexity": 9.0, "buckets": [{"start": 0, "end": 32, "loss": 2.2}]}]}
+    markdown = results_markdown({"kind": "tapa-eval", "date": "2026-01-01", "hardware": "cpu",
+                                 "command": "tapa eval r", "split": "test", "stride": 16,
+                                 "max_tokens": 64, "methods": [method]})
+    assert markdown.count("| beyond the 256-token window |") == 2  # the passkey grid and the task
+
+
 def test_the_token_digest_names_the_ids_not_their_storage():
     import hashlib
 

@@ -10,9 +10,9 @@ import pytest
 
 from tapa.data.passkey import INSTRUCTION
 from tapa.eval.passkey_eval import matches_answer
-from tapa.eval.tasks import (TASKS, VT_INSTRUCTION, TaskSettings, build_task_prompt, check_task_lengths,
-                             default_trials, minimum_length, parse_tasks, score_task, task_grid,
-                             trials_for_half_width, wilson_interval)
+from tapa.eval.tasks import (TASKS, VT_INSTRUCTION, TaskSettings, beyond_window, build_task_prompt,
+                             check_task_lengths, default_trials, minimum_length, parse_tasks, score_task,
+                             task_grid, trials_for_half_width, wilson_interval)
 
 from helpers import ContextReader, WordTokenizer, char_decode, char_encode
 
@@ -218,6 +218,26 @@ def test_grid_batches_every_depth_of_a_length_without_changing_the_results(task)
     with pytest.raises(ValueError, match="batch_tokens must be a positive int"):
         task_grid(HalfOracle(), task, char_encode, char_decode, lengths=[700], depths=[0.5], trials=1,
                   batch_tokens=0, progress=False)
+
+
+@pytest.mark.parametrize("depth", [0.0, 0.5, 0.75, 0.9, 1.0])
+def test_beyond_window_is_the_needles_distance_to_the_question(depth):
+    """(1 - depth) * length, the distance `beyond_window` compares with the window, is the real
+    distance from the asked needle's first token to the end of the prompt within the prompt's
+    fixed parts (instruction, needle, question: a few dozen word tokens)."""
+    encode = WordTokenizer().encode
+    for length in (2048, 16384):
+        prompt = build_task_prompt("single-key", encode, length=length, depth=depth,
+                                   rng=np.random.default_rng(3), settings=SETTINGS)
+        distance = length - prompt.needle_positions[0]
+        fixed = length - prompt.n_filler
+        assert 0 <= distance - (1.0 - depth) * prompt.n_filler <= fixed
+        assert abs(distance - (1.0 - depth) * length) <= fixed < 64
+        for window in (64, 256):
+            if abs((1.0 - depth) * length - window) > fixed:  # far from the edge: the same verdict
+                assert beyond_window(length, depth, window) == (distance > window)
+    assert beyond_window(2048, 0.75, 256) and not beyond_window(2048, 0.9, 256)
+    assert not beyond_window(2048, 1.0, 0) and beyond_window(16384, 0.95, 256)
 
 
 def test_trials_and_intervals():

@@ -282,8 +282,6 @@ def test_screen_scores_retrieval_beyond_the_local_window(tmp_path):
     """A needle next to the question (depth 1.0) is copied by the local layers; the deciding
     measures count only the depths whose needle lies beyond the largest local window among the
     arms, the same cells for every arm (a window-free RoPE arm included)."""
-    assert screen.beyond(2048, 0.75, 256) and not screen.beyond(2048, 0.9, 256)
-    assert not screen.beyond(2048, 1.0, 0) and screen.beyond(16384, 0.95, 256)
     local_only, global_too = [[0, 0, 10], [0, 0, 10]], [[6, 6, 10], [3, 3, 10]]
     jobs = [screen_job("hybrid-tapa", 0, [10.0, 20.0], [30.0, 40.0], {"single-key": local_only}),
             screen_job("hybrid-nope", 0, [10.0, 20.0], [30.0, 40.0], {"single-key": global_too}),

@@ -22,8 +22,8 @@ from tapa._paths import RUN_CONFIG, check_output_dir, is_run_dir, run_dirs_insid
 from tapa.eval.evaluate import (DEFAULT_DEPTHS, DEFAULT_MULTIPLES, EvalOptions, check_data_source, data_name,
                                  evaluate_run)
 from tapa.eval.passkey_eval import RETRIEVAL_BATCH_TOKENS
-from tapa.eval.report import (RESULT_FILES, RESULTS_JSON, passkey_table, perplexity_table, task_tables,
-                              write_results)
+from tapa.eval.report import (RESULT_FILES, RESULTS_JSON, local_window, passkey_table, perplexity_table,
+                              task_tables, write_results)
 from tapa.eval.scaling import ROPE_FAMILY
 from tapa.eval.tasks import TASKS, TaskSettings, default_trials, parse_tasks, trials_for_half_width
 
@@ -493,7 +493,8 @@ def _run(args: argparse.Namespace, pins: ExitStack) -> int:
         print(perplexity_table(results["methods"]))
         for method in results["methods"]:
             if method.get("passkey"):
-                print("\npasskey retrieval:\n" + passkey_table(method["label"], method["passkey"]))
+                print("\npasskey retrieval:\n" + passkey_table(method["label"], method["passkey"],
+                                                                 local_window(method)))
                 note = passkey_note(method["passkey"], run_dir, run_dir in model_dirs)
                 if note:
                     print(note)

@@ -11,7 +11,7 @@ from pathlib import Path
 from tapa._paths import check_output_dir, replacing_outputs
 from tapa.eval.plots import (plot_passkey_heatmap, plot_passkey_heatmaps, plot_perplexity_vs_length,
                              plot_position_loss, size_note)
-from tapa.eval.tasks import TASKS, wilson_interval
+from tapa.eval.tasks import TASKS, beyond_window, wilson_interval
 
 RESULTS_JSON = "results.json"
 # everything write_results writes (fnmatch patterns); results.json marks a directory as its own
@@ -105,9 +105,16 @@ def _with_interval(correct: int, n: int) -> str:
     return f"{correct / n:.0%} ({100 * low:.0f}-{100 * high:.0f})"
 
 
-def grid_table(label: str, grid: dict, *, what: str = "") -> str:
+def local_window(method: dict) -> int:
+    """A method's local attention window in tokens; 0 for a model without local layers."""
+    return int(method.get("local_window") or 0) if "L" in (method.get("layer_pattern") or "") else 0
+
+
+def grid_table(label: str, grid: dict, *, what: str = "", window: int = 0) -> str:
     """Markdown of a passkey or task grid: a row per depth, a column per length, each cell the
-    accuracy and its 95% Wilson interval in points, and a last row over all depths of a length."""
+    accuracy and its 95% Wilson interval in points, a row over all depths of a length, and, for a
+    model with local layers of `window` tokens, a row over the depths whose needle lies beyond the
+    window (`beyond_window`), what only the global layers retrieve (empty where none does)."""
     counts, trials = _correct_counts(grid), grid["trials"]
     settings = ", ".join(f"{k} {v}" for k, v in (grid.get("settings") or {}).items())
     lines = [f"**{label}**{f' {what}' if what else ''} ({trials} trial{'s' * (trials != 1)} per cell, "
@@ -122,11 +129,18 @@ def grid_table(label: str, grid: dict, *, what: str = "") -> str:
         cells = [_with_interval(sum(counts[li]), trials * len(grid["depths"]))
                  for li in range(len(grid["lengths"]))]
         lines.append("| all depths | " + " | ".join(cells) + " |")
+    if window > 0:
+        far = [[di for di, depth in enumerate(grid["depths"]) if beyond_window(n, depth, window)]
+               for n in grid["lengths"]]
+        if any(0 < len(ds) < len(grid["depths"]) for ds in far):
+            cells = [_with_interval(sum(counts[li][di] for di in ds), trials * len(ds)) if ds else ""
+                     for li, ds in enumerate(far)]
+            lines.append(f"| beyond the {window}-token window | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-def passkey_table(label: str, grid: dict) -> str:
-    return grid_table(label, grid)
+def passkey_table(label: str, grid: dict, window: int = 0) -> str:
+    return grid_table(label, grid, window=window)
 
 
 def _task_names(methods: list[dict]) -> list[str]:
@@ -142,7 +156,7 @@ def task_tables(methods: list[dict]) -> str:
         for method in methods:
             grid = (method.get("tasks") or {}).get(task)
             if grid:
-                parts += [grid_table(method["label"], grid), ""]
+                parts += [grid_table(method["label"], grid, window=local_window(method)), ""]
     return "\n".join(parts).rstrip()
 
 
@@ -176,13 +190,15 @@ def results_markdown(results: dict) -> str:
         perplexity_table(methods), "", growth_summary(methods), "",
         "## Loss by position inside the window (longest length)", "",
         position_table(methods), ""]
-    grids = [(m["label"], m["passkey"]) for m in methods if m.get("passkey")]
-    interval_note = ("Cells: exact-match accuracy (95% Wilson interval, in points); the last row pools "
-                     "every depth of a length.")
+    grids = [(m["label"], m["passkey"], local_window(m)) for m in methods if m.get("passkey")]
+    interval_note = ("Cells: exact-match accuracy (95% Wilson interval, in points); \"all depths\" pools "
+                     "every depth of a length, and for a hybrid model \"beyond the window\" pools the "
+                     "depths whose needle lies farther back than its local layers reach, the retrieval "
+                     "that only its global layers can do.")
     if grids:
         parts += ["## Passkey retrieval (exact-match accuracy)", "", interval_note, ""]
-        for label, grid in grids:
-            parts += [passkey_table(label, grid), ""]
+        for label, grid, window in grids:
+            parts += [passkey_table(label, grid, window), ""]
     tables = task_tables(methods)
     if tables:
         parts += ["## Retrieval tasks (exact-match accuracy)", "",

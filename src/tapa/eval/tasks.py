@@ -152,6 +152,15 @@ def wilson_interval(successes: int, n: int, z: float = Z95) -> tuple[float, floa
     return max(0.0, centre - spread), min(1.0, centre + spread)
 
 
+def beyond_window(length: int, depth: float, window: int) -> bool:
+    """Whether a needle at `depth` of a `length`-token prompt lies more than `window` tokens before
+    the question. The filler is the prompt less a few dozen tokens of instruction, needle and
+    question, so (1 - depth) * length is the distance to within those. In a hybrid model a needle
+    inside the local layers' window can be copied by them; one beyond it only through the global
+    layers, which is what a length test of the global layers should count."""
+    return (1.0 - depth) * length > window
+
+
 def _distinct_values(rng: np.random.Generator, count: int) -> list[str]:
     values: list[str] = []
     while len(values) < count:
