@@ -416,3 +416,23 @@ def test_keep_jobs_copies_an_archives_job_jsons_once(tmp_path):
     assert screen.screen_jobs([tmp_path / "jobs"])[0]["arm"] == "hybrid-tapa"
     with pytest.raises(ValueError, match="not a runner archive"):
         screen.keep_jobs([tmp_path / "other.tar.gz"], tmp_path / "jobs")
+
+
+def test_far_passkey_pools_the_depths_beyond_the_window(tmp_path, capsys):
+    """From an aggregated passkey.csv: at 2048 with a 256-token window the depths 0-0.75 are beyond
+    it and 1.0 is not; hybrid and RoPE + YaRN arms only."""
+    from lab.study import far_passkey
+    path = tmp_path / "passkey.csv"
+    rows = ["arm,label,lr,seeds,trials,length,depth,mean,std"]
+    for depth, mean, std in ((0.0, 0.2, 0.3), (0.25, 0.4, 0.1), (0.5, 0.0, 0.0), (0.75, 0.2, ""), (1.0, 0.9, 0.05)):
+        rows.append(f"hybrid-tapa-cl0.1,TAPA hybrid,0.001,3,50,2048,{depth},{mean},{std}")
+        rows.append(f"tapa-cl0.1,TAPA,0.002,3,50,2048,{depth},{mean},{std}")
+    path.write_text("\n".join(rows) + "\n")
+    (row,) = far_passkey.far_rows(path)
+    assert row["arm"] == "hybrid-tapa-cl0.1" and row["seeds"] == 3
+    assert row["far"] == pytest.approx(20.0) and row["all"] == pytest.approx(34.0) and row["last"] == pytest.approx(90.0)
+    assert row["far_std_max"] == pytest.approx(30.0)
+    assert far_passkey.main([str(path)]) == 0
+    assert "| TAPA hybrid | 3 | 20 (±30) / 34 / 90 |" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="far_passkey"):
+        far_passkey.main([str(tmp_path / "missing.csv")])
