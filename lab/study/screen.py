@@ -48,6 +48,7 @@ from lab.study.aggregate import (_log_length_axes, _panel_grid, _save_panels, lo
 
 from tapa._paths import write_csv
 from tapa.eval.plots import _pyplot, length_label
+from tapa.eval.report import local_window as model_window
 from tapa.eval.stats import mann_whitney_exact, welch_t
 from tapa.eval.tasks import beyond_window, wilson_interval
 
@@ -127,9 +128,9 @@ def perplexity_rows(jobs: list[dict]) -> list[dict]:
 def local_window(job: dict) -> int:
     """The job's local attention window in tokens (0 for a model without local layers)."""
     for stage in ("continual", "pretrain"):
-        model = (job["results"].get(stage) or {}).get("model") or {}
+        model = (job["results"].get(stage) or {}).get("model")
         if model:
-            return int(model.get("local_window") or 0) if "L" in model.get("layer_pattern", "") else 0
+            return model_window(model)
     return 0
 
 
@@ -352,6 +353,8 @@ def goal_table(ppl: list[dict], retrieval: list[dict], pretrain_len: int | None 
         seeds[arm] |= set(by_seed)
     pairs = [(a, b) for a, b in kind_pairs(_arms(ppl + retrieval))
              if len(seeds[a]) >= GOAL_SEEDS and len(seeds[b]) >= GOAL_SEEDS]
+    if not pairs:
+        return ""
     measures = _measures(ppl, retrieval)
     groups = {"perplexity": [m for m in measures if m.startswith("test ppl")],
               "multi-key": [m for m in measures if m.startswith("multi-key")]}
@@ -402,8 +405,6 @@ def goal_table(ppl: list[dict], retrieval: list[dict], pretrain_len: int | None 
         seed_text = f"{len(seeds[tapa])} / {len(seeds[nope])}"
         lines.append(f"| {tapa} | {nope} | {seed_text} | " + " | ".join(cells) +
                      f" | {'met' if all(met) else 'not met'} |")
-    if not pairs:
-        return ""
     if pretrain_len:
         target = 8 * pretrain_len
         scores = defaultdict(list)  # arm -> [(beyond the window, every depth)] a seed

@@ -106,7 +106,8 @@ def _with_interval(correct: int, n: int) -> str:
 
 
 def local_window(method: dict) -> int:
-    """A method's local attention window in tokens; 0 for a model without local layers."""
+    """The local attention window in tokens of a method (or of a model config as a dict, which has
+    the same keys); 0 for a model without local layers."""
     return int(method.get("local_window") or 0) if "L" in (method.get("layer_pattern") or "") else 0
 
 
