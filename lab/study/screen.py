@@ -22,6 +22,7 @@ stage 20% of pretraining") and writes to --out:
     perplexity.png        perplexity vs length: stage x data panels, TAPA solid, NoPE dashed
     retrieval.png         accuracy vs length per task, with Wilson intervals
     retrieval_heatmap.png per task, accuracy by arm and length
+    seeds.png             each seed's value of each deciding measure, for the arms with 2+ seeds
 Every number comes from the job JSONs; an arm missing a stage shows an empty cell.
 With --keep-jobs FOLDER, the job JSONs of each runner archive among --in are first copied to
 FOLDER/jobs-CALL.tar.gz (results/toy-study/globals/jobs), so that the screen's later sessions
@@ -547,6 +548,41 @@ def plot_retrieval(rows: list[dict], path: Path) -> Path | None:
                         path)
 
 
+def plot_seeds(ppl: list[dict], retrieval: list[dict], path: Path) -> Path | None:
+    """A panel per deciding measure (`_measures`): each seed's value as a dot, a column per arm with
+    2 or more seeds, its mean as a bar: where the seed spread lies against the arms' difference.
+    None when no arm has 2 seeds."""
+    values = _per_seed(ppl, retrieval)
+    seeds = defaultdict(set)
+    for (arm, _), by_seed in values.items():
+        seeds[arm] |= set(by_seed)
+    arms = [arm for arm in _arms(ppl + retrieval) if len(seeds[arm]) >= 2]
+    if not arms:
+        return None
+    measures = _measures(ppl, retrieval)
+    plt = _pyplot()
+    fig, axes = _panel_grid(plt, len(measures))
+    cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for ax, measure in zip(axes.flat, measures):
+        for i, arm in enumerate(arms):
+            by_seed = values.get((arm, measure), {})
+            if not by_seed:
+                continue
+            ys = [by_seed[k] for k in sorted(by_seed)]
+            ax.scatter([i] * len(ys), ys, color=cycle[i % len(cycle)], s=18, zorder=3)
+            for k, y in zip(sorted(by_seed), ys):
+                ax.annotate(str(k), (i, y), xytext=(4, 0), textcoords="offset points", fontsize=6,
+                            va="center")
+            ax.hlines(sum(ys) / len(ys), i - 0.25, i + 0.25, color=cycle[i % len(cycle)], linewidth=2)
+        ax.set_xticks(range(len(arms)), arms, rotation=30, ha="right", fontsize=7)
+        ax.set_xlim(-0.6, len(arms) - 0.4)
+        ax.set_title(measure + ("" if "ppl" in measure else ", beyond the window"), fontsize=9)
+        ax.grid(True, axis="y", alpha=0.3)
+    return _save_panels(plt, fig, axes, len(measures), "perplexity, or % correct",
+                        "Each seed (dot, labelled) and the mean (bar), for the arms with 2+ seeds; "
+                        "continual stage", path)
+
+
 def plot_heatmap(rows: list[dict], path: Path) -> Path | None:
     tasks = list(dict.fromkeys(r["task"] for r in rows))
     if not tasks:
@@ -617,7 +653,8 @@ def screen(paths, out_dir: str | Path, command: str, arms: list[str] | None = No
     sections += [retrieval_table(retrieval, t) for t in dict.fromkeys(r["task"] for r in retrieval)]
     sections.append(theory_markdown(theory_rows(jobs), jobs))  # the pretrained globals' logit decay
     plots = [plot_perplexity(ppl, out / "perplexity.png"), plot_retrieval(retrieval, out / "retrieval.png"),
-             plot_heatmap(retrieval, out / "retrieval_heatmap.png")]
+             plot_heatmap(retrieval, out / "retrieval_heatmap.png"),
+             plot_seeds(ppl, retrieval, out / "seeds.png")]
     sections += [f"![{p.stem}]({p.name})" for p in plots if p]
     (out / "screen.md").write_text("\n\n".join(s for s in sections if s) + "\n")
     return written + [out / "screen.md"] + [p for p in plots if p]

@@ -248,8 +248,10 @@ def test_screen_tests_tapa_against_nope_seed_by_seed(tmp_path):
              screen_job("hybrid-nope-pk10", 1, [10.0, 18.0], [30.0, 40.0], {"single-key": hits(2)})]
     for index, job in enumerate(jobs):
         (tmp_path / f"{index}.job.json").write_text(json.dumps(job))
-    screen.screen([tmp_path], tmp_path / "out", "cmd")
+    written = screen.screen([tmp_path], tmp_path / "out", "cmd")
+    assert (tmp_path / "out" / "seeds.png") in written  # the arms with 2+ seeds, seed by seed
     text = (tmp_path / "out" / "screen.md").read_text()
+    assert "![seeds](seeds.png)" in text
     table = next(part for part in text.split("\n\n") if part.startswith("| arm | NoPE arm | measure |"))
     rows = {tuple(cell.strip() for cell in line.strip("|").split("|")[:3]): line for line in table.splitlines()[2:]}
     assert {arm for arm, _, _ in rows} == {"hybrid-tapa-theta75"}  # 768 has one NoPE seed; w64 one seed
