@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import math
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -187,6 +189,47 @@ def load_results(folder: Path) -> dict[str, list[dict]]:
     return results
 
 
+def spread_test(a: list[float], b: list[float]) -> tuple[float, float, float]:
+    """Whether two arms' seeds spread alike (a Brown-Forsythe permutation test): each value's
+    absolute deviation from its own arm's median, and the difference of the two arms' mean
+    deviations, against every split of the pooled deviations into groups of len(a) and len(b).
+    Returns (mean deviation of a, of b, two-sided p)."""
+    if len(a) < 2 or len(b) < 2:
+        raise ValueError(f"need 2+ values a side, got {len(a)} and {len(b)}")
+    da = [abs(x - statistics.median(a)) for x in a]
+    db = [abs(x - statistics.median(b)) for x in b]
+    pooled, total = da + db, sum(da) + sum(db)
+    observed = abs(sum(da) / len(da) - sum(db) / len(db))
+    extreme = count = 0
+    for picked in itertools.combinations(range(len(pooled)), len(da)):
+        first = sum(pooled[i] for i in picked)
+        count += 1
+        extreme += abs(first / len(da) - (total - first) / len(db)) >= observed - 1e-12
+    return sum(da) / len(da), sum(db) / len(db), extreme / count
+
+
+def spread_lines(results: dict[str, list[dict]]) -> list[str]:
+    """Each TAPA-global arm against NoPE globals, where both have 4+ seeds: every seed's recall
+    (mean over the evaluation lengths), the mean absolute deviation from the arm's median, and
+    spread_test's p."""
+    if len(results.get("hybrid-nope", [])) < 4:
+        return []
+    mean_of = lambda run: 100 * sum(e["accuracy"] for e in run["evals"]) / len(run["evals"])
+    nope = [mean_of(r) for r in sorted(results["hybrid-nope"], key=lambda r: r["seed"])]
+    lines = ["", "Seed spread (each seed's recall, mean over the lengths; mean absolute deviation "
+             "from the arm's median; two-sided permutation p that the two arms spread alike):", "",
+             "| arm | seeds | recall by seed | deviation | NoPE's deviation | p |", "|---|---|---|---|---|---|"]
+    for arm in [a for a in ARMS if a in results and a != "hybrid-nope" and len(results[a]) >= 4]:
+        runs = sorted(results[arm], key=lambda r: r["seed"])
+        values = [mean_of(r) for r in runs]
+        dev, dev_nope, p = spread_test(values, nope)
+        lines.append(f"| {LABELS[arm]} | {len(runs)} against {len(nope)} | "
+                     f"{' / '.join(f'{v:.0f}' for v in values)} | {dev:.1f} | {dev_nope:.1f} | {p:.3f} |")
+    lines.append(f"| {LABELS['hybrid-nope']} | {len(nope)} | {' / '.join(f'{v:.0f}' for v in nope)} | "
+                 f"{sum(abs(v - statistics.median(nope)) for v in nope) / len(nope):.1f} | | |")
+    return lines if len(lines) > 6 else []
+
+
 def table(folder: Path) -> str:
     """A markdown table: accuracy by evaluation length, mean over seeds (each seed in brackets)."""
     results = load_results(folder)
@@ -202,7 +245,7 @@ def table(folder: Path) -> str:
             cells.append(f"{sum(accs) / len(accs):.1f} ({' / '.join(f'{a:.0f}' for a in accs)})")
         lines.append(f"| {LABELS[arm]} | {', '.join(str(r['seed']) for r in runs)} | "
                      + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    return "\n".join(lines + spread_lines(results))
 
 
 def plot(folder: Path, path: Path) -> Path:

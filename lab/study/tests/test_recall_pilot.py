@@ -56,3 +56,21 @@ def test_the_frozen_phase_arm_keeps_its_phase_rows_at_zero(tmp_path, monkeypatch
     assert captured and all(p.abs().max() == 0 for p in captured.values())
     rp.run_arm("hybrid-tapa", 0, setup, tmp_path, progress=False)
     assert all(p.abs().max() > 0 for p in captured.values())  # the spy sees what it should
+
+
+def test_spread_test_tells_a_wide_arm_from_a_steady_one(tmp_path):
+    """A wide arm against a steady one gives the smallest p the split count allows (2 of C(8, 4)
+    splits are as extreme); two equally spread arms give 1; the table adds the seed-spread rows
+    once both arms have 4 seeds."""
+    wide, steady = [0.0, 10.0, 20.0, 30.0], [14.0, 15.0, 16.0, 15.0]
+    dev_wide, dev_steady, p = rp.spread_test(wide, steady)
+    assert (dev_wide, dev_steady) == (10.0, 0.5) and p == pytest.approx(2 / 70)
+    assert rp.spread_test([1.0, 2.0, 3.0, 4.0], [11.0, 12.0, 13.0, 14.0])[2] == 1.0
+    with pytest.raises(ValueError, match="2\\+ values"):
+        rp.spread_test([1.0], [1.0, 2.0])
+    results = {arm: [{"seed": seed, "evals": [{"accuracy": value / 100}]} for seed, value in enumerate(values)]
+               for arm, values in (("hybrid-tapa", wide), ("hybrid-nope", steady))}
+    lines = "\n".join(rp.spread_lines(results))
+    assert f"| {rp.LABELS['hybrid-tapa']} | 4 against 4 | 0 / 10 / 20 / 30 | 10.0 | 0.5 | 0.029 |" in lines
+    results["hybrid-nope"] = results["hybrid-nope"][:3]
+    assert rp.spread_lines(results) == []  # 3 NoPE seeds: no spread rows
