@@ -216,18 +216,21 @@ def spread_lines(results: dict[str, list[dict]]) -> list[str]:
         return []
     mean_of = lambda run: 100 * sum(e["accuracy"] for e in run["evals"]) / len(run["evals"])
     nope = [mean_of(r) for r in sorted(results["hybrid-nope"], key=lambda r: r["seed"])]
-    lines = ["", "Seed spread (each seed's recall, mean over the lengths; mean absolute deviation "
-             "from the arm's median; two-sided permutation p that the two arms spread alike):", "",
-             "| arm | seeds | recall by seed | deviation | NoPE's deviation | p |", "|---|---|---|---|---|---|"]
+    rows = []
     for arm in [a for a in ARMS if a in results and a != "hybrid-nope" and len(results[a]) >= 4]:
         runs = sorted(results[arm], key=lambda r: r["seed"])
         values = [mean_of(r) for r in runs]
         dev, dev_nope, p = spread_test(values, nope)
-        lines.append(f"| {LABELS[arm]} | {len(runs)} against {len(nope)} | "
-                     f"{' / '.join(f'{v:.0f}' for v in values)} | {dev:.1f} | {dev_nope:.1f} | {p:.3f} |")
-    lines.append(f"| {LABELS['hybrid-nope']} | {len(nope)} | {' / '.join(f'{v:.0f}' for v in nope)} | "
-                 f"{sum(abs(v - statistics.median(nope)) for v in nope) / len(nope):.1f} | | |")
-    return lines if len(lines) > 6 else []
+        rows.append(f"| {LABELS[arm]} | {len(runs)} against {len(nope)} | "
+                    f"{' / '.join(f'{v:.0f}' for v in values)} | {dev:.1f} | {dev_nope:.1f} | {p:.3f} |")
+    if not rows:
+        return []
+    dev_nope = sum(abs(v - statistics.median(nope)) for v in nope) / len(nope)
+    return ["", "Seed spread (each seed's recall, mean over the lengths; mean absolute deviation "
+            "from the arm's median; two-sided permutation p that the two arms spread alike):", "",
+            "| arm | seeds | recall by seed | deviation | NoPE's deviation | p |", "|---|---|---|---|---|---|",
+            *rows, f"| {LABELS['hybrid-nope']} | {len(nope)} | {' / '.join(f'{v:.0f}' for v in nope)} | "
+            f"{dev_nope:.1f} | | |"]
 
 
 def table(folder: Path) -> str:

@@ -286,17 +286,33 @@ def kind_table(ppl: list[dict], retrieval: list[dict]) -> str:
                        "lever, or against the NoPE base where the lever is TAPA's own", "NoPE arm")
 
 
+def _seeded(values: dict, ppl: list[dict], retrieval: list[dict], least: int) -> tuple[dict, list]:
+    """({arm: its seeds} over `_per_seed`'s values, the kind pairs in which both arms have `least`
+    or more seeds)."""
+    seeds = defaultdict(set)
+    for (arm, _), by_seed in values.items():
+        seeds[arm] |= set(by_seed)
+    pairs = [(a, b) for a, b in kind_pairs(_arms(ppl + retrieval))
+             if len(seeds[a]) >= least and len(seeds[b]) >= least]
+    return seeds, pairs
+
+
+def _one_sided(mine: list[float], theirs: list[float], lower_is_better: bool) -> tuple[float, float]:
+    """One-sided (Welch's t, exact Mann-Whitney) p that `mine` is better than `theirs`: lower when
+    lower_is_better, else higher (both tests ask whether the first sample is lower, so higher-is-
+    better values are negated)."""
+    sign = 1.0 if lower_is_better else -1.0
+    a, b = [sign * v for v in mine], [sign * v for v in theirs]
+    return welch_t(a, b)[2], mann_whitney_exact(a, b)[1]
+
+
 def seed_table(ppl: list[dict], retrieval: list[dict]) -> str:
     """For each TAPA/NoPE pair of the kind table in which both arms have 2 or more seeds: every
     seed's value of each deciding measure, the difference of the means, and one-sided p-values that
     TAPA is better (lower perplexity, higher accuracy): Welch's t and the exact Mann-Whitney test
     (3 seeds against 3 can reach p = 0.05, no lower). The issue's goal asks for both."""
     values = _per_seed(ppl, retrieval)
-    seeds = defaultdict(set)
-    for (arm, _), by_seed in values.items():
-        seeds[arm] |= set(by_seed)
-    pairs = [(a, b) for a, b in kind_pairs(_arms(ppl + retrieval))
-             if len(seeds[a]) >= 2 and len(seeds[b]) >= 2]
+    _, pairs = _seeded(values, ppl, retrieval, 2)
     if not pairs:
         return ""
     measures = _measures(ppl, retrieval)
@@ -313,10 +329,7 @@ def seed_table(ppl: list[dict], retrieval: list[dict]) -> str:
                 continue
             lower_is_better = "ppl" in measure
             mine, theirs = [a[k] for k in sorted(a)], [b[k] for k in sorted(b)]
-            # both tests ask whether the first sample is lower: negate accuracies
-            sign = 1.0 if lower_is_better else -1.0
-            _, _, p_welch = welch_t([sign * v for v in mine], [sign * v for v in theirs])
-            _, p_mw = mann_whitney_exact([sign * v for v in mine], [sign * v for v in theirs])
+            p_welch, p_mw = _one_sided(mine, theirs, lower_is_better)
             shown = (lambda v: f"{v:.2f}") if lower_is_better else (lambda v: f"{v:.0f}")
             diff = sum(mine) / len(mine) - sum(theirs) / len(theirs)
             lines.append(f"| {tapa} | {nope} | {measure} | {' / '.join(map(shown, mine))} | "
@@ -331,15 +344,6 @@ GOAL_ROPE_MARGIN = 0.01  # within 1% of RoPE + YaRN at every length
 GOAL_SINGLE_KEY = 90.0  # % single-key at 8x the pretraining length, for the best arm
 
 
-def _one_sided(mine: list[float], theirs: list[float], lower_is_better: bool) -> float:
-    """The larger of the one-sided Welch and exact Mann-Whitney p that `mine` is better."""
-    sign = 1.0 if lower_is_better else -1.0
-    a, b = [sign * v for v in mine], [sign * v for v in theirs]
-    _, _, p_welch = welch_t(a, b)
-    _, p_mw = mann_whitney_exact(a, b)
-    return p_mw if math.isnan(p_welch) else max(p_welch, p_mw)
-
-
 def goal_table(ppl: list[dict], retrieval: list[dict], pretrain_len: int | None = None) -> str:
     """The issue's goal, criterion by criterion, for each TAPA/NoPE pair with 3+ seeds a side: TAPA
     better beyond the seed spread (both one-sided tests at p <= 0.05 on every measure) in
@@ -349,11 +353,7 @@ def goal_table(ppl: list[dict], retrieval: list[dict], pretrain_len: int | None 
     accuracy at 8x the pretraining length, beyond the window, against the 90% goal. A criterion
     without its data says so; none is read as met. No section without such a pair."""
     values = _per_seed(ppl, retrieval)
-    seeds = defaultdict(set)
-    for (arm, _), by_seed in values.items():
-        seeds[arm] |= set(by_seed)
-    pairs = [(a, b) for a, b in kind_pairs(_arms(ppl + retrieval))
-             if len(seeds[a]) >= GOAL_SEEDS and len(seeds[b]) >= GOAL_SEEDS]
+    seeds, pairs = _seeded(values, ppl, retrieval, GOAL_SEEDS)
     if not pairs:
         return ""
     measures = _measures(ppl, retrieval)
@@ -378,8 +378,9 @@ def goal_table(ppl: list[dict], retrieval: list[dict], pretrain_len: int | None 
             for measure in measure_group:
                 a, b = values.get((tapa, measure), {}), values.get((nope, measure), {})
                 if len(a) >= GOAL_SEEDS and len(b) >= GOAL_SEEDS:
-                    ps.append(_one_sided([a[k] for k in sorted(a)], [b[k] for k in sorted(b)],
-                                         "ppl" in measure))
+                    p_welch, p_mw = _one_sided([a[k] for k in sorted(a)], [b[k] for k in sorted(b)],
+                                               "ppl" in measure)
+                    ps.append(p_mw if math.isnan(p_welch) else max(p_welch, p_mw))
             if len(ps) < len(measure_group) or not ps:
                 cells.append("not measured")
                 met.append(False)
@@ -553,9 +554,7 @@ def plot_seeds(ppl: list[dict], retrieval: list[dict], path: Path) -> Path | Non
     2 or more seeds, its mean as a bar: where the seed spread lies against the arms' difference.
     None when no arm has 2 seeds."""
     values = _per_seed(ppl, retrieval)
-    seeds = defaultdict(set)
-    for (arm, _), by_seed in values.items():
-        seeds[arm] |= set(by_seed)
+    seeds, _ = _seeded(values, ppl, retrieval, 2)
     arms = [arm for arm in _arms(ppl + retrieval) if len(seeds[arm]) >= 2]
     if not arms:
         return None
