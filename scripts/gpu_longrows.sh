@@ -34,7 +34,7 @@ want rows && for length in 65536 131072; do
     step "rows$length" 100 python3 -m tapa.cli bench model --lengths $length --tokens-per-step $length \
         --pes tapa:LLLG:256 rope --checkpointing off,6,on --warmup 1 --steps 3 --out "$WORK/rows$length"
 done
-want rows256k && step rows262144 90 python3 -m tapa.cli bench model --lengths 262144 --tokens-per-step 262144 \
+want rows256k && step rows262144 300 python3 -m tapa.cli bench model --lengths 262144 --tokens-per-step 262144 \
     --pes tapa:LLLG:256 rope --checkpointing 6,on --warmup 1 --steps 2 --out "$WORK/rows262144"
 for mask in 0 2048; do
     want docmask && step "docmask$mask" 90 python3 -m tapa.cli bench model --lengths 8192 32768 \
