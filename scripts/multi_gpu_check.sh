@@ -9,6 +9,7 @@
 #       (the same on CPU processes, to check the script itself)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}  # NVLink multicast off on the lent machines
 STEPS=${STEPS:-50}
 ROOT=${ROOT:-/tmp/multigpu}
 OUT=${OUT:-results/multi-gpu-h200}
