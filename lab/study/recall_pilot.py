@@ -16,6 +16,8 @@ where the pairs sit farther from their queries than anything seen in training.
 
     python3 -m lab.study.recall_pilot --arms hybrid-tapa hybrid-nope --seeds 0 --out /tmp/recall
     python3 -m lab.study.recall_pilot --table /tmp/recall --plot recall.png > summary.md
+    python3 -m lab.study.recall_pilot --windows /tmp/recall /tmp/recall-w8 --seeds 0 1 2 --plot windows.png
+        (the local-window lever: the runs of several --window values side by side)
 
 Each (arm, seed) writes OUT/ARM-sSEED.json and is skipped when that file exists.
 """
@@ -251,6 +253,82 @@ def table(folder: Path) -> str:
     return "\n".join(lines + spread_lines(results))
 
 
+def _by_window(folders, seeds=None) -> dict[tuple[str, int], list[dict]]:
+    """{(arm, local window): its runs} over several OUT folders, optionally of the given seeds only
+    (SystemExit if a folder has no results, or if two runs of an arm, window and seed disagree)."""
+    grouped: dict[tuple[str, int], list[dict]] = {}
+    for folder in folders:
+        for arm, runs in load_results(Path(folder)).items():
+            for run in runs:
+                if seeds is not None and run["seed"] not in seeds:
+                    continue
+                key = (arm, run["setup"]["window"])
+                if any(r["seed"] == run["seed"] for r in grouped.get(key, [])):
+                    raise SystemExit(f"recall_pilot: {arm} window {key[1]} seed {run['seed']} "
+                                     f"is in more than one of {[str(f) for f in folders]}")
+                grouped.setdefault(key, []).append(run)
+    if not grouped:
+        raise SystemExit(f"recall_pilot: no runs of seeds {seeds} in {[str(f) for f in folders]}")
+    lengths = {tuple(r["setup"]["eval_lens"]) for runs in grouped.values() for r in runs}
+    if len(lengths) > 1:
+        raise SystemExit(f"recall_pilot: the runs were evaluated at different lengths: {sorted(lengths)}")
+    return {key: sorted(grouped[key], key=lambda r: r["seed"])
+            for key in sorted(grouped, key=lambda k: (list(ARMS).index(k[0]), k[1]))}
+
+
+def window_table(folders, seeds=None) -> str:
+    """The local-window lever: for each arm and window among the folders' runs, the final loss on
+    the answers and the accuracy by evaluation length (mean over seeds, each seed in brackets)."""
+    grouped = _by_window(folders, seeds)
+    first = next(iter(grouped.values()))[0]["setup"]
+    lengths, train_len = first["eval_lens"], first["train_len"]
+    lines = ["| arm | window | seeds | loss on the answers | "
+             + " | ".join(f"{n} ({n // train_len}x)" for n in lengths) + " |",
+             "|---|---|---|---|" + "---|" * len(lengths)]
+    for (arm, window), runs in grouped.items():
+        loss = sum(r["final_loss"] for r in runs) / len(runs)
+        cells = []
+        for i in range(len(lengths)):
+            accs = [100 * r["evals"][i]["accuracy"] for r in runs]
+            cells.append(f"{sum(accs) / len(accs):.1f} ({' / '.join(f'{a:.0f}' for a in accs)})")
+        lines.append(f"| {LABELS[arm]} | {window} | {', '.join(str(r['seed']) for r in runs)} | "
+                     f"{loss:.2f} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot_windows(folders, path: Path, seeds=None) -> Path:
+    """Accuracy by evaluation length, one panel per arm, one line per local window (the mean over
+    seeds, each seed faint)."""
+    from tapa.eval.plots import _pyplot
+
+    plt = _pyplot()
+    grouped = _by_window(folders, seeds)
+    arms = list(dict.fromkeys(arm for arm, _ in grouped))
+    windows = sorted({window for _, window in grouped})
+    fig, axes = plt.subplots(1, len(arms), figsize=(5.5 * len(arms), 4), sharey=True, squeeze=False)
+    for ax, arm in zip(axes[0], arms):
+        for (other, window), runs in grouped.items():
+            if other != arm:
+                continue
+            color = f"C{windows.index(window)}"
+            lengths = [e["length"] for e in runs[0]["evals"]]
+            accs = [[100 * e["accuracy"] for e in r["evals"]] for r in runs]
+            for acc in accs:
+                ax.plot(lengths, acc, color=color, alpha=0.25, lw=0.8, marker=".")
+            ax.plot(lengths, [sum(a[i] for a in accs) / len(accs) for i in range(len(lengths))],
+                    color=color, marker="o", label=f"window {window} ({len(runs)} seeds)")
+        ax.axhline(100 / N_VALUES, color="gray", ls=":", lw=0.8)
+        ax.set(xscale="log", xlabel="sequence length (tokens)", title=LABELS[arm])
+        ax.set_xticks(lengths, [str(n) for n in lengths])
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    axes[0][0].set_ylabel("% of answers right (chance dotted)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def plot(folder: Path, path: Path) -> Path:
     """Two panels: the training loss on the answers by step, and accuracy by evaluation length;
     one line per arm (mean over its seeds, each seed faint)."""
@@ -296,7 +374,8 @@ def plot(folder: Path, path: Path) -> Path:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--arms", nargs="+", choices=sorted(ARMS), default=list(ARMS))
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0])
+    parser.add_argument("--seeds", nargs="+", type=int, default=None,
+                        help="seeds to train (default 0); with --windows, the seeds to report")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--steps", type=int, default=Setup.steps)
     parser.add_argument("--window", type=int, default=Setup.window)
@@ -308,7 +387,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--eval-seqs", type=int, default=Setup.eval_seqs,
                         help="sequences a length (each asks every pair once)")
     parser.add_argument("--table", type=Path, help="print the table of a finished OUT and exit")
-    parser.add_argument("--plot", type=Path, help="with --table: also write this plot (PNG)")
+    parser.add_argument("--windows", type=Path, nargs="+", metavar="OUT",
+                        help="print the local-window table over finished OUTs (one window or several each) and exit")
+    parser.add_argument("--plot", type=Path, help="with --table or --windows: also write this plot (PNG)")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
     if args.table:
@@ -316,11 +397,16 @@ def main(argv: list[str] | None = None) -> None:
         if args.plot:
             plot(args.table, args.plot)
         return
+    if args.windows:
+        print(window_table(args.windows, args.seeds))
+        if args.plot:
+            plot_windows(args.windows, args.plot, args.seeds)
+        return
     if args.out is None:
         parser.error("--out is required (or --table)")
     setup = Setup(steps=args.steps, window=args.window, batch=args.batch, lr=args.lr, dim=args.dim,
                   heads=args.heads, eval_lens=tuple(args.eval_lens), eval_seqs=args.eval_seqs)
-    for seed in args.seeds:
+    for seed in args.seeds or [0]:
         for arm in args.arms:
             if (args.out / f"{arm}-s{seed}.json").exists():
                 continue

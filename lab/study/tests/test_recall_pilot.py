@@ -74,3 +74,29 @@ def test_spread_test_tells_a_wide_arm_from_a_steady_one(tmp_path):
     assert f"| {rp.LABELS['hybrid-tapa']} | 4 against 4 | 0 / 10 / 20 / 30 | 10.0 | 0.5 | 0.029 |" in lines
     results["hybrid-nope"] = results["hybrid-nope"][:3]
     assert rp.spread_lines(results) == []  # 3 NoPE seeds: no spread rows
+
+
+def test_the_window_table_and_plot_set_windows_side_by_side(tmp_path, capsys):
+    tiny = ["--steps", "2", "--dim", "32", "--heads", "2", "--eval-lens", "64", "128",
+            "--eval-seqs", "4", "--no-progress"]
+    for window, seeds in ((8, ["0", "1"]), (32, ["0"])):
+        rp.main(["--arms", "hybrid-tapa", "hybrid-nope", "--seeds", *seeds, "--window", str(window),
+                 "--out", str(tmp_path / f"w{window}"), *tiny])
+    capsys.readouterr()
+    folders = [str(tmp_path / "w8"), str(tmp_path / "w32")]
+    rp.main(["--windows", *folders, "--plot", str(tmp_path / "windows.png")])
+    table = capsys.readouterr().out.strip().splitlines()
+    assert table[0].startswith("| arm | window | seeds | loss on the answers | 64 (1x) | 128 (2x) |")
+    rows = [line.split(" | ")[:3] for line in table[2:]]
+    assert rows == [["| TAPA globals (theta 0.5)", "8", "0, 1"], ["| TAPA globals (theta 0.5)", "32", "0"],
+                    ["| NoPE globals", "8", "0, 1"], ["| NoPE globals", "32", "0"]]
+    # each cell is the mean of its seeds' accuracies
+    runs = [json.loads((tmp_path / "w8" / f"hybrid-nope-s{s}.json").read_text()) for s in (0, 1)]
+    mean = sum(100 * r["evals"][1]["accuracy"] for r in runs) / 2
+    assert table[4].split(" | ")[5].startswith(f"{mean:.1f} (")
+    assert (tmp_path / "windows.png").stat().st_size > 10_000
+    rp.main(["--windows", *folders, "--seeds", "1"])  # a seed filter keeps seed 1 only
+    assert [line.split(" | ")[1:3] for line in capsys.readouterr().out.strip().splitlines()[2:]] == \
+        [["8", "1"], ["8", "1"]]
+    with pytest.raises(SystemExit, match="more than one"):  # the same run twice is refused
+        rp.window_table([folders[0], folders[0]])
