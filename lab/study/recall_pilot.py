@@ -297,13 +297,14 @@ def window_table(folders, seeds=None) -> str:
 
 
 def plot_windows(folders, path: Path, seeds=None) -> Path:
-    """Accuracy by evaluation length, one panel per arm, one line per local window (the mean over
-    seeds, each seed faint)."""
+    """Accuracy by evaluation length, one panel per arm run at 2+ windows (every arm if none is),
+    one line per local window (the mean over seeds, each seed faint)."""
     from tapa.eval.plots import _pyplot
 
     plt = _pyplot()
     grouped = _by_window(folders, seeds)
     arms = list(dict.fromkeys(arm for arm, _ in grouped))
+    arms = [a for a in arms if sum(arm == a for arm, _ in grouped) > 1] or arms
     windows = sorted({window for _, window in grouped})
     fig, axes = plt.subplots(1, len(arms), figsize=(5.5 * len(arms), 4), sharey=True, squeeze=False)
     for ax, arm in zip(axes[0], arms):
