@@ -235,6 +235,15 @@ def spread_lines(results: dict[str, list[dict]]) -> list[str]:
             f"{dev_nope:.1f} | | |"]
 
 
+def _length_cells(runs: list[dict], count: int) -> list[str]:
+    """Per evaluation length: the mean accuracy over the runs (%), each run's in brackets."""
+    cells = []
+    for i in range(count):
+        accs = [100 * r["evals"][i]["accuracy"] for r in runs]
+        cells.append(f"{sum(accs) / len(accs):.1f} ({' / '.join(f'{a:.0f}' for a in accs)})")
+    return cells
+
+
 def table(folder: Path) -> str:
     """A markdown table: accuracy by evaluation length, mean over seeds (each seed in brackets)."""
     results = load_results(folder)
@@ -244,18 +253,15 @@ def table(folder: Path) -> str:
              "|---|---|" + "---|" * len(lengths)]
     for arm in [a for a in ARMS if a in results]:
         runs = sorted(results[arm], key=lambda r: r["seed"])
-        cells = []
-        for i in range(len(lengths)):
-            accs = [100 * r["evals"][i]["accuracy"] for r in runs]
-            cells.append(f"{sum(accs) / len(accs):.1f} ({' / '.join(f'{a:.0f}' for a in accs)})")
         lines.append(f"| {LABELS[arm]} | {', '.join(str(r['seed']) for r in runs)} | "
-                     + " | ".join(cells) + " |")
+                     + " | ".join(_length_cells(runs, len(lengths))) + " |")
     return "\n".join(lines + spread_lines(results))
 
 
 def _by_window(folders, seeds=None) -> dict[tuple[str, int], list[dict]]:
     """{(arm, local window): its runs} over several OUT folders, optionally of the given seeds only
-    (SystemExit if a folder has no results, or if two runs of an arm, window and seed disagree)."""
+    (SystemExit if a folder has no results, if a run of the same arm, window and seed is found
+    twice, or if the runs were evaluated at different lengths)."""
     grouped: dict[tuple[str, int], list[dict]] = {}
     for folder in folders:
         for arm, runs in load_results(Path(folder)).items():
@@ -287,12 +293,8 @@ def window_table(folders, seeds=None) -> str:
              "|---|---|---|---|" + "---|" * len(lengths)]
     for (arm, window), runs in grouped.items():
         loss = sum(r["final_loss"] for r in runs) / len(runs)
-        cells = []
-        for i in range(len(lengths)):
-            accs = [100 * r["evals"][i]["accuracy"] for r in runs]
-            cells.append(f"{sum(accs) / len(accs):.1f} ({' / '.join(f'{a:.0f}' for a in accs)})")
         lines.append(f"| {LABELS[arm]} | {window} | {', '.join(str(r['seed']) for r in runs)} | "
-                     f"{loss:.2f} | " + " | ".join(cells) + " |")
+                     f"{loss:.2f} | " + " | ".join(_length_cells(runs, len(lengths))) + " |")
     return "\n".join(lines)
 
 
@@ -404,7 +406,7 @@ def main(argv: list[str] | None = None) -> None:
             plot_windows(args.windows, args.plot, args.seeds)
         return
     if args.out is None:
-        parser.error("--out is required (or --table)")
+        parser.error("--out is required (or --table, or --windows)")
     setup = Setup(steps=args.steps, window=args.window, batch=args.batch, lr=args.lr, dim=args.dim,
                   heads=args.heads, eval_lens=tuple(args.eval_lens), eval_seqs=args.eval_seqs)
     for seed in args.seeds or [0]:
