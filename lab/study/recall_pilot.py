@@ -298,6 +298,17 @@ def window_table(folders, seeds=None) -> str:
     return "\n".join(lines)
 
 
+def _recall_lines(ax, runs: list[dict], color: str, label: str) -> list[int]:
+    """Accuracy by evaluation length on `ax`: each run faint, their mean bold; returns the lengths."""
+    lengths = [e["length"] for e in runs[0]["evals"]]
+    accs = [[100 * e["accuracy"] for e in r["evals"]] for r in runs]
+    for acc in accs:
+        ax.plot(lengths, acc, color=color, alpha=0.25, lw=0.8, marker=".")
+    ax.plot(lengths, [sum(a[i] for a in accs) / len(accs) for i in range(len(lengths))],
+            color=color, marker="o", label=label)
+    return lengths
+
+
 def plot_windows(folders, path: Path, seeds=None) -> Path:
     """Accuracy by evaluation length, one panel per arm run at 2+ windows (every arm if none is),
     one line per local window (the mean over seeds, each seed faint)."""
@@ -313,13 +324,8 @@ def plot_windows(folders, path: Path, seeds=None) -> Path:
         for (other, window), runs in grouped.items():
             if other != arm:
                 continue
-            color = f"C{windows.index(window)}"
-            lengths = [e["length"] for e in runs[0]["evals"]]
-            accs = [[100 * e["accuracy"] for e in r["evals"]] for r in runs]
-            for acc in accs:
-                ax.plot(lengths, acc, color=color, alpha=0.25, lw=0.8, marker=".")
-            ax.plot(lengths, [sum(a[i] for a in accs) / len(accs) for i in range(len(lengths))],
-                    color=color, marker="o", label=f"window {window} ({len(runs)} seeds)")
+            lengths = _recall_lines(ax, runs, f"C{windows.index(window)}",
+                                    f"window {window} ({len(runs)} seeds)")
         ax.axhline(100 / N_VALUES, color="gray", ls=":", lw=0.8)
         ax.set(xscale="log", xlabel="sequence length (tokens)", title=LABELS[arm])
         ax.set_xticks(lengths, [str(n) for n in lengths])
@@ -351,12 +357,7 @@ def plot(folder: Path, path: Path) -> Path:
             left.plot(steps, curve, color=color, alpha=0.25, lw=0.8)
         left.plot(steps, [sum(c[i] for c in curves) / len(curves) for i in range(len(steps))],
                   color=color, label=f"{LABELS[arm]} ({len(runs)} seed{'s' if len(runs) > 1 else ''})")
-        lengths = [e["length"] for e in runs[0]["evals"]]
-        accs = [[100 * e["accuracy"] for e in r["evals"]] for r in runs]
-        for acc in accs:
-            right.plot(lengths, acc, color=color, alpha=0.25, lw=0.8, marker=".")
-        right.plot(lengths, [sum(a[i] for a in accs) / len(accs) for i in range(len(lengths))],
-                   color=color, marker="o", label=LABELS[arm])
+        lengths = _recall_lines(right, runs, color, LABELS[arm])
     chance = math.log(N_VALUES)
     left.axhline(chance, color="gray", ls=":", lw=0.8)
     left.set(xlabel="training step", ylabel="loss on the answers (nats)",
