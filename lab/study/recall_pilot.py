@@ -52,6 +52,8 @@ ARMS = {
     "hybrid-rope": ("LLLG", "rope", {}),
     "hybrid-tapa-theta25": ("LLLG", "tapa", {"theta": 0.25}),
     "hybrid-tapa-theta75": ("LLLG", "tapa", {"theta": 0.75}),
+    "hybrid-tapa-alpha05": ("LLLG", "tapa", {"alpha": 0.05}),
+    "hybrid-tapa-alpha2": ("LLLG", "tapa", {"alpha": 0.2}),
     "hybrid-tapa-temp": ("LLLG", "tapa", {"query_temperature_base": "train_len"}),
     "hybrid-nope-temp": ("LLLG", "nope", {"query_temperature_base": "train_len"}),
     # a diagnosis: TAPA globals whose phase rows start at 0 and never train (cos = 1 at every
@@ -64,6 +66,8 @@ LABELS = {
     "hybrid-rope": "RoPE globals (no scaling)",
     "hybrid-tapa-theta25": "TAPA globals, theta 0.25",
     "hybrid-tapa-theta75": "TAPA globals, theta 0.75",
+    "hybrid-tapa-alpha05": "TAPA globals, alpha 0.05",
+    "hybrid-tapa-alpha2": "TAPA globals, alpha 0.2",
     "hybrid-tapa-temp": "TAPA globals, query temperature",
     "hybrid-nope-temp": "NoPE globals, query temperature",
     "hybrid-tapa-nophase": "TAPA globals, phase rows frozen at 0",

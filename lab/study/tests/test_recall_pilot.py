@@ -100,3 +100,17 @@ def test_the_window_table_and_plot_set_windows_side_by_side(tmp_path, capsys):
         [["8", "1"], ["8", "1"]]
     with pytest.raises(SystemExit, match="more than one"):  # the same run twice is refused
         rp.window_table([folders[0], folders[0]])
+
+
+def test_each_lever_arm_sets_its_lever_and_nothing_else():
+    setup = rp.Setup(dim=32, heads=2)
+    base = {"tapa": rp.model_config("hybrid-tapa", setup), "nope": rp.model_config("hybrid-nope", setup)}
+    expected = {"hybrid-tapa-theta25": {"theta": 0.25}, "hybrid-tapa-theta75": {"theta": 0.75},
+                "hybrid-tapa-alpha05": {"alpha": 0.05}, "hybrid-tapa-alpha2": {"alpha": 0.2},
+                "hybrid-tapa-temp": {"query_temperature_base": setup.train_len},
+                "hybrid-nope-temp": {"query_temperature_base": setup.train_len}}
+    for arm, lever in expected.items():
+        cfg = rp.model_config(arm, setup)
+        ref = base[cfg.pe]
+        changed = {f: getattr(cfg, f) for f in vars(cfg) if getattr(cfg, f) != getattr(ref, f)}
+        assert changed == lever, arm
