@@ -45,7 +45,8 @@ N_FILLER = 128
 KEY0, VALUE0, FILLER0 = 0, N_KEYS, N_KEYS + N_VALUES
 VOCAB = N_KEYS + N_VALUES + N_FILLER
 
-# Arms: (layer pattern, global pe, extra ModelConfig fields). Every arm has 4 layers (Setup: dim, heads).
+# Arms: (layer pattern, global pe, extra ModelConfig fields). An arm has one layer per code of its
+# pattern: 4 (LLLG) but for the ratio levers' 6, whose two patterns share a depth (Setup: dim, heads).
 ARMS = {
     "hybrid-tapa": ("LLLG", "tapa", {}),
     "hybrid-nope": ("LLLG", "nope", {}),
@@ -56,6 +57,10 @@ ARMS = {
     "hybrid-tapa-alpha2": ("LLLG", "tapa", {"alpha": 0.2}),
     "hybrid-tapa-temp": ("LLLG", "tapa", {"query_temperature_base": "train_len"}),
     "hybrid-nope-temp": ("LLLG", "nope", {"query_temperature_base": "train_len"}),
+    "hybrid-tapa-llg": ("LLGLLG", "tapa", {}),
+    "hybrid-nope-llg": ("LLGLLG", "nope", {}),
+    "hybrid-tapa-l5g": ("LLLLLG", "tapa", {}),
+    "hybrid-nope-l5g": ("LLLLLG", "nope", {}),
     # a diagnosis: TAPA globals whose phase rows start at 0 and never train (cos = 1 at every
     # distance), i.e. NoPE scored on the amplitude part's head_dim / 2 dims only
     "hybrid-tapa-nophase": ("LLLG", "tapa", {"phase_init_scale": 0.0, "phase_lr_scale": 0.0}),
@@ -70,6 +75,10 @@ LABELS = {
     "hybrid-tapa-alpha2": "TAPA globals, alpha 0.2",
     "hybrid-tapa-temp": "TAPA globals, query temperature",
     "hybrid-nope-temp": "NoPE globals, query temperature",
+    "hybrid-tapa-llg": "TAPA globals, LLG ratio (LLGLLG)",
+    "hybrid-nope-llg": "NoPE globals, LLG ratio (LLGLLG)",
+    "hybrid-tapa-l5g": "TAPA globals, LLLLLG ratio",
+    "hybrid-nope-l5g": "NoPE globals, LLLLLG ratio",
     "hybrid-tapa-nophase": "TAPA globals, phase rows frozen at 0",
 }
 
@@ -118,7 +127,7 @@ def model_config(arm: str, setup: Setup) -> ModelConfig:
     extra = {k: setup.train_len if v == "train_len" else v for k, v in extra.items()
              if k != "phase_lr_scale"}
     extra.setdefault("phase_init_scale", 0.1)
-    return ModelConfig(vocab_size=VOCAB, dim=setup.dim, n_layers=4, n_heads=setup.heads, pe=pe,
+    return ModelConfig(vocab_size=VOCAB, dim=setup.dim, n_layers=len(pattern), n_heads=setup.heads, pe=pe,
                        layer_pattern=pattern, local_window=setup.window, attn_impl="reference",
                        **extra)
 

@@ -114,3 +114,13 @@ def test_each_lever_arm_sets_its_lever_and_nothing_else():
         ref = base[cfg.pe]
         changed = {f: getattr(cfg, f) for f in vars(cfg) if getattr(cfg, f) != getattr(ref, f)}
         assert changed == lever, arm
+
+
+def test_the_ratio_arms_share_a_depth_and_differ_in_their_global_layers():
+    setup = rp.Setup(dim=32, heads=2)
+    for kind in ("tapa", "nope"):
+        llg, l5g = (rp.model_config(f"hybrid-{kind}-{tag}", setup) for tag in ("llg", "l5g"))
+        kinds = {tag: [cfg.layer_kind(i) for i in range(cfg.n_layers)] for tag, cfg in (("llg", llg), ("l5g", l5g))}
+        assert llg.n_layers == l5g.n_layers == 6 and llg.pe == l5g.pe == kind
+        assert kinds["llg"].count("global") == 2 and kinds["l5g"].count("global") == 1
+        assert kinds["llg"][-1] == kinds["l5g"][-1] == "global"
