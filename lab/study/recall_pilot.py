@@ -204,6 +204,11 @@ def load_results(folder: Path) -> dict[str, list[dict]]:
     return results
 
 
+def mean_recall(run: dict) -> float:
+    """A run's recall in %, the mean over its evaluation lengths."""
+    return 100 * sum(e["accuracy"] for e in run["evals"]) / len(run["evals"])
+
+
 def spread_test(a: list[float], b: list[float]) -> tuple[float, float, float]:
     """Whether two arms' seeds spread alike (a Brown-Forsythe permutation test): each value's
     absolute deviation from its own arm's median, and the difference of the two arms' mean
@@ -229,12 +234,11 @@ def spread_lines(results: dict[str, list[dict]]) -> list[str]:
     spread_test's p."""
     if len(results.get("hybrid-nope", [])) < 4:
         return []
-    mean_of = lambda run: 100 * sum(e["accuracy"] for e in run["evals"]) / len(run["evals"])
-    nope = [mean_of(r) for r in sorted(results["hybrid-nope"], key=lambda r: r["seed"])]
+    nope = [mean_recall(r) for r in sorted(results["hybrid-nope"], key=lambda r: r["seed"])]
     rows = []
     for arm in [a for a in ARMS if a in results and a != "hybrid-nope" and len(results[a]) >= 4]:
         runs = sorted(results[arm], key=lambda r: r["seed"])
-        values = [mean_of(r) for r in runs]
+        values = [mean_recall(r) for r in runs]
         dev, dev_nope, p = spread_test(values, nope)
         rows.append(f"| {LABELS[arm]} | {len(runs)} against {len(nope)} | "
                     f"{' / '.join(f'{v:.0f}' for v in values)} | {dev:.1f} | {dev_nope:.1f} | {p:.3f} |")
@@ -309,6 +313,109 @@ def window_table(folders, seeds=None) -> str:
         lines.append(f"| {LABELS[arm]} | {window} | {', '.join(str(r['seed']) for r in runs)} | "
                      f"{loss:.2f} | " + " | ".join(_length_cells(runs, len(lengths))) + " |")
     return "\n".join(lines)
+
+
+def lever_reference(arm: str) -> str | None:
+    """The arm a lever is read against, seed by seed: the base arm of its global kind, or for the
+    LLLLLG ratio the LLG ratio of its kind (the two share a depth); None for a base arm."""
+    kind = ARMS[arm][1]
+    if arm in (f"hybrid-{kind}", f"hybrid-{kind}-llg"):
+        return None
+    return f"hybrid-{kind}-llg" if arm.endswith("-l5g") else f"hybrid-{kind}"
+
+
+def _levers(folders, seeds=None) -> dict[str, list[dict]]:
+    """{arm: its runs at the pilot's default window} over the folders (the window lever has its
+    own table)."""
+    grouped = {arm: runs for (arm, window), runs in _by_window(folders, seeds).items()
+               if window == Setup.window}
+    if not grouped:
+        raise SystemExit(f"recall_pilot: no runs at window {Setup.window} in {[str(f) for f in folders]}")
+    return grouped
+
+
+def lever_table(folders, seeds=None) -> str:
+    """Two markdown tables. Per arm: each seed's recall (mean over the evaluation lengths), the mean,
+    the mean at the longest length, and the difference from its reference arm seed by seed (a seed
+    fixes the batches and the random draws of the weights, so the two runs differ by the lever).
+    Per lever run on both global kinds: TAPA's mean against NoPE's, with the one-sided exact
+    Mann-Whitney p that TAPA's seeds recall more."""
+    from tapa.eval.stats import mann_whitney_exact
+
+    grouped = _levers(folders, seeds)
+    lengths = next(iter(grouped.values()))[0]["setup"]["eval_lens"]
+    train_len = next(iter(grouped.values()))[0]["setup"]["train_len"]
+    lines = [f"| arm | seeds | recall by seed | mean | at {lengths[-1]} ({lengths[-1] // train_len}x) "
+             "| reference | minus the reference, by seed | higher on |", "|---|---|---|---|---|---|---|---|"]
+    for arm, runs in grouped.items():
+        values = [mean_recall(r) for r in runs]
+        longest = sum(100 * r["evals"][-1]["accuracy"] for r in runs) / len(runs)
+        row = (f"| {LABELS[arm]} | {', '.join(str(r['seed']) for r in runs)} | "
+               f"{' / '.join(f'{v:.1f}' for v in values)} | {sum(values) / len(values):.1f} | {longest:.1f} | ")
+        reference = lever_reference(arm)
+        base = {r["seed"]: mean_recall(r) for r in grouped.get(reference, [])}
+        shared = [(mean_recall(r), base[r["seed"]]) for r in runs if r["seed"] in base]
+        if shared:
+            diffs = [v - b for v, b in shared]
+            row += (f"{LABELS[reference]} | {' / '.join(f'{d:+.1f}' for d in diffs)} | "
+                    f"{sum(d > 0 for d in diffs)} of {len(diffs)} |")
+        else:
+            row += "| | |"
+        lines.append(row)
+    pairs = []
+    for arm in grouped:
+        if ARMS[arm][1] == "tapa" and arm.replace("-tapa", "-nope", 1) in grouped:
+            tapa = [mean_recall(r) for r in grouped[arm]]
+            nope = [mean_recall(r) for r in grouped[arm.replace("-tapa", "-nope", 1)]]
+            _, p = mann_whitney_exact(nope, tapa)  # U counts NoPE below TAPA: p that TAPA is higher
+            ta, na = sum(tapa) / len(tapa), sum(nope) / len(nope)
+            lever = arm[len("hybrid-tapa-"):] or "base (LLLG)"
+            pairs.append(f"| {lever} | {ta:.1f} ({len(tapa)}) | {na:.1f} ({len(nope)}) | {ta - na:+.1f} | {p:.2f} |")
+    if pairs:
+        lines += ["", "TAPA against NoPE globals under each lever run on both (mean recall over the "
+                  "lengths, seeds in brackets; one-sided exact Mann-Whitney p that TAPA recalls more):", "",
+                  "| lever | TAPA globals | NoPE globals | TAPA minus NoPE | p |", "|---|---|---|---|---|", *pairs]
+    return "\n".join(lines)
+
+
+def plot_levers(folders, path: Path, seeds=None) -> Path:
+    """One panel per global kind: each arm's seeds (recall, mean over the lengths) as dots, a seed's
+    runs joined between neighbouring arms of one depth, the mean over seeds as a bar."""
+    from tapa.eval.plots import _pyplot
+
+    plt = _pyplot()
+    grouped = _levers(folders, seeds)
+    kinds = [k for k in ("tapa", "nope") if any(ARMS[a][1] == k for a in grouped)]
+    fig, axes = plt.subplots(1, len(kinds), figsize=(6.5 * len(kinds), 4.5), sharey=True, squeeze=False)
+    for ax, kind in zip(axes[0], kinds):
+        arms = [a for a in grouped if ARMS[a][1] == kind]
+        for x, arm in enumerate(arms):
+            values = [mean_recall(r) for r in grouped[arm]]
+            ax.bar(x, sum(values) / len(values), color="0.85", width=0.6)
+            for run, value in zip(grouped[arm], values):
+                ax.plot(x, value, "o", color=f"C{run['seed'] % 10}", ms=5)
+        for x, (left, right) in enumerate(zip(arms, arms[1:])):  # neighbours of one depth
+            if len(ARMS[left][0]) != len(ARMS[right][0]):
+                continue
+            ours = {r["seed"]: mean_recall(r) for r in grouped[right]}
+            for run in grouped[left]:
+                if run["seed"] in ours:
+                    ax.plot([x, x + 1], [mean_recall(run), ours[run["seed"]]],
+                            color=f"C{run['seed'] % 10}", lw=0.7, alpha=0.5)
+        ax.axhline(100 / N_VALUES, color="gray", ls=":", lw=0.8)
+        names = [LABELS[a].split(", ", 1)[1] if ", " in LABELS[a] else "base" for a in arms]
+        ax.set_xticks(range(len(arms)), names, rotation=30, ha="right", fontsize=8)
+        ax.set_title(f"{'TAPA' if kind == 'tapa' else 'NoPE'} globals (window {Setup.window}): "
+                     "recall by seed, mean over lengths", fontsize=9)
+        ax.grid(True, axis="y", alpha=0.3)
+    seeds_seen = sorted({r["seed"] for runs in grouped.values() for r in runs})
+    axes[0][-1].legend([plt.Line2D([], [], marker="o", ls="", color=f"C{s % 10}") for s in seeds_seen],
+                       [f"seed {s}" for s in seeds_seen], fontsize=7, loc="upper right")
+    axes[0][0].set_ylabel("% of answers right (chance dotted)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
 
 
 def _recall_lines(ax, runs: list[dict], color: str, label: str) -> list[int]:
@@ -392,7 +499,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--arms", nargs="+", choices=sorted(ARMS), default=list(ARMS))
     parser.add_argument("--seeds", nargs="+", type=int, default=None,
-                        help="seeds to train (default 0); with --windows, the seeds to report")
+                        help="seeds to train (default 0); with --windows or --levers, the seeds to report")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--steps", type=int, default=Setup.steps)
     parser.add_argument("--window", type=int, default=Setup.window)
@@ -406,7 +513,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--table", type=Path, help="print the table of a finished OUT and exit")
     parser.add_argument("--windows", type=Path, nargs="+", metavar="OUT",
                         help="print the local-window table over finished OUTs (one window or several each) and exit")
-    parser.add_argument("--plot", type=Path, help="with --table or --windows: also write this plot (PNG)")
+    parser.add_argument("--levers", type=Path, nargs="+", metavar="OUT",
+                        help="print the lever tables over finished OUTs (each arm against its "
+                             "reference seed by seed, TAPA against NoPE per lever) and exit")
+    parser.add_argument("--plot", type=Path, help="with --table, --windows or --levers: also write this plot (PNG)")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
     if args.table:
@@ -419,8 +529,13 @@ def main(argv: list[str] | None = None) -> None:
         if args.plot:
             plot_windows(args.windows, args.plot, args.seeds)
         return
+    if args.levers:
+        print(lever_table(args.levers, args.seeds))
+        if args.plot:
+            plot_levers(args.levers, args.plot, args.seeds)
+        return
     if args.out is None:
-        parser.error("--out is required (or --table, or --windows)")
+        parser.error("--out is required (or --table, --windows or --levers)")
     setup = Setup(steps=args.steps, window=args.window, batch=args.batch, lr=args.lr, dim=args.dim,
                   heads=args.heads, eval_lens=tuple(args.eval_lens), eval_seqs=args.eval_seqs)
     for seed in args.seeds or [0]:

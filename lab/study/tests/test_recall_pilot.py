@@ -124,3 +124,42 @@ def test_the_ratio_arms_share_a_depth_and_differ_in_their_global_layers():
         assert llg.n_layers == l5g.n_layers == 6 and llg.pe == l5g.pe == kind
         assert kinds["llg"].count("global") == 2 and kinds["l5g"].count("global") == 1
         assert kinds["llg"][-1] == kinds["l5g"][-1] == "global"
+
+
+def _fake_run(folder, arm, seed, accuracies, window=16):
+    """A result JSON as run_arm writes it, with the given accuracy (in %) at lengths 64 and 128."""
+    folder.mkdir(parents=True, exist_ok=True)
+    setup = {"train_len": 64, "window": window, "eval_lens": [64, 128]}
+    evals = [{"length": n, "accuracy": a / 100} for n, a in zip((64, 128), accuracies)]
+    (folder / f"{arm}-s{seed}.json").write_text(json.dumps({"arm": arm, "seed": seed, "setup": setup,
+                                                            "final_loss": 3.0, "evals": evals}))
+
+
+def test_the_lever_tables_read_each_lever_against_its_reference_seed_by_seed(tmp_path, capsys):
+    base, levers = tmp_path / "base", tmp_path / "levers"
+    for seed, (tapa, nope) in enumerate([(10, 20), (30, 22), (20, 18)]):
+        _fake_run(base, "hybrid-tapa", seed, [tapa, tapa])
+        _fake_run(base, "hybrid-nope", seed, [nope, nope])
+        _fake_run(levers, "hybrid-tapa-temp", seed, [tapa + 5, tapa + 1])    # +3 on every seed
+        _fake_run(levers, "hybrid-nope-temp", seed, [nope - 2, nope - 2])    # -2 on every seed
+        _fake_run(levers, "hybrid-nope-llg", seed, [nope, nope])
+        _fake_run(levers, "hybrid-nope-l5g", seed, [nope + 4 * (seed - 1)] * 2)  # -4 / 0 / +4
+    _fake_run(levers, "hybrid-tapa-alpha2", 0, [50, 50], window=32)  # another window: left out
+    rp.main(["--levers", str(base), str(levers), "--plot", str(tmp_path / "levers.png")])
+    lines = capsys.readouterr().out.splitlines()
+    rows = {line.split(" | ")[0][2:]: line.split(" | ")[1:] for line in lines if line.startswith("| ")}
+    assert rows["TAPA globals, query temperature"] == [
+        "0, 1, 2", "13.0 / 33.0 / 23.0", "23.0", "21.0", "TAPA globals (theta 0.5)", "+3.0 / +3.0 / +3.0",
+        "3 of 3 |"]
+    assert rows["NoPE globals, query temperature"][5:] == ["-2.0 / -2.0 / -2.0", "0 of 3 |"]
+    assert rows["NoPE globals, LLLLLG ratio"][4:] == [rp.LABELS["hybrid-nope-llg"], "-4.0 / +0.0 / +4.0",
+                                                     "1 of 3 |"]
+    llg = next(line for line in lines if line.startswith("| NoPE globals, LLG ratio"))
+    assert llg.endswith("| 20.0 | 20.0 | | | |")  # a reference itself: three empty cells
+    assert "TAPA globals, alpha 0.2" not in rows
+    # TAPA against NoPE: the base (means 20 and 20) and the temperature (23 against 18): one-sided
+    # exact Mann-Whitney p that TAPA recalls more; NoPE's ratio arms have no TAPA twin
+    assert rows["base (LLLG)"] == ["20.0 (3)", "20.0 (3)", "+0.0", "0.60 |"]  # U = 4.5: 12 of 20 splits
+    assert rows["temp"] == ["23.0 (3)", "18.0 (3)", "+5.0", "0.35 |"]  # U = 6: 7 of 20
+    assert "llg" not in rows and "l5g" not in rows
+    assert (tmp_path / "levers.png").stat().st_size > 10_000
