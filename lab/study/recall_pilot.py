@@ -379,8 +379,9 @@ def lever_table(folders, seeds=None) -> str:
 
 
 def plot_levers(folders, path: Path, seeds=None) -> Path:
-    """One panel per global kind: each arm's seeds (recall, mean over the lengths) as dots, a seed's
-    runs joined between neighbouring arms of one depth, the mean over seeds as a bar."""
+    """One panel per global kind: each arm's seeds (recall, mean over the lengths) as dots, beside
+    them hollow at the longest length alone, a seed's runs joined between neighbouring arms of one
+    depth, the mean over seeds as a bar."""
     from tapa.eval.plots import _pyplot
 
     plt = _pyplot()
@@ -393,7 +394,9 @@ def plot_levers(folders, path: Path, seeds=None) -> Path:
             values = [mean_recall(r) for r in grouped[arm]]
             ax.bar(x, sum(values) / len(values), color="0.85", width=0.6)
             for run, value in zip(grouped[arm], values):
-                ax.plot(x, value, "o", color=f"C{run['seed'] % 10}", ms=5)
+                color = f"C{run['seed'] % 10}"
+                ax.plot(x, value, "o", color=color, ms=5)
+                ax.plot(x + 0.2, 100 * run["evals"][-1]["accuracy"], "o", mfc="none", color=color, ms=5)
         for x, (left, right) in enumerate(zip(arms, arms[1:])):  # neighbours of one depth
             if len(ARMS[left][0]) != len(ARMS[right][0]):
                 continue
@@ -409,8 +412,11 @@ def plot_levers(folders, path: Path, seeds=None) -> Path:
                      "recall by seed, mean over lengths", fontsize=9)
         ax.grid(True, axis="y", alpha=0.3)
     seeds_seen = sorted({r["seed"] for runs in grouped.values() for r in runs})
-    axes[0][-1].legend([plt.Line2D([], [], marker="o", ls="", color=f"C{s % 10}") for s in seeds_seen],
-                       [f"seed {s}" for s in seeds_seen], fontsize=7, loc="upper right")
+    longest = next(iter(grouped.values()))[0]["setup"]["eval_lens"][-1]
+    axes[0][-1].legend([plt.Line2D([], [], marker="o", ls="", color=f"C{s % 10}") for s in seeds_seen]
+                       + [plt.Line2D([], [], marker="o", ls="", mfc="none", color="0.3")],
+                       [f"seed {s}" for s in seeds_seen] + [f"hollow: at {longest} alone"],
+                       fontsize=7, loc="upper right")
     axes[0][0].set_ylabel("% of answers right (chance dotted)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
