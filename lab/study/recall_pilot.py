@@ -18,6 +18,8 @@ where the pairs sit farther from their queries than anything seen in training.
     python3 -m lab.study.recall_pilot --table /tmp/recall --plot recall.png > summary.md
     python3 -m lab.study.recall_pilot --windows /tmp/recall /tmp/recall-w8 --seeds 0 1 2 --plot windows.png
         (the local-window lever: the runs of several --window values side by side)
+    python3 -m lab.study.recall_pilot --levers /tmp/recall /tmp/recall-levers --seeds 0 1 2 --plot levers.png
+        (the other levers: each against its reference arm seed by seed, TAPA against NoPE per lever)
 
 Each (arm, seed) writes OUT/ARM-sSEED.json and is skipped when that file exists.
 """
