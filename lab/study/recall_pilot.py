@@ -38,6 +38,7 @@ from pathlib import Path
 
 import torch
 
+from tapa.eval.stats import mann_whitney_exact
 from tapa.model import ModelConfig, TapaLM
 from tapa.train.config import TrainConfig
 from tapa.train.trainer import lr_at, make_optimizer, set_lr
@@ -254,6 +255,18 @@ def spread_lines(results: dict[str, list[dict]]) -> list[str]:
             f"{dev_nope:.1f} | | |"]
 
 
+def _lengths(runs_by_key: dict) -> list[int]:
+    """The evaluation lengths of a set of runs (the first run's: the loaders refuse a mix)."""
+    return next(iter(runs_by_key.values()))[0]["setup"]["eval_lens"]
+
+
+def _length_header(runs_by_key: dict) -> str:
+    """Markdown column headers for the evaluation lengths, each with its multiple of the training
+    length: "64 (1x) | 128 (2x) | ..."."""
+    train_len = next(iter(runs_by_key.values()))[0]["setup"]["train_len"]
+    return " | ".join(f"{n} ({n // train_len}x)" for n in _lengths(runs_by_key))
+
+
 def _length_cells(runs: list[dict], count: int) -> list[str]:
     """Per evaluation length: the mean accuracy over the runs (%), each run's in brackets."""
     cells = []
@@ -266,9 +279,8 @@ def _length_cells(runs: list[dict], count: int) -> list[str]:
 def table(folder: Path) -> str:
     """A markdown table: accuracy by evaluation length, mean over seeds (each seed in brackets)."""
     results = load_results(folder)
-    lengths = next(iter(results.values()))[0]["setup"]["eval_lens"]
-    train_len = next(iter(results.values()))[0]["setup"]["train_len"]
-    lines = ["| arm | seeds | " + " | ".join(f"{n} ({n // train_len}x)" for n in lengths) + " |",
+    lengths = _lengths(results)
+    lines = ["| arm | seeds | " + _length_header(results) + " |",
              "|---|---|" + "---|" * len(lengths)]
     for arm in [a for a in ARMS if a in results]:
         runs = sorted(results[arm], key=lambda r: r["seed"])
@@ -305,10 +317,8 @@ def window_table(folders, seeds=None) -> str:
     """The local-window lever: for each arm and window among the folders' runs, the final loss on
     the answers and the accuracy by evaluation length (mean over seeds, each seed in brackets)."""
     grouped = _by_window(folders, seeds)
-    first = next(iter(grouped.values()))[0]["setup"]
-    lengths, train_len = first["eval_lens"], first["train_len"]
-    lines = ["| arm | window | seeds | loss on the answers | "
-             + " | ".join(f"{n} ({n // train_len}x)" for n in lengths) + " |",
+    lengths = _lengths(grouped)
+    lines = ["| arm | window | seeds | loss on the answers | " + _length_header(grouped) + " |",
              "|---|---|---|---|" + "---|" * len(lengths)]
     for (arm, window), runs in grouped.items():
         loss = sum(r["final_loss"] for r in runs) / len(runs)
@@ -342,12 +352,9 @@ def lever_table(folders, seeds=None) -> str:
     fixes the batches and the random draws of the weights, so the two runs differ by the lever).
     Per lever run on both global kinds: TAPA's mean against NoPE's, with the one-sided exact
     Mann-Whitney p that TAPA's seeds recall more."""
-    from tapa.eval.stats import mann_whitney_exact
-
     grouped = _levers(folders, seeds)
-    lengths = next(iter(grouped.values()))[0]["setup"]["eval_lens"]
-    train_len = next(iter(grouped.values()))[0]["setup"]["train_len"]
-    lines = [f"| arm | seeds | recall by seed | mean | at {lengths[-1]} ({lengths[-1] // train_len}x) "
+    longest_header = _length_header(grouped).split(" | ")[-1]
+    lines = [f"| arm | seeds | recall by seed | mean | at {longest_header} "
              "| reference | minus the reference, by seed | higher on |", "|---|---|---|---|---|---|---|---|"]
     for arm, runs in grouped.items():
         values = [mean_recall(r) for r in runs]
@@ -414,7 +421,7 @@ def plot_levers(folders, path: Path, seeds=None) -> Path:
                      "recall by seed, mean over lengths", fontsize=9)
         ax.grid(True, axis="y", alpha=0.3)
     seeds_seen = sorted({r["seed"] for runs in grouped.values() for r in runs})
-    longest = next(iter(grouped.values()))[0]["setup"]["eval_lens"][-1]
+    longest = _lengths(grouped)[-1]
     axes[0][-1].legend([plt.Line2D([], [], marker="o", ls="", color=f"C{s % 10}") for s in seeds_seen]
                        + [plt.Line2D([], [], marker="o", ls="", mfc="none", color="0.3")],
                        [f"seed {s}" for s in seeds_seen] + [f"hollow: at {longest} alone"],
