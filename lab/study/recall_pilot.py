@@ -67,6 +67,8 @@ ARMS = {
     # a diagnosis: TAPA globals whose phase rows start at 0 and never train (cos = 1 at every
     # distance), i.e. NoPE scored on the amplitude part's head_dim / 2 dims only
     "hybrid-tapa-nophase": ("LLLG", "tapa", {"phase_init_scale": 0.0, "phase_lr_scale": 0.0}),
+    # the same diagnosis at the LLG ratio: does TAPA's lead over NoPE there come from the phase?
+    "hybrid-tapa-nophase-llg": ("LLGLLG", "tapa", {"phase_init_scale": 0.0, "phase_lr_scale": 0.0}),
 }
 LABELS = {
     "hybrid-tapa": "TAPA globals (theta 0.5)",
@@ -83,6 +85,7 @@ LABELS = {
     "hybrid-tapa-l5g": "TAPA globals, LLLLLG ratio",
     "hybrid-nope-l5g": "NoPE globals, LLLLLG ratio",
     "hybrid-tapa-nophase": "TAPA globals, phase rows frozen at 0",
+    "hybrid-tapa-nophase-llg": "TAPA globals, LLG ratio, phase rows frozen at 0",
 }
 
 
@@ -328,12 +331,14 @@ def window_table(folders, seeds=None) -> str:
 
 
 def lever_reference(arm: str) -> str | None:
-    """The arm a lever is read against, seed by seed: the base arm of its global kind, or for the
-    LLLLLG ratio the LLG ratio of its kind (the two share a depth); None for a base arm."""
+    """The arm a lever is read against, seed by seed: the base arm of its global kind, or for a
+    6-layer arm (LLLLLG, the frozen phase at LLG) the LLG ratio of its kind, which shares its depth;
+    None for a base arm."""
     kind = ARMS[arm][1]
-    if arm in (f"hybrid-{kind}", f"hybrid-{kind}-llg"):
+    base, llg = f"hybrid-{kind}", f"hybrid-{kind}-llg"
+    if arm in (base, llg):
         return None
-    return f"hybrid-{kind}-llg" if arm.endswith("-l5g") else f"hybrid-{kind}"
+    return llg if len(ARMS[arm][0]) == len(ARMS[llg][0]) else base
 
 
 def _levers(folders, seeds=None) -> dict[str, list[dict]]:

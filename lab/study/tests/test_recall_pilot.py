@@ -124,6 +124,14 @@ def test_the_ratio_arms_share_a_depth_and_differ_in_their_global_layers():
         assert llg.n_layers == l5g.n_layers == 6 and llg.pe == l5g.pe == kind
         assert kinds["llg"].count("global") == 2 and kinds["l5g"].count("global") == 1
         assert kinds["llg"][-1] == kinds["l5g"][-1] == "global"
+        assert rp.lever_reference(f"hybrid-{kind}-l5g") == f"hybrid-{kind}-llg"
+    # the frozen-phase diagnosis at LLG differs from TAPA's LLG arm by the phase rows alone, and is
+    # read against it
+    llg, frozen = rp.model_config("hybrid-tapa-llg", setup), rp.model_config("hybrid-tapa-nophase-llg", setup)
+    changed = {f for f in vars(frozen) if getattr(frozen, f) != getattr(llg, f)}
+    assert changed == {"phase_init_scale"} and frozen.phase_init_scale == 0.0
+    assert rp.lever_reference("hybrid-tapa-nophase-llg") == "hybrid-tapa-llg"
+    assert rp.lever_reference("hybrid-tapa-nophase") == "hybrid-tapa"
 
 
 def _fake_run(folder, arm, seed, accuracies, window=16):
