@@ -48,6 +48,8 @@ N_FILLER = 128
 KEY0, VALUE0, FILLER0 = 0, N_KEYS, N_KEYS + N_VALUES
 VOCAB = N_KEYS + N_VALUES + N_FILLER
 
+# TAPA's phase rows started at 0 and never trained: cos = 1 at every distance (the diagnosis arms)
+FROZEN_PHASE = {"phase_init_scale": 0.0, "phase_lr_scale": 0.0}
 # Arms: (layer pattern, global pe, extra ModelConfig fields). An arm has one layer per code of its
 # pattern: 4 (LLLG) but for the ratio levers' 6, whose two patterns share a depth (Setup: dim, heads).
 ARMS = {
@@ -66,9 +68,9 @@ ARMS = {
     "hybrid-nope-l5g": ("LLLLLG", "nope", {}),
     # a diagnosis: TAPA globals whose phase rows start at 0 and never train (cos = 1 at every
     # distance), i.e. NoPE scored on the amplitude part's head_dim / 2 dims only
-    "hybrid-tapa-nophase": ("LLLG", "tapa", {"phase_init_scale": 0.0, "phase_lr_scale": 0.0}),
+    "hybrid-tapa-nophase": ("LLLG", "tapa", FROZEN_PHASE),
     # the same diagnosis at the LLG ratio: does TAPA's lead over NoPE there come from the phase?
-    "hybrid-tapa-nophase-llg": ("LLGLLG", "tapa", {"phase_init_scale": 0.0, "phase_lr_scale": 0.0}),
+    "hybrid-tapa-nophase-llg": ("LLGLLG", "tapa", FROZEN_PHASE),
 }
 LABELS = {
     "hybrid-tapa": "TAPA globals (theta 0.5)",
@@ -263,11 +265,11 @@ def _lengths(runs_by_key: dict) -> list[int]:
     return next(iter(runs_by_key.values()))[0]["setup"]["eval_lens"]
 
 
-def _length_header(runs_by_key: dict) -> str:
-    """Markdown column headers for the evaluation lengths, each with its multiple of the training
-    length: "64 (1x) | 128 (2x) | ..."."""
+def _length_labels(runs_by_key: dict) -> list[str]:
+    """Column headers for the evaluation lengths, each with its multiple of the training length:
+    "64 (1x)", "128 (2x)", ..."""
     train_len = next(iter(runs_by_key.values()))[0]["setup"]["train_len"]
-    return " | ".join(f"{n} ({n // train_len}x)" for n in _lengths(runs_by_key))
+    return [f"{n} ({n // train_len}x)" for n in _lengths(runs_by_key)]
 
 
 def _length_cells(runs: list[dict], count: int) -> list[str]:
@@ -283,7 +285,7 @@ def table(folder: Path) -> str:
     """A markdown table: accuracy by evaluation length, mean over seeds (each seed in brackets)."""
     results = load_results(folder)
     lengths = _lengths(results)
-    lines = ["| arm | seeds | " + _length_header(results) + " |",
+    lines = ["| arm | seeds | " + " | ".join(_length_labels(results)) + " |",
              "|---|---|" + "---|" * len(lengths)]
     for arm in [a for a in ARMS if a in results]:
         runs = sorted(results[arm], key=lambda r: r["seed"])
@@ -321,7 +323,7 @@ def window_table(folders, seeds=None) -> str:
     the answers and the accuracy by evaluation length (mean over seeds, each seed in brackets)."""
     grouped = _by_window(folders, seeds)
     lengths = _lengths(grouped)
-    lines = ["| arm | window | seeds | loss on the answers | " + _length_header(grouped) + " |",
+    lines = ["| arm | window | seeds | loss on the answers | " + " | ".join(_length_labels(grouped)) + " |",
              "|---|---|---|---|" + "---|" * len(lengths)]
     for (arm, window), runs in grouped.items():
         loss = sum(r["final_loss"] for r in runs) / len(runs)
@@ -358,8 +360,7 @@ def lever_table(folders, seeds=None) -> str:
     Per lever run on both global kinds: TAPA's mean against NoPE's, with the one-sided exact
     Mann-Whitney p that TAPA's seeds recall more."""
     grouped = _levers(folders, seeds)
-    longest_header = _length_header(grouped).split(" | ")[-1]
-    lines = [f"| arm | seeds | recall by seed | mean | at {longest_header} "
+    lines = [f"| arm | seeds | recall by seed | mean | at {_length_labels(grouped)[-1]} "
              "| reference | minus the reference, by seed | higher on |", "|---|---|---|---|---|---|---|---|"]
     for arm, runs in grouped.items():
         values = [mean_recall(r) for r in runs]
