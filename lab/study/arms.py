@@ -85,6 +85,9 @@ def _globals_screen() -> list:
             # theta75's pretraining run)
             levers.append(("theta75-pk10", "theta 0.75, continual passkey 0.1",
                            (*HYBRID, "--theta", "0.75"), ("--passkey-fraction", "0.1")))
+            # the two levers that each lowered TAPA's far perplexity on seed 0 (2026-12-06), together
+            levers.append(("theta75-llg", "theta 0.75, LLG ratio (LGLLGLLG)",
+                           ("--layer-pattern", "LGLLGLLG", "--local-window", "256", "--theta", "0.75"), ()))
         for tag, what, model, continual in levers:
             # in the base hybrid arms' order (--pe, model, then TAPA's phase lr), so that an arm
             # with the base model (pk10) shares their pretraining run

@@ -71,6 +71,8 @@ ARMS = {
     "hybrid-tapa-nophase": ("LLLG", "tapa", FROZEN_PHASE),
     # the same diagnosis at the LLG ratio: does TAPA's lead over NoPE there come from the phase?
     "hybrid-tapa-nophase-llg": ("LLGLLG", "tapa", FROZEN_PHASE),
+    # the two levers that each helped TAPA on the GPU screen's seed 0, together
+    "hybrid-tapa-theta75-llg": ("LLGLLG", "tapa", {"theta": 0.75}),
 }
 LABELS = {
     "hybrid-tapa": "TAPA globals (theta 0.5)",
@@ -88,6 +90,7 @@ LABELS = {
     "hybrid-nope-l5g": "NoPE globals, LLLLLG ratio",
     "hybrid-tapa-nophase": "TAPA globals, phase rows frozen at 0",
     "hybrid-tapa-nophase-llg": "TAPA globals, LLG ratio, phase rows frozen at 0",
+    "hybrid-tapa-theta75-llg": "TAPA globals, LLG ratio, theta 0.75",
 }
 
 

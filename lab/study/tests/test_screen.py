@@ -129,7 +129,7 @@ def test_screen_arms_build_the_layouts_their_names_promise():
 
     parser = argparse.ArgumentParser()
     train_command.add_arguments(parser)
-    expected = {"": 2, "-llg": 3, "-l5g": 1}
+    expected = {"llg": 3, "l5g": 1}  # by the name's last lever: theta75-llg is an LLG arm
     for kind in ("tapa", "nope"):
         for name in [f"hybrid-{kind}"] + [a for a in arms.ARMS if a.startswith(f"hybrid-{kind}-")]:
             args = parser.parse_args(["--recipe", arms.TOY_GPU.recipe, *plan._fill(arms.ARMS[name].pretrain,
@@ -137,8 +137,16 @@ def test_screen_arms_build_the_layouts_their_names_promise():
             _, model, _ = train_command.configs_from_args(args)
             kinds = [model.layer_kind(i) for i in range(model.n_layers)]
             assert model.n_layers == 8 and kinds[-1] == "global", (name, kinds)
-            tag = name[len(f"hybrid-{kind}"):]
-            assert kinds.count("global") == expected.get(tag, 2), (name, kinds)
+            assert kinds.count("global") == expected.get(name.rsplit("-", 1)[-1], 2), (name, kinds)
+            assert model.theta == (0.75 if "theta75" in name else 0.25 if "theta25" in name else 0.5), name
+
+
+def test_a_tapa_only_lever_with_a_ratio_pairs_with_nope_at_that_ratio():
+    """theta is TAPA's own, so theta75-llg is read against NoPE globals at the LLG ratio (not the
+    NoPE base), and theta75 alone against the NoPE base."""
+    names = ["hybrid-tapa-theta75-llg", "hybrid-tapa-theta75", "hybrid-nope", "hybrid-nope-llg"]
+    assert screen.kind_pairs(names) == [("hybrid-tapa-theta75-llg", "hybrid-nope-llg"),
+                                        ("hybrid-tapa-theta75", "hybrid-nope")]
 
 
 def test_runner_refuses_domain_stages_without_a_domain():
