@@ -355,6 +355,35 @@ def test_screen_checks_the_issues_goal_criterion_by_criterion(tmp_path):
     assert "| met (p 0.050) | not met (p " in row and row.endswith("| not met |")
 
 
+def test_the_goal_is_read_against_every_nope_arm_with_three_seeds(tmp_path):
+    """The goal is to beat the best NoPE configuration: a TAPA arm is tested against NoPE under its
+    own lever and against every other NoPE arm of its scale with 3+ seeds, and meets the goal only
+    against all of them. Here TAPA's LLG beats the NoPE base but not NoPE's LLG; a NoPE arm with
+    2 seeds and a scale-768 arm are not in the goal table."""
+    hits = lambda h: [[h, h], [h, h]]
+    jobs = []
+    for seed in range(3):
+        jobs += [screen_job("hybrid-tapa-llg", seed, [10.0, 18.0 + seed], [30.0, 40.0], {"multi-key": hits(9)}),
+                 screen_job("hybrid-nope", seed, [10.5, 21.0 + seed], [30.0, 40.0], {"multi-key": hits(2 + seed)}),
+                 screen_job("hybrid-nope-llg", seed, [10.0, 15.0 + seed], [30.0, 40.0], {"multi-key": hits(10)}),
+                 screen_job("rope-yarn", seed, [10.0, 17.9 + seed], [30.0, 40.0], {}),
+                 screen_job("hybrid-nope", seed, [9.0, 12.0], [30.0, 40.0], {"multi-key": hits(10)},
+                            protocol="scale-768-confirm")]
+    jobs += [screen_job("hybrid-nope-w64", seed, [10.0, 12.0], [30.0, 40.0], {"multi-key": hits(10)})
+             for seed in range(2)]
+    for index, job in enumerate(jobs):
+        (tmp_path / f"{index}.job.json").write_text(json.dumps(job))
+    screen.screen([tmp_path], tmp_path / "out", "cmd")
+    text = (tmp_path / "out" / "screen.md").read_text()
+    table = next(part for part in text.split("\n\n") if part.startswith("| arm | NoPE arm | seeds | perplexity, far"))
+    rows = [line.split(" | ")[:2] for line in table.splitlines()[2:]]
+    assert rows == [["| hybrid-tapa-llg", "hybrid-nope-llg"], ["| hybrid-tapa-llg", "hybrid-nope"]]
+    assert table.splitlines()[2].endswith("| not met |") and table.splitlines()[3].endswith("| met |")
+    assert "hybrid-tapa-llg does not meet the goal (1 of 2 NoPE arms)" in text
+    seeds = next(part for part in text.split("\n\n") if part.startswith("| arm | NoPE arm | measure |"))
+    assert "| hybrid-tapa-llg | hybrid-nope | test ppl 16k | 18.00 / 19.00 / 20.00 | 21.00 / 22.00 / 23.00 |" in seeds
+
+
 def test_screen_refuses_inputs_without_screen_jobs(tmp_path):
     job = screen_job("hybrid-tapa", 0, [1.0, 1.0], [1.0, 1.0], {})
     job["protocol"]["name"] = "toy-gpu"
