@@ -53,6 +53,17 @@ class Arm:
 GLOBAL_KINDS = {"tapa": ("--pe", "tapa", *PHASE_LR), "nope": ("--pe", "nope")}
 
 
+def ratio_pattern(n_layers: int, every: int) -> str:
+    """A layer pattern over all `n_layers` with one global layer in `every`: round(n_layers / every)
+    of them (at least one), the last layer global and the others every `every` layers back from it,
+    as the base hybrid has them (LLLG over 8 layers: LLLGLLLG)."""
+    if n_layers < 1 or every < 1:
+        raise ValueError(f"n_layers and every must be positive, not {n_layers} and {every}")
+    count = max(1, round(n_layers / every))
+    spots = {n_layers - 1 - every * i for i in range(count)}
+    return "".join("G" if i in spots else "L" for i in range(n_layers))
+
+
 def _globals_screen() -> list:
     """The screen's arms: local window 64 and 128, the log-length query temperature (base at the
     pretraining length), the layer ratio (LLG's and LLLLLG's, written out over 8 layers), the
@@ -65,14 +76,13 @@ def _globals_screen() -> list:
             ("w64", "window 64", ("--layer-pattern", "LLLG", "--local-window", "64"), ()),
             ("w128", "window 128", ("--layer-pattern", "LLLG", "--local-window", "128"), ()),
             ("temp", "query temperature", (*HYBRID, "--query-temperature-base", "{pretrain_len}"), ()),
-            # the ratio levers over the toy recipe's 8 layers, written out: a short pattern repeats
-            # from layer 0 ("LLG" would be LLGLLGLL, the base's 2 globals moved and two local layers
-            # last; "LLLLLG" LLLLLGLL). The nearest counts to 8/3 and 8/6 globals, the last layer
-            # global as in the base (LLLGLLLG). A scale-768 confirmation (12 layers) needs its own.
-            ("llg", "LLG ratio (LGLLGLLG: 3 of 8 layers global)",
-             ("--layer-pattern", "LGLLGLLG", "--local-window", "256"), ()),
-            ("l5g", "LLLLLG ratio (LLLLLLLG: 1 of 8 layers global)",
-             ("--layer-pattern", "LLLLLLLG", "--local-window", "256"), ()),
+            # the ratio levers, written out over the protocol's layers (ratio_pattern): a short
+            # pattern repeats from layer 0, so "LLG" over the toy's 8 layers would be LLGLLGLL, the
+            # last two layers local. 8 layers: LGLLGLLG and LLLLLLLG; 12: LLGLLGLLGLLG, LLLLLGLLLLLG
+            ("llg", "LLG ratio ({llg_pattern}: {llg_globals} of {n_layers} layers global)",
+             ("--layer-pattern", "{llg_pattern}", "--local-window", "256"), ()),
+            ("l5g", "LLLLLG ratio ({l5g_pattern}: {l5g_globals} of {n_layers} layers global)",
+             ("--layer-pattern", "{l5g_pattern}", "--local-window", "256"), ()),
             ("pk10", "continual passkey 0.1", HYBRID, ("--passkey-fraction", "0.1")),
         ]
         if kind == "tapa":
@@ -86,8 +96,8 @@ def _globals_screen() -> list:
             levers.append(("theta75-pk10", "theta 0.75, continual passkey 0.1",
                            (*HYBRID, "--theta", "0.75"), ("--passkey-fraction", "0.1")))
             # the two levers that each lowered TAPA's far perplexity on seed 0 (2026-12-06), together
-            levers.append(("theta75-llg", "theta 0.75, LLG ratio (LGLLGLLG)",
-                           ("--layer-pattern", "LGLLGLLG", "--local-window", "256", "--theta", "0.75"), ()))
+            levers.append(("theta75-llg", "theta 0.75, LLG ratio ({llg_pattern}: {llg_globals} of {n_layers} layers global)",
+                           ("--layer-pattern", "{llg_pattern}", "--local-window", "256", "--theta", "0.75"), ()))
         for tag, what, model, continual in levers:
             # in the base hybrid arms' order (--pe, model, then TAPA's phase lr), so that an arm
             # with the base model (pk10) shares their pretraining run
@@ -233,6 +243,17 @@ class Protocol:
         values.update(pretrain_tokens=self.pretrain_tokens, continual_tokens=self.continual_tokens)
         return values
 
+    @property
+    def n_layers(self) -> int:
+        """The model's layer count: the protocol's --n-layers, else its recipe's."""
+        flags = list(self.model)
+        if "--n-layers" in flags:
+            return int(flags[flags.index("--n-layers") + 1])
+        from tapa.model import ModelConfig
+        from tapa.train.config import load_recipe
+
+        return int(load_recipe(self.recipe)["model"].get("n_layers", ModelConfig.n_layers))
+
     def fingerprint(self) -> str:
         """Short hash of what the training and evaluation numbers depend on: jobs with equal
         fingerprints are comparable (the name, the plan's lrs and seeds and the theory settings
@@ -268,7 +289,7 @@ TOY_GPU_CL20 = dataclasses.replace(TOY_GPU_SCREEN, name="toy-gpu-cl20", continua
 # issue 37's confirmation: the scale step (91M, 12 layers) with the screen's evaluations (the
 # retrieval suite, the second domain), for its 3 seeds of the screen's best arms and of the
 # existing hybrid-tapa, hybrid-nope and rope-yarn arms (the scale-768 runs of 2026-12-02 had
-# neither evaluation). The ratio levers' patterns are written for 8 layers; over 12 they repeat.
+# neither evaluation). The ratio levers' patterns follow its 12 layers (ratio_pattern).
 SCALE_768_CONFIRM = dataclasses.replace(SCALE_768, name="scale-768-confirm", retrieval_tasks=("all",),
                                         domain="package-docs")
 

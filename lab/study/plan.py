@@ -13,7 +13,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lab.study.arms import ARMS, FAMILIES, STAGES, SWEEP_ARM, Arm, Estimates, Protocol
+from lab.study.arms import ARMS, FAMILIES, STAGES, SWEEP_ARM, Arm, Estimates, Protocol, ratio_pattern
 
 from tapa.train.config import load_recipe
 
@@ -283,9 +283,23 @@ def domain_dir(root: Path, protocol: Protocol) -> Path:
 
 
 def _fill(flags, protocol: Protocol) -> list[str]:
-    """Arm flags with the protocol's values in place of {pretrain_len}, {continual_len}, {scale}."""
+    """Arm flags with the protocol's values in place of {pretrain_len}, {continual_len}, {scale},
+    and the ratio levers' layer patterns over its layers, {llg_pattern} and {l5g_pattern} (with
+    {llg_globals}, {l5g_globals}: their global layers, and {n_layers})."""
     values = {**protocol.to_dict(), "scale": f"{protocol.continual_len / protocol.pretrain_len:g}"}
+    if any("_pattern}" in flag for flag in flags):
+        n_layers = protocol.n_layers
+        for tag, every in (("llg", 3), ("l5g", 6)):
+            values[f"{tag}_pattern"] = pattern = ratio_pattern(n_layers, every)
+            values[f"{tag}_globals"] = pattern.count("G")
+        values["n_layers"] = n_layers
     return [flag.format(**values) for flag in flags]
+
+
+def arm_label(arm: Arm, protocol: Protocol) -> str:
+    """The arm's label as its jobs record it: a ratio lever's names its layer pattern over the
+    protocol's layers."""
+    return _fill([arm.label], protocol)[0] if "_pattern}" in arm.label else arm.label
 
 
 def _eval_stage(name, kind, run_dir, base, flags, arms, needs) -> Stage:
@@ -317,13 +331,31 @@ def check_flags(groups: list[Group]) -> list[str]:
         for stage in group.stages:
             rest = stage.argv[2:] if stage.argv[0] == "-m" else stage.argv[1:]
             try:
-                _, unknown = parsers[stage.argv[0]].parse_known_args(rest)
+                args, unknown = parsers[stage.argv[0]].parse_known_args(rest)
             except SystemExit:
-                unknown = ["(argparse error above)"]
+                args, unknown = None, ["(argparse error above)"]
             if unknown:
                 problems.append(f"{group.id} {stage.name}: this tapa {stage.argv[0]} does not know "
                                 f"{unknown}")
+            elif stage.argv[0] == "train" and not getattr(args, "init_from", None):  # a continual
+                # stage takes its model from the run it starts from
+                problems += [f"{group.id} {stage.name}: {p}" for p in _layout_problems(train_command, args)]
     return problems
+
+
+def _layout_problems(train_command, args) -> list[str]:
+    """The study's hybrids end in a global layer (LLLG over 8 layers: LLLGLLLG); a layer pattern
+    that leaves the last layer local, as a short pattern repeated over a deeper model can, is a
+    different model from the one an arm's name promises."""
+    try:
+        _, model, _ = train_command.configs_from_args(args)
+    except (ValueError, SystemExit) as err:
+        return [f"the model does not build: {err}"]
+    kinds = [model.layer_kind(i) for i in range(model.n_layers)]
+    if "local" in kinds and kinds[-1] != "global":
+        return [f"layer pattern {model.layer_pattern!r} over {model.n_layers} layers leaves the last "
+                f"layer local ({''.join(k[0].upper() for k in kinds)})"]
+    return []
 
 
 def estimate_stage(stage: Stage, est: Estimates, concurrent: int, observed: dict | None = None) -> float:

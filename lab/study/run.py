@@ -526,7 +526,7 @@ def main(argv=None) -> int:
     if args.dry_run:
         return dry_run(args, protocol, estimates, groups, problems)
     if problems:
-        print("the commands do not fit this checkout's tapa (merge main?):\n  " + "\n  ".join(problems))
+        print("the commands do not fit this checkout's tapa or the study's layouts:\n  " + "\n  ".join(problems))
         return 2
     # unique per runner: runners for other GPUs may share --root and start in the same second
     call = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}"

@@ -15,7 +15,7 @@ import tarfile
 from pathlib import Path
 
 from lab.study.arms import ARMS, Protocol
-from lab.study.plan import Group, Job, continual_scale, job_stages
+from lab.study.plan import Group, Job, arm_label, continual_scale, job_stages
 
 from tapa.train.saving import write_text_atomic
 from tapa.train.rundir import read_metrics
@@ -131,7 +131,7 @@ def job_summary(job: Job, group: Group, stages: list[str], protocol: Protocol, r
     arm = ARMS[job.arm]
     wanted = job_stages(job, stages)
     summary = {"kind": JOB_KIND, "version": 1, "job": job.id, "arm": arm.name,
-               "arm_index": list(ARMS).index(arm.name), "label": arm.label,
+               "arm_index": list(ARMS).index(arm.name), "label": arm_label(arm, protocol),
                "family": arm.family, "lr": job.lr, "seed": job.seed, "group": group.id,
                "eval_pe": arm.eval_pe, "protocol": protocol.to_dict(),
                # the aggregate labels continual results by it (the protocol's when the arm has none)

@@ -121,24 +121,48 @@ def test_confirmation_protocol_is_the_scale_step_with_the_screens_evaluations():
 
 def test_screen_arms_build_the_layouts_their_names_promise():
     """Over the toy recipe's 8 layers: the base hybrids 2 global layers, the LLG-ratio arms 3, the
-    LLLLLG-ratio arms 1, and every hybrid arm's last layer global. A short pattern repeats from
-    layer 0, so "LLG" gave LLGLLGLL (the base's 2 globals moved, two local layers last)."""
+    LLLLLG-ratio arms 1; over the confirmation's 12 layers 3, 4 and 2; every hybrid arm's last
+    layer global. A short pattern repeats from layer 0, so "LLG" written as is would give LLGLLGLL
+    over 8 layers (the last two local): the ratio levers are written out per protocol. The job
+    label names the pattern."""
     import argparse
 
     from tapa.train import command as train_command
 
     parser = argparse.ArgumentParser()
     train_command.add_arguments(parser)
-    expected = {"llg": 3, "l5g": 1}  # by the name's last lever: theta75-llg is an LLG arm
-    for kind in ("tapa", "nope"):
-        for name in [f"hybrid-{kind}"] + [a for a in arms.ARMS if a.startswith(f"hybrid-{kind}-")]:
-            args = parser.parse_args(["--recipe", arms.TOY_GPU.recipe, *plan._fill(arms.ARMS[name].pretrain,
-                                                                                    arms.TOY_GPU_SCREEN)])
-            _, model, _ = train_command.configs_from_args(args)
-            kinds = [model.layer_kind(i) for i in range(model.n_layers)]
-            assert model.n_layers == 8 and kinds[-1] == "global", (name, kinds)
-            assert kinds.count("global") == expected.get(name.rsplit("-", 1)[-1], 2), (name, kinds)
-            assert model.theta == (0.75 if "theta75" in name else 0.25 if "theta25" in name else 0.5), name
+    for protocol, expected in ((arms.TOY_GPU_SCREEN, {"llg": 3, "l5g": 1, "": 2}),
+                               (arms.SCALE_768_CONFIRM, {"llg": 4, "l5g": 2, "": 3})):
+        for kind in ("tapa", "nope"):
+            for name in [f"hybrid-{kind}"] + [a for a in arms.ARMS if a.startswith(f"hybrid-{kind}-")]:
+                flags = [*protocol.model, *plan._fill(arms.ARMS[name].pretrain, protocol)]
+                _, model, _ = train_command.configs_from_args(parser.parse_args(["--recipe", protocol.recipe, *flags]))
+                kinds = [model.layer_kind(i) for i in range(model.n_layers)]
+                assert model.n_layers == protocol.n_layers and kinds[-1] == "global", (name, kinds)
+                last = name.rsplit("-", 1)[-1]  # by the name's last lever: theta75-llg is an LLG arm
+                globals_ = expected.get(last, expected[""])
+                assert kinds.count("global") == globals_, (protocol.name, name, kinds)
+                assert model.theta == (0.75 if "theta75" in name else 0.25 if "theta25" in name else 0.5), name
+                if last in ("llg", "l5g"):
+                    assert f"{globals_} of {protocol.n_layers} layers global" in plan.arm_label(arms.ARMS[name], protocol)
+
+
+def test_ratio_patterns_end_in_a_global_layer_and_the_runner_refuses_one_that_does_not():
+    assert [arms.ratio_pattern(n, 3) for n in (3, 4, 8, 12)] == ["LLG", "LLLG", "LGLLGLLG", "LLGLLGLLGLLG"]
+    assert [arms.ratio_pattern(n, 6) for n in (4, 8, 12)] == ["LLLG", "LLLLLLLG", "LLLLLGLLLLLG"]
+    assert arms.ratio_pattern(8, 4) == "LLLGLLLG"  # the base hybrid's own layout
+    with pytest.raises(ValueError, match="positive"):
+        arms.ratio_pattern(0, 3)
+    jobs = run.configure(run.parse_args(["--protocol", "scale-768-confirm", "--jobs", "hybrid-tapa-llg:0.001:0"]))[2]
+    fine = plan.build_groups(jobs, arms.SCALE_768_CONFIRM, list(arms.STAGES), Path("/tmp/none"))
+    assert plan.check_flags(fine) == []
+    # the 8-layer pattern written as is over 12 layers: LGLLGLLG LGLL, the last layer local
+    short = plan.build_groups(jobs, arms.SCALE_768_CONFIRM, list(arms.STAGES), Path("/tmp/none"),
+                              train_extra=["--layer-pattern", "LGLLGLLG"])
+    with pytest.warns(UserWarning, match="repeats from layer 0"):  # tapa's own warning, then ours
+        problems = plan.check_flags(short)
+    assert len(problems) == 1 and "pretrain" in problems[0]
+    assert "leaves the last layer local (LGLLGLLGLGLL)" in problems[0]
 
 
 def test_a_tapa_only_lever_with_a_ratio_pairs_with_nope_at_that_ratio():
