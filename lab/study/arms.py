@@ -64,11 +64,16 @@ def ratio_pattern(n_layers: int, every: int) -> str:
     return "".join("G" if i in spots else "L" for i in range(n_layers))
 
 
+# the LLG ratio lever's label and model flags ({...}: filled per protocol by plan._fill)
+LLG_LABEL = "LLG ratio ({llg_pattern}: {llg_globals} of {n_layers} layers global)"
+LLG_MODEL = ("--layer-pattern", "{llg_pattern}", "--local-window", "256")
+
+
 def _globals_screen() -> list:
     """The screen's arms: local window 64 and 128, the log-length query temperature (base at the
-    pretraining length), the layer ratio (LLG's and LLLLLG's, written out over 8 layers), the
-    continual stage's passkey share 0.1,
-    for TAPA and NoPE globals; TAPA's theta 0.25 / 0.75 and alpha 0.05 / 0.2 in its globals."""
+    pretraining length), the layer ratio (LLG's and LLLLLG's, written out over the protocol's
+    layers), the continual stage's passkey share 0.1, for TAPA and NoPE globals; TAPA's theta
+    0.25 / 0.75 and alpha 0.05 / 0.2 in its globals, and theta 0.75 with pk10 or at LLG."""
     arms = []
     for kind, pe in GLOBAL_KINDS.items():
         name, label = f"hybrid-{kind}", f"{kind.upper() if kind == 'tapa' else 'NoPE'} hybrid"
@@ -79,8 +84,7 @@ def _globals_screen() -> list:
             # the ratio levers, written out over the protocol's layers (ratio_pattern): a short
             # pattern repeats from layer 0, so "LLG" over the toy's 8 layers would be LLGLLGLL, the
             # last two layers local. 8 layers: LGLLGLLG and LLLLLLLG; 12: LLGLLGLLGLLG, LLLLLGLLLLLG
-            ("llg", "LLG ratio ({llg_pattern}: {llg_globals} of {n_layers} layers global)",
-             ("--layer-pattern", "{llg_pattern}", "--local-window", "256"), ()),
+            ("llg", LLG_LABEL, LLG_MODEL, ()),
             ("l5g", "LLLLLG ratio ({l5g_pattern}: {l5g_globals} of {n_layers} layers global)",
              ("--layer-pattern", "{l5g_pattern}", "--local-window", "256"), ()),
             ("pk10", "continual passkey 0.1", HYBRID, ("--passkey-fraction", "0.1")),
@@ -96,8 +100,8 @@ def _globals_screen() -> list:
             levers.append(("theta75-pk10", "theta 0.75, continual passkey 0.1",
                            (*HYBRID, "--theta", "0.75"), ("--passkey-fraction", "0.1")))
             # the two levers that each lowered TAPA's far perplexity on seed 0 (2026-12-06), together
-            levers.append(("theta75-llg", "theta 0.75, LLG ratio ({llg_pattern}: {llg_globals} of {n_layers} layers global)",
-                           ("--layer-pattern", "{llg_pattern}", "--local-window", "256", "--theta", "0.75"), ()))
+            levers.append(("theta75-llg", f"theta 0.75, {LLG_LABEL}",
+                           (*LLG_MODEL, "--theta", "0.75"), ()))
         for tag, what, model, continual in levers:
             # in the base hybrid arms' order (--pe, model, then TAPA's phase lr), so that an arm
             # with the base model (pk10) shares their pretraining run
