@@ -286,20 +286,18 @@ def _fill(flags, protocol: Protocol) -> list[str]:
     """Arm flags with the protocol's values in place of {pretrain_len}, {continual_len}, {scale},
     and the ratio levers' layer patterns over its layers, {llg_pattern} and {l5g_pattern} (with
     {llg_globals}, {l5g_globals}: their global layers, and {n_layers})."""
-    values = {**protocol.to_dict(), "scale": f"{protocol.continual_len / protocol.pretrain_len:g}"}
-    if any("_pattern}" in flag for flag in flags):
-        n_layers = protocol.n_layers
-        for tag, every in (("llg", 3), ("l5g", 6)):
-            values[f"{tag}_pattern"] = pattern = ratio_pattern(n_layers, every)
-            values[f"{tag}_globals"] = pattern.count("G")
-        values["n_layers"] = n_layers
+    values = {**protocol.to_dict(), "scale": f"{protocol.continual_len / protocol.pretrain_len:g}",
+              "n_layers": protocol.n_layers}
+    for tag, every in (("llg", 3), ("l5g", 6)):
+        values[f"{tag}_pattern"] = pattern = ratio_pattern(values["n_layers"], every)
+        values[f"{tag}_globals"] = pattern.count("G")
     return [flag.format(**values) for flag in flags]
 
 
 def arm_label(arm: Arm, protocol: Protocol) -> str:
     """The arm's label as its jobs record it: a ratio lever's names its layer pattern over the
     protocol's layers."""
-    return _fill([arm.label], protocol)[0] if "_pattern}" in arm.label else arm.label
+    return _fill([arm.label], protocol)[0]
 
 
 def _eval_stage(name, kind, run_dir, base, flags, arms, needs) -> Stage:
