@@ -718,9 +718,9 @@ def _log_length_axes(ax, lengths: list[int], low: float, high: float, most: int 
     return ticks
 
 
-def _panel_grid(plt, panels: int, **subplots):
-    """(fig, axes) of up to 3 panels a row, axes always 2-D."""
-    columns = min(3, panels)
+def _panel_grid(plt, panels: int, columns: int | None = None, **subplots):
+    """(fig, axes) of `columns` panels a row (default: up to 3), axes always 2-D."""
+    columns = min(columns or 3, panels)
     rows = math.ceil(panels / columns)
     return plt.subplots(rows, columns, figsize=(4.6 * columns, 3.3 * rows), squeeze=False, **subplots)
 

@@ -504,12 +504,24 @@ def retrieval_table(rows: list[dict], task: str) -> str:
     return "\n".join(lines)
 
 
+def lever_of(arm: str) -> str:
+    """The setting an arm's global kind runs under: 'hybrid-*-w128' for both 'hybrid-tapa-w128'
+    and 'hybrid-nope-w128' (twins), the arm itself for an anchor."""
+    name, tag = _split_tag(arm)
+    for base in BASES.values():
+        if name == base or name.startswith(base + "-"):
+            return "hybrid-*" + name[len(base):] + tag
+    return arm
+
+
 def _line_panels(rows: list[dict], panels: int):
-    """(plt, fig, axes, arms, style) of a figure of line panels: one colour an arm, NoPE dashed."""
+    """(plt, fig, axes, arms, style) of a figure of line panels: one colour a lever, so that the
+    TAPA and NoPE twins under it share one (TAPA solid, NoPE dashed)."""
     plt = _pyplot()
-    fig, axes = _panel_grid(plt, panels)
+    fig, axes = _panel_grid(plt, panels, columns=2 if panels == 4 else None)
     cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"] + ["black", "grey", "olive"]
     arms = _arms(rows)
+    levers = list(dict.fromkeys(lever_of(arm) for arm in arms))
     seeds = defaultdict(set)
     for row in rows:
         seeds[row["arm"]].add(row["seed"])
@@ -518,7 +530,7 @@ def _line_panels(rows: list[dict], panels: int):
         # the legend names the seeds each line pools, as the arms need not have run the same ones
         n = sorted(seeds[arm])
         label = f"{arm} (seed{'s' if len(n) > 1 else ''} {', '.join(map(str, n))})"
-        return {"color": cycle[arms.index(arm) % len(cycle)], "marker": "o", "markersize": 3,
+        return {"color": cycle[levers.index(lever_of(arm)) % len(cycle)], "marker": "o", "markersize": 3,
                 "linestyle": "--" if global_kind(arm) == "nope" else "-", "label": label}
     return plt, fig, axes, arms, style
 
@@ -542,8 +554,8 @@ def plot_perplexity(rows: list[dict], path: Path) -> Path | None:
         ax.grid(True, alpha=0.3)
     axes.flat[len(panels) - 1].legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return _save_panels(plt, fig, axes, len(panels), "perplexity (lower is better)",
-                        "Perplexity vs length (TAPA globals solid, NoPE globals dashed; mean over the "
-                        "seeds named)", path)
+                        "Perplexity vs length (a colour a lever; TAPA globals solid, NoPE globals dashed; "
+                        "mean over the seeds named)", path)
 
 
 def plot_retrieval(rows: list[dict], path: Path) -> Path | None:

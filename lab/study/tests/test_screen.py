@@ -499,3 +499,20 @@ def test_far_passkey_pools_the_depths_beyond_the_window(tmp_path, capsys):
     assert "| TAPA hybrid | 3 | 20 (±30) / 34 / 90 |" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="far_passkey"):
         far_passkey.main([str(tmp_path / "missing.csv")])
+
+
+def test_plots_give_twins_one_colour_and_each_lever_its_own():
+    assert screen.lever_of("hybrid-tapa-w128") == screen.lever_of("hybrid-nope-w128") == "hybrid-*-w128"
+    assert screen.lever_of("hybrid-nope@768") == screen.lever_of("hybrid-tapa@768") == "hybrid-*@768"
+    assert screen.lever_of("hybrid-tapa-theta75") == "hybrid-*-theta75"
+    assert screen.lever_of("rope-yarn") == "rope-yarn"
+    arms_run = ["hybrid-tapa", "hybrid-tapa-w128", "hybrid-tapa-theta75", "hybrid-nope", "hybrid-nope-w128",
+                "rope-yarn"]
+    plt, fig, _, _, style = screen._line_panels([{"arm": arm, "seed": 0} for arm in arms_run], 4)
+    plt.close(fig)
+    styles = {arm: style(arm) for arm in arms_run}
+    assert styles["hybrid-tapa-w128"]["color"] == styles["hybrid-nope-w128"]["color"]
+    assert styles["hybrid-tapa"]["color"] == styles["hybrid-nope"]["color"]
+    assert (styles["hybrid-tapa-w128"]["linestyle"], styles["hybrid-nope-w128"]["linestyle"]) == ("-", "--")
+    levers = [styles[arm]["color"] for arm in ("hybrid-tapa", "hybrid-tapa-w128", "hybrid-tapa-theta75", "rope-yarn")]
+    assert len(set(levers)) == 4
