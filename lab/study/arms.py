@@ -184,6 +184,18 @@ STAGES = ("pretrain", "eval0", "domain0", "continual", "eval1", "domain1", "pass
 DOMAIN_STAGES = ("domain0", "domain1")
 
 
+def screen_plan() -> list[tuple[str, str]]:
+    """Issue 37's screen as (protocol, arm): the two base arms, each lever's TAPA arm and its NoPE
+    twin in turn, TAPA's own settings, then the continual stage at 4096 on both base arms."""
+    screen = [arm.name for arm in _globals_screen()]
+    plan = [("toy-gpu-screen", f"hybrid-{kind}") for kind in GLOBAL_KINDS]
+    for name in (n for n in screen if n.startswith("hybrid-tapa-")):
+        twin = name.replace("hybrid-tapa-", "hybrid-nope-", 1)
+        plan += [("toy-gpu-screen", n) for n in (name, twin) if n in screen]
+    plan += [("toy-gpu-c4096", f"hybrid-{kind}") for kind in GLOBAL_KINDS]
+    return plan
+
+
 def stages_of(protocol) -> list[str]:
     """Every stage a job of this protocol can have (the domain stages need its second domain)."""
     return [s for s in STAGES if protocol.domain or s not in DOMAIN_STAGES]

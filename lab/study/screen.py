@@ -14,7 +14,8 @@ stage 20% of pretraining") and writes to --out:
     retrieval_cells.csv   the same per depth
     screen.md             issue 37's goal, criterion by criterion, for each TAPA/NoPE pair with
                           3+ seeds a side (and the best single-key score at 8x the pretraining
-                          length), each lever against its global kind's base arm, each TAPA arm against
+                          length), the screen's progress (the seeds each planned arm has run,
+                          the arms not run yet and the next call), each lever against its global kind's base arm, each TAPA arm against
                           NoPE globals under the same lever (the screen's headline), seed by seed
                           with one-sided tests where both have 2+ seeds, then perplexity and
                           retrieval per arm (the trained passkey grid, then the suite), and the
@@ -450,6 +451,42 @@ def goal_table(ppl: list[dict], retrieval: list[dict], pretrain_len: int | None 
     return "\n".join(lines)
 
 
+def progress_table(jobs: list[dict]) -> str:
+    """Issue 37's screen arm by arm (lab/study/arms.py, screen_plan): the seeds each has run, the
+    arms not run yet in the plan's order, and the runner call that starts the first two of them.
+    Empty when none of the jobs is of the toy screen's protocols."""
+    from lab.study.arms import screen_plan
+
+    plan = screen_plan()
+    protocols = {protocol for protocol, _ in plan}
+    mine = [j for j in jobs if j["protocol"]["name"] in protocols]
+    if not mine:
+        return ""
+    seeds = defaultdict(set)
+    for job in mine:
+        seeds[(job["protocol"]["name"], job["arm"])].add(job["seed"])
+    lines = ["Screen progress: the planned arms (`lab/study/arms.py`, `screen_plan`) and the seeds "
+             "each has run.", "", "| arm | protocol | seeds run |", "|---|---|---|"]
+    for protocol, arm in plan:
+        done = sorted(seeds.get((protocol, arm), ()))
+        lines.append(f"| {arm} | {protocol} | {', '.join(map(str, done)) or 'not run'} |")
+    left = [(protocol, arm) for protocol, arm in plan if (protocol, arm) not in seeds]
+    run = len(plan) - len(left)
+    three = sum(len(seeds.get(key, ())) >= 3 for key in plan)
+    lines += ["", f"Run: {run} of {len(plan)} arms, {three} with 3+ seeds."]
+    if left:
+        lrs = [j["lr"] for j in mine]
+        lr = max(set(lrs), key=lrs.count)  # the screen's one learning rate, as its jobs ran it
+        protocol = left[0][0]
+        first = [arm for p, arm in left if p == protocol][:2]
+        lines[-1] += (" Not run yet, in the plan's order: "
+                      + ", ".join(arm + ("" if p == "toy-gpu-screen" else f" ({p})") for p, arm in left)
+                      + f". The next call: `bash scripts/gpu_study.sh batch --protocol {protocol} "
+                      f"--concurrent 1 --time-budget 560 --allow-partial --jobs "
+                      + ",".join(f"{arm}:{lr:g}:0" for arm in first) + "`.")
+    return "\n".join(lines)
+
+
 def perplexity_table(rows: list[dict], stage: str, data: str) -> str:
     mine = [r for r in rows if r["stage"] == stage and r["data"] == data]
     if not mine:
@@ -684,7 +721,8 @@ def screen(paths, out_dir: str | Path, command: str, arms: list[str] | None = No
                 f"({', '.join(sorted({j['protocol']['name'] for j in jobs}))}); hardware: "
                 f"{'; '.join(hardware) or 'unknown'}; jobs dated {dates[0][:10]} to "
                 f"{dates[-1][:10]}" + (f"; {domain_line}." if domain_line else "."),
-                goal_table(ppl, retrieval, pretrain_len), lever_table(ppl, retrieval),
+                goal_table(ppl, retrieval, pretrain_len), "" if arms or seeds is not None else progress_table(jobs),
+                lever_table(ppl, retrieval),
                 kind_table(ppl, retrieval), seed_table(ppl, retrieval)]
     sections += [perplexity_table(ppl, s, d) for s in ("continual", "zero-shot") for d in ("test", "domain")]
     sections += [retrieval_table(retrieval, t) for t in dict.fromkeys(r["task"] for r in retrieval)]

@@ -516,3 +516,30 @@ def test_plots_give_twins_one_colour_and_each_lever_its_own():
     assert (styles["hybrid-tapa-w128"]["linestyle"], styles["hybrid-nope-w128"]["linestyle"]) == ("-", "--")
     levers = [styles[arm]["color"] for arm in ("hybrid-tapa", "hybrid-tapa-w128", "hybrid-tapa-theta75", "rope-yarn")]
     assert len(set(levers)) == 4
+
+
+def test_screen_reports_its_progress_and_the_next_call(tmp_path):
+    plan = arms.screen_plan()
+    assert plan[:4] == [("toy-gpu-screen", "hybrid-tapa"), ("toy-gpu-screen", "hybrid-nope"),
+                        ("toy-gpu-screen", "hybrid-tapa-w64"), ("toy-gpu-screen", "hybrid-nope-w64")]
+    assert ("toy-gpu-c4096", "hybrid-nope") in plan and ("toy-gpu-screen", "hybrid-tapa-theta75-llg") in plan
+    assert all(arm in arms.ARMS for _, arm in plan) and len(set(plan)) == len(plan)
+    grid = {"single-key": [[5, 5], [5, 5]]}
+    jobs = [screen_job("hybrid-tapa", seed, [10.0, 20.0], [30.0, 40.0], grid) for seed in (0, 1, 2)]
+    jobs += [screen_job("hybrid-nope", 0, [10.0, 20.0], [30.0, 40.0], grid),
+             screen_job("hybrid-tapa-w64", 0, [10.0, 20.0], [30.0, 40.0], grid),
+             screen_job("hybrid-nope", 0, [10.0, 20.0], [30.0, 40.0], grid, protocol="toy-gpu-c4096")]
+    for index, job in enumerate(jobs):
+        (tmp_path / f"{index}.job.json").write_text(json.dumps(job))
+    screen.screen([tmp_path], tmp_path / "out", "cmd")
+    text = (tmp_path / "out" / "screen.md").read_text()
+    assert "| hybrid-tapa | toy-gpu-screen | 0, 1, 2 |" in text
+    assert "| hybrid-nope-w64 | toy-gpu-screen | not run |" in text
+    assert "| hybrid-nope | toy-gpu-c4096 | 0 |" in text and "| hybrid-tapa | toy-gpu-c4096 | not run |" in text
+    assert f"Run: 4 of {len(plan)} arms, 1 with 3+ seeds." in text
+    assert "hybrid-tapa (toy-gpu-c4096)." in text  # the last arm not run
+    assert ("--protocol toy-gpu-screen --concurrent 1 --time-budget 560 --allow-partial "
+            "--jobs hybrid-nope-w64:0.001:0,hybrid-tapa-w128:0.001:0`") in text
+    # a report of some arms only is not the screen's progress
+    screen.screen([tmp_path], tmp_path / "some", "cmd", arms=["hybrid-tapa"])
+    assert "Screen progress" not in (tmp_path / "some" / "screen.md").read_text()
