@@ -24,6 +24,8 @@ stage 20% of pretraining") and writes to --out:
     retrieval.png         accuracy vs length per task, with Wilson intervals
     retrieval_heatmap.png per task, accuracy by arm and length
     seeds.png             each seed's value of each deciding measure, for the arms with 2+ seeds
+    tradeoff.png          far perplexity against multi-key retrieval beyond the window, per seed
+                          and per arm's mean: where each arm sits on the length-retrieval trade
 Every number comes from the job JSONs; an arm missing a stage shows an empty cell.
 With --keep-jobs FOLDER, the job JSONs of each runner archive among --in are first copied to
 FOLDER/jobs-CALL.tar.gz (results/toy-study/globals/jobs), so that the screen's later sessions
@@ -64,7 +66,7 @@ STAGES = {"eval0": ("zero-shot", "test"), "eval1": ("continual", "test"),
           "domain0": ("zero-shot", "domain"), "domain1": ("continual", "domain")}
 BASES = {"tapa": "hybrid-tapa", "nope": "hybrid-nope"}  # each global kind's base arm
 OUTPUTS = ("perplexity.csv", "retrieval.csv", "retrieval_cells.csv", "screen.md",
-           "perplexity.png", "retrieval.png", "retrieval_heatmap.png")
+           "perplexity.png", "retrieval.png", "retrieval_heatmap.png", "tradeoff.png")
 
 
 def arm_id(job: dict) -> str:
@@ -551,14 +553,20 @@ def lever_of(arm: str) -> str:
     return arm
 
 
+def _lever_colours(plt, arms: list[str]) -> dict[str, str]:
+    """{arm: colour}, one colour a lever (`lever_of`): TAPA and NoPE twins share one."""
+    cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"] + ["black", "grey", "olive"]
+    levers = list(dict.fromkeys(lever_of(arm) for arm in arms))
+    return {arm: cycle[levers.index(lever_of(arm)) % len(cycle)] for arm in arms}
+
+
 def _line_panels(rows: list[dict], panels: int):
     """(plt, fig, axes, arms, style) of a figure of line panels: one colour a lever, so that the
     TAPA and NoPE twins under it share one (TAPA solid, NoPE dashed)."""
     plt = _pyplot()
     fig, axes = _panel_grid(plt, panels, columns=2 if panels == 4 else None)
-    cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"] + ["black", "grey", "olive"]
     arms = _arms(rows)
-    levers = list(dict.fromkeys(lever_of(arm) for arm in arms))
+    colours = _lever_colours(plt, arms)
     seeds = defaultdict(set)
     for row in rows:
         seeds[row["arm"]].add(row["seed"])
@@ -567,7 +575,7 @@ def _line_panels(rows: list[dict], panels: int):
         # the legend names the seeds each line pools, as the arms need not have run the same ones
         n = sorted(seeds[arm])
         label = f"{arm} (seed{'s' if len(n) > 1 else ''} {', '.join(map(str, n))})"
-        return {"color": cycle[levers.index(lever_of(arm)) % len(cycle)], "marker": "o", "markersize": 3,
+        return {"color": colours[arm], "marker": "o", "markersize": 3,
                 "linestyle": "--" if global_kind(arm) == "nope" else "-", "label": label}
     return plt, fig, axes, arms, style
 
@@ -657,6 +665,51 @@ def plot_seeds(ppl: list[dict], retrieval: list[dict], path: Path) -> Path | Non
                         "continual stage", path)
 
 
+def plot_tradeoff(ppl: list[dict], retrieval: list[dict], path: Path) -> Path | None:
+    """The screen's two deciding measures against each other: test perplexity at the longest
+    length (x) and retrieval beyond the window at the second-longest prompt (y; multi-key, else
+    the first suite task run), after the continual stage. A small mark per seed, a large one at
+    each arm's mean, named; one colour a lever, TAPA circles, NoPE squares, anchors triangles.
+    None when no arm has both measures."""
+    measures = _measures(ppl, retrieval)
+    x_measure = next((m for m in reversed(measures) if m.startswith("test ppl")), None)
+    tasks = [m.rsplit(" ", 1)[0] for m in measures if " ppl " not in m]
+    task = "multi-key" if "multi-key" in tasks else next(iter(tasks), None)
+    y_measure = next((m for m in measures if m.startswith(f"{task} ")), None) if task else None
+    values = _per_seed(ppl, retrieval)
+    arms = [a for a in _arms(ppl + retrieval)
+            if values.get((a, x_measure)) and values.get((a, y_measure))] if y_measure else []
+    if not x_measure or not arms:
+        return None
+    plt = _pyplot()
+    colours = _lever_colours(plt, arms)
+    fig, ax = plt.subplots(figsize=(8.5, 6))
+    for arm in arms:
+        xs, ys = values[(arm, x_measure)], values[(arm, y_measure)]
+        seeds = sorted(set(xs) & set(ys))
+        if not seeds:
+            continue
+        kind = global_kind(arm)
+        marker = {"tapa": "o", "nope": "s"}.get(kind, "^")
+        points = [(xs[k], ys[k]) for k in seeds]
+        ax.scatter(*zip(*points), color=colours[arm], marker=marker, s=14, alpha=0.45)
+        mean = (sum(x for x, _ in points) / len(points), sum(y for _, y in points) / len(points))
+        ax.scatter(*mean, color=colours[arm], marker=marker, s=70, edgecolors="black", linewidths=0.6,
+                   zorder=3)
+        name = f"{arm.removeprefix('hybrid-')} ({len(seeds)})"
+        ax.annotate(name, mean, xytext=(5, 3), textcoords="offset points", fontsize=7)
+    ax.set(xlabel=f"{x_measure.replace('test ppl', 'test perplexity at')} (lower is better)",
+           ylabel=f"{y_measure}: % correct beyond the window (higher is better)")
+    ax.grid(True, alpha=0.3)
+    ax.set_title("Length against retrieval after the continual stage: up and to the left is better\n"
+                 "(large mark: the mean over the seeds in brackets, small: each seed; TAPA circles, "
+                 "NoPE squares, a colour a lever)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def plot_heatmap(rows: list[dict], path: Path) -> Path | None:
     tasks = list(dict.fromkeys(r["task"] for r in rows))
     if not tasks:
@@ -729,7 +782,7 @@ def screen(paths, out_dir: str | Path, command: str, arms: list[str] | None = No
     sections.append(theory_markdown(theory_rows(jobs), jobs))  # the pretrained globals' logit decay
     plots = [plot_perplexity(ppl, out / "perplexity.png"), plot_retrieval(retrieval, out / "retrieval.png"),
              plot_heatmap(retrieval, out / "retrieval_heatmap.png"),
-             plot_seeds(ppl, retrieval, out / "seeds.png")]
+             plot_seeds(ppl, retrieval, out / "seeds.png"), plot_tradeoff(ppl, retrieval, out / "tradeoff.png")]
     sections += [f"![{p.stem}]({p.name})" for p in plots if p]
     (out / "screen.md").write_text("\n\n".join(s for s in sections if s) + "\n")
     return written + [out / "screen.md"] + [p for p in plots if p]

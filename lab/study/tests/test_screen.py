@@ -543,3 +543,20 @@ def test_screen_reports_its_progress_and_the_next_call(tmp_path):
     # a report of some arms only is not the screen's progress
     screen.screen([tmp_path], tmp_path / "some", "cmd", arms=["hybrid-tapa"])
     assert "Screen progress" not in (tmp_path / "some" / "screen.md").read_text()
+
+
+def test_tradeoff_plot_sets_far_perplexity_against_multi_key(tmp_path):
+    grid = lambda hits: {"multi-key": [[hits, hits], [hits, hits]]}
+    jobs = [screen_job("hybrid-tapa", seed, [10.0, 20.0 + seed], [30.0, 40.0], grid(2 + seed)) for seed in (0, 1)]
+    jobs.append(screen_job("hybrid-nope-w64", 0, [10.0, 22.0], [30.0, 40.0], grid(8)))
+    for index, job in enumerate(jobs):
+        (tmp_path / f"{index}.job.json").write_text(json.dumps(job))
+    written = screen.screen([tmp_path], tmp_path / "out", "cmd")
+    assert tmp_path / "out" / "tradeoff.png" in written
+    assert "![tradeoff](tradeoff.png)" in (tmp_path / "out" / "screen.md").read_text()
+    ppl, retrieval = screen.perplexity_rows(jobs), screen.retrieval_rows(jobs)[0]
+    values = screen._per_seed(ppl, retrieval)
+    assert values[("hybrid-tapa", "test ppl 16k")] == {0: 20.0, 1: 21.0}
+    assert values[("hybrid-nope-w64", "multi-key 8k")] == pytest.approx({0: 80.0})
+    # without a test-split perplexity there is nothing to set retrieval against
+    assert screen.plot_tradeoff([], retrieval, tmp_path / "none.png") is None
