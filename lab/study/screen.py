@@ -30,6 +30,9 @@ Every number comes from the job JSONs; an arm missing a stage shows an empty cel
 With --keep-jobs FOLDER, the job JSONs of each runner archive among --in are first copied to
 FOLDER/jobs-CALL.tar.gz (results/toy-study/globals/jobs), so that the screen's later sessions
 aggregate every call from the tree.
+With --anchors PATH..., the RoPE + YaRN anchor's jobs (arm rope-yarn) are read from those folders
+or archives too (only those: results/retrofit/toy-gpu/jobs holds the toy screen's, run with the
+retrofit's group), so that the goal table can check its length criterion.
 An arm run under toy-gpu-c4096 is named ARM@c4096, under toy-gpu-cl20 ARM@cl20, under
 scale-768-confirm ARM@768. The retrofits of issue 38 (retrofit-tapa,
 retrofit-nope) are compared with the hybrid of their kind trained from scratch; --arms keeps the
@@ -740,9 +743,22 @@ def plot_heatmap(rows: list[dict], path: Path) -> Path | None:
     return path
 
 
+ANCHOR = "rope-yarn"  # the goal's length anchor: RoPE continued with YaRN
+
+
 def screen(paths, out_dir: str | Path, command: str, arms: list[str] | None = None,
-           seeds: list[int] | None = None) -> list[Path]:
+           seeds: list[int] | None = None, anchors=()) -> list[Path]:
+    """The screen's tables and plots from the jobs in `paths`, with the RoPE + YaRN anchor's jobs
+    (arm `rope-yarn`, the screen's protocols) taken from `anchors` as well (a job met twice counts
+    once)."""
     jobs = screen_jobs(paths)
+    if anchors:
+        seen = {(j["protocol_id"], j["job"]) for j in jobs}
+        extra = [j for j in load_jobs(anchors) if j["arm"] == ANCHOR and j["protocol"]["name"] in PROTOCOL_TAGS
+                 and (j["protocol_id"], j["job"]) not in seen]
+        if not extra and not any(j["arm"] == ANCHOR for j in jobs):
+            raise ValueError(f"no {ANCHOR} job of the screen protocols in {[str(a) for a in anchors]}")
+        jobs += extra
     if arms:
         jobs = [j for j in jobs if arm_id(j) in arms]
         if not jobs:
@@ -830,6 +846,10 @@ def main(argv=None) -> int:
     parser.add_argument("--seeds", default=None,
                         help="comma-separated seeds to report (e.g. 0, where the other arms of a "
                              "table ran one seed); default: all")
+    parser.add_argument("--anchors", nargs="+", default=[], metavar="PATH",
+                        help=f"job folders or archives from which the RoPE + YaRN anchor's jobs "
+                             f"({ANCHOR}) are read too, for the goal's length criterion "
+                             "(results/retrofit/toy-gpu/jobs holds the toy screen's)")
     parser.add_argument("--keep-jobs", metavar="FOLDER",
                         help="first copy the job JSONs of each runner archive among --in into "
                              "FOLDER/jobs-CALL.tar.gz (the screen's record in the tree)")
@@ -848,9 +868,10 @@ def main(argv=None) -> int:
         raise SystemExit(f"lab.study.screen: --seeds takes comma-separated integers, "
                          f"not {args.seeds!r}") from None
     command = (f"python3 -m lab.study.screen --in {' '.join(args.inputs)} --out {args.out}"
+               + (f" --anchors {' '.join(args.anchors)}" if args.anchors else "")
                + (f" --arms {args.arms}" if arms else "") + (f" --seeds {args.seeds}" if seeds else ""))
     try:
-        written = screen(args.inputs, args.out, command, arms, seeds)
+        written = screen(args.inputs, args.out, command, arms, seeds, args.anchors)
     except ValueError as err:
         raise SystemExit(f"lab.study.screen: {err}") from err
     print(f"wrote {len(written)} files to {args.out}: " + ", ".join(p.name for p in written))

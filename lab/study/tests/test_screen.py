@@ -560,3 +560,25 @@ def test_tradeoff_plot_sets_far_perplexity_against_multi_key(tmp_path):
     assert values[("hybrid-nope-w64", "multi-key 8k")] == pytest.approx({0: 80.0})
     # without a test-split perplexity there is nothing to set retrieval against
     assert screen.plot_tradeoff([], retrieval, tmp_path / "none.png") is None
+
+
+def test_anchors_bring_only_the_rope_yarn_jobs_and_the_goal_reads_them(tmp_path):
+    grid = {"multi-key": [[5, 5], [5, 5]]}
+    main, other = tmp_path / "main", tmp_path / "other"
+    main.mkdir(), other.mkdir()
+    for seed in (0, 1, 2):
+        (main / f"t{seed}.job.json").write_text(json.dumps(screen_job("hybrid-tapa-llg", seed, [10.0, 20.0], [30.0, 40.0], grid)))
+        (main / f"n{seed}.job.json").write_text(json.dumps(screen_job("hybrid-nope", seed, [10.0, 21.0], [30.0, 40.0], grid)))
+    (other / "r0.job.json").write_text(json.dumps(screen_job("rope-yarn", 0, [10.0, 19.0], [30.0, 40.0], grid)))
+    (other / "x0.job.json").write_text(json.dumps(screen_job("retrofit-tapa", 0, [10.0, 30.0], [30.0, 40.0], grid)))
+    screen.screen([main], tmp_path / "without", "cmd")
+    assert "no rope-yarn arm with shared seeds" in (tmp_path / "without" / "screen.md").read_text()
+    # the anchor's folder twice: its rope-yarn job counts once, the retrofit there not at all
+    screen.screen([main], tmp_path / "with", "cmd", anchors=[other, other / "r0.job.json"])
+    text = (tmp_path / "with" / "screen.md").read_text()
+    assert "not met (x1.053, seeds 0)" in text  # 20 / 19 at 16k
+    assert "| rope-yarn |" in text and "retrofit-tapa" not in text
+    with open(tmp_path / "with" / "perplexity.csv", newline="") as handle:
+        assert sum(r["arm"] == "rope-yarn" and r["length"] == "16384" for r in csv.DictReader(handle)) == 2  # test, domain
+    with pytest.raises(ValueError, match="no rope-yarn job"):
+        screen.screen([main], tmp_path / "none", "cmd", anchors=[main])
