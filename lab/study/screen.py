@@ -687,20 +687,30 @@ def plot_tradeoff(ppl: list[dict], retrieval: list[dict], path: Path) -> Path | 
     plt = _pyplot()
     colours = _lever_colours(plt, arms)
     fig, ax = plt.subplots(figsize=(8.5, 6))
+    means = {}
     for arm in arms:
         xs, ys = values[(arm, x_measure)], values[(arm, y_measure)]
         seeds = sorted(set(xs) & set(ys))
         if not seeds:
             continue
-        kind = global_kind(arm)
-        marker = {"tapa": "o", "nope": "s"}.get(kind, "^")
+        marker = {"tapa": "o", "nope": "s"}.get(global_kind(arm), "^")
         points = [(xs[k], ys[k]) for k in seeds]
         ax.scatter(*zip(*points), color=colours[arm], marker=marker, s=14, alpha=0.45)
-        mean = (sum(x for x, _ in points) / len(points), sum(y for _, y in points) / len(points))
-        ax.scatter(*mean, color=colours[arm], marker=marker, s=70, edgecolors="black", linewidths=0.6,
-                   zorder=3)
-        name = f"{arm.removeprefix('hybrid-')} ({len(seeds)})"
-        ax.annotate(name, mean, xytext=(5, 3), textcoords="offset points", fontsize=7)
+        means[arm] = (sum(x for x, _ in points) / len(points), sum(y for _, y in points) / len(points),
+                      len(seeds))
+        ax.scatter(*means[arm][:2], color=colours[arm], marker=marker, s=70, edgecolors="black",
+                   linewidths=0.6, zorder=3)
+    # names beside the means, each moved down past any name already placed close to it
+    (x0, x1), (y0, y1) = ax.get_xlim(), ax.get_ylim()
+    placed = []
+    for arm, (x, y, n) in sorted(means.items(), key=lambda item: -item[1][1]):
+        u, v = (x - x0) / (x1 - x0), (y - y0) / (y1 - y0)
+        shift = 0
+        while any(abs(u - pu) < 0.16 and abs(v - shift - pv) < 0.03 for pu, pv in placed):
+            shift += 0.03
+        placed.append((u, v - shift))
+        ax.annotate(f"{arm.removeprefix('hybrid-')} ({n})", (x, y), fontsize=7, textcoords="offset points",
+                    xytext=(5, 3 - shift * fig.get_figheight() * 72 * ax.get_position().height))
     ax.set(xlabel=f"{x_measure.replace('test ppl', 'test perplexity at')} (lower is better)",
            ylabel=f"{y_measure}: % correct beyond the window (higher is better)")
     ax.grid(True, alpha=0.3)
