@@ -582,3 +582,15 @@ def test_anchors_bring_only_the_rope_yarn_jobs_and_the_goal_reads_them(tmp_path)
         assert sum(r["arm"] == "rope-yarn" and r["length"] == "16384" for r in csv.DictReader(handle)) == 2  # test, domain
     with pytest.raises(ValueError, match="no rope-yarn job"):
         screen.screen([main], tmp_path / "none", "cmd", anchors=[main])
+
+
+def test_power_of_the_goal_criterion():
+    from lab.study import power
+
+    assert power.power(0.0, 1.0, trials=400) <= 0.05  # no true difference: at most the test's level
+    assert power.power(10.0, 1.0, trials=200) == 1.0  # a gap of ten spreads: every draw separates
+    weak, strong = power.power(0.5, 1.0, trials=400), power.power(2.0, 1.0, trials=400)
+    assert weak < strong
+    assert power.power(1.0, 1.0, seeds=5, trials=400) > power.power(1.0, 1.0, seeds=3, trials=400)
+    with pytest.raises(ValueError, match="seeds >= 2"):
+        power.power(1.0, 1.0, seeds=1)
