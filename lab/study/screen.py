@@ -15,8 +15,9 @@ stage 20% of pretraining") and writes to --out:
     screen.md             issue 37's goal, criterion by criterion, for each TAPA/NoPE pair with
                           3+ seeds a side (and the best single-key score at 8x the pretraining
                           length), the screen's progress (the seeds each planned arm has run,
-                          the arms not run yet and the next call), each lever against its global kind's base arm, each TAPA arm against
-                          NoPE globals under the same lever (the screen's headline), seed by seed
+                          the arms not run yet and the next call), each lever against its global
+                          kind's base arm, each TAPA arm against NoPE globals under the same
+                          lever (the screen's headline), seed by seed
                           with one-sided tests where both have 2+ seeds, then perplexity and
                           retrieval per arm (the trained passkey grid, then the suite), and the
                           pretrained global layer's logit mean / variance vs distance
@@ -764,7 +765,8 @@ def screen(paths, out_dir: str | Path, command: str, arms: list[str] | None = No
     jobs = screen_jobs(paths)
     if anchors:
         seen = {(j["protocol_id"], j["job"]) for j in jobs}
-        extra = [j for j in load_jobs(anchors) if j["arm"] == ANCHOR and j["protocol"]["name"] in PROTOCOL_TAGS
+        extra = [j for j in load_jobs(anchors)
+                 if j["arm"] == ANCHOR and j["protocol"]["name"] in PROTOCOL_TAGS
                  and (j["protocol_id"], j["job"]) not in seen]
         if not extra and not any(j["arm"] == ANCHOR for j in jobs):
             raise ValueError(f"no {ANCHOR} job of the screen protocols in {[str(a) for a in anchors]}")
@@ -800,15 +802,16 @@ def screen(paths, out_dir: str | Path, command: str, arms: list[str] | None = No
                 f"({', '.join(sorted({j['protocol']['name'] for j in jobs}))}); hardware: "
                 f"{'; '.join(hardware) or 'unknown'}; jobs dated {dates[0][:10]} to "
                 f"{dates[-1][:10]}" + (f"; {domain_line}." if domain_line else "."),
-                goal_table(ppl, retrieval, pretrain_len), "" if arms or seeds is not None else progress_table(jobs),
-                lever_table(ppl, retrieval),
-                kind_table(ppl, retrieval), seed_table(ppl, retrieval)]
+                goal_table(ppl, retrieval, pretrain_len),
+                "" if arms or seeds is not None else progress_table(jobs),  # the whole screen's only
+                lever_table(ppl, retrieval), kind_table(ppl, retrieval), seed_table(ppl, retrieval)]
     sections += [perplexity_table(ppl, s, d) for s in ("continual", "zero-shot") for d in ("test", "domain")]
     sections += [retrieval_table(retrieval, t) for t in dict.fromkeys(r["task"] for r in retrieval)]
     sections.append(theory_markdown(theory_rows(jobs), jobs))  # the pretrained globals' logit decay
     plots = [plot_perplexity(ppl, out / "perplexity.png"), plot_retrieval(retrieval, out / "retrieval.png"),
              plot_heatmap(retrieval, out / "retrieval_heatmap.png"),
-             plot_seeds(ppl, retrieval, out / "seeds.png"), plot_tradeoff(ppl, retrieval, out / "tradeoff.png")]
+             plot_seeds(ppl, retrieval, out / "seeds.png"),
+             plot_tradeoff(ppl, retrieval, out / "tradeoff.png")]
     sections += [f"![{p.stem}]({p.name})" for p in plots if p]
     (out / "screen.md").write_text("\n\n".join(s for s in sections if s) + "\n")
     return written + [out / "screen.md"] + [p for p in plots if p]
