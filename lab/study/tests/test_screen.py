@@ -200,6 +200,18 @@ def screen_job(arm, seed, continual, domain_ppl, tasks, protocol="toy-gpu-screen
                         "passkey": {"passkey": passkey, "tasks": grids}}}
 
 
+def write_jobs(folder, jobs):
+    for index, job in enumerate(jobs):
+        (folder / f"{index}.job.json").write_text(json.dumps(job))
+
+
+def screen_text(tmp_path, jobs) -> str:
+    """screen.md of the screen run on `jobs`, written to tmp_path."""
+    write_jobs(tmp_path, jobs)
+    screen.screen([tmp_path], tmp_path / "out", "cmd")
+    return (tmp_path / "out" / "screen.md").read_text()
+
+
 def test_screen_tables_compare_each_lever_with_its_base(tmp_path):
     full, half = [[10, 10], [10, 10]], [[5, 5], [5, 5]]
     jobs = [screen_job("hybrid-tapa", 0, [10.0, 20.0], [30.0, 40.0], {"single-key": half, "multi-key": half}),
@@ -209,8 +221,7 @@ def test_screen_tables_compare_each_lever_with_its_base(tmp_path):
             screen_job("hybrid-nope", 0, [11.0, 30.0], [31.0, 50.0], {"single-key": full, "multi-key": full})]
     folder = tmp_path / "in"
     folder.mkdir()
-    for index, job in enumerate(jobs):
-        (folder / f"{index}.job.json").write_text(json.dumps(job))
+    write_jobs(folder, jobs)
     written = screen.screen([folder], tmp_path / "out", "cmd")
     assert {p.name for p in written} == set(screen.OUTPUTS)
     text = (tmp_path / "out" / "screen.md").read_text()
@@ -245,10 +256,7 @@ def test_screen_sets_tapa_against_nope_under_the_same_lever(tmp_path):
             screen_job("hybrid-tapa-w64", 0, [10.0, 22.0], [30.0, 40.0], {"passkey": none, "single-key": none}),
             screen_job("hybrid-nope", 0, [10.0, 20.0], [30.0, 50.0], {"passkey": half, "single-key": half}),
             screen_job("hybrid-nope-w64", 0, [10.0, 11.0], [30.0, 40.0], {"passkey": full, "single-key": full})]
-    for index, job in enumerate(jobs):
-        (tmp_path / f"{index}.job.json").write_text(json.dumps(job))
-    screen.screen([tmp_path], tmp_path / "out", "cmd")
-    text = (tmp_path / "out" / "screen.md").read_text()
+    text = screen_text(tmp_path, jobs)
     table = next(part for part in text.split("\n\n") if part.startswith("| arm | NoPE arm |"))
     assert "| passkey 8k | passkey 16k | single-key 8k | single-key 16k |" in table
     rows = {line.split(" | ")[0].strip("| "): line for line in table.splitlines()[2:]}
@@ -278,8 +286,7 @@ def test_screen_tests_tapa_against_nope_seed_by_seed(tmp_path):
              screen_job("hybrid-tapa-w64", 0, [10.0, 18.0], [30.0, 40.0], {"single-key": hits(2)}),
              screen_job("hybrid-tapa-theta75-pk10", 1, [10.0, 18.0], [30.0, 40.0], {"single-key": hits(2)}),
              screen_job("hybrid-nope-pk10", 1, [10.0, 18.0], [30.0, 40.0], {"single-key": hits(2)})]
-    for index, job in enumerate(jobs):
-        (tmp_path / f"{index}.job.json").write_text(json.dumps(job))
+    write_jobs(tmp_path, jobs)
     written = screen.screen([tmp_path], tmp_path / "out", "cmd")
     assert (tmp_path / "out" / "seeds.png") in written  # the arms with 2+ seeds, seed by seed
     text = (tmp_path / "out" / "screen.md").read_text()
@@ -331,10 +338,7 @@ def test_screen_scores_retrieval_beyond_the_local_window(tmp_path):
     assert (tapa["correct"], tapa["trials"], tapa["far_correct"], tapa["far_trials"]) == (10, 30, 0, 20)
     assert found[("rope-yarn", 16384)]["far_accuracy"] == 0.3 and found[("rope-yarn", 16384)]["beyond"] == 256
     assert [c["beyond_window"] for c in cells[:3]] == [True, True, False]
-    for index, job in enumerate(jobs):
-        (tmp_path / f"{index}.job.json").write_text(json.dumps(job))
-    screen.screen([tmp_path], tmp_path / "out", "cmd")
-    text = (tmp_path / "out" / "screen.md").read_text()
+    text = screen_text(tmp_path, jobs)
     # TAPA's 33% over every depth is 0% beyond the window, NoPE's 60% against 73% over every depth
     assert "| hybrid-tapa | hybrid-nope | 0 | +0.0% | +0.0% | +0.0% | +0.0% | -60 | -30 |" in text
     assert "| hybrid-tapa | 0 (0-16); all 33 | 0 (0-16); all 33 |" in text
@@ -395,10 +399,7 @@ def test_the_goal_is_read_against_every_nope_arm_with_three_seeds(tmp_path):
                             protocol="scale-768-confirm")]
     jobs += [screen_job("hybrid-nope-w64", seed, [10.0, 12.0], [30.0, 40.0], {"multi-key": hits(10)})
              for seed in range(2)]
-    for index, job in enumerate(jobs):
-        (tmp_path / f"{index}.job.json").write_text(json.dumps(job))
-    screen.screen([tmp_path], tmp_path / "out", "cmd")
-    text = (tmp_path / "out" / "screen.md").read_text()
+    text = screen_text(tmp_path, jobs)
     table = next(part for part in text.split("\n\n") if part.startswith("| arm | NoPE arm | seeds | perplexity, far"))
     rows = [line.split(" | ")[:2] for line in table.splitlines()[2:]]
     assert rows == [["| hybrid-tapa-llg", "hybrid-nope-llg"], ["| hybrid-tapa-llg", "hybrid-nope"]]
@@ -529,10 +530,7 @@ def test_screen_reports_its_progress_and_the_next_call(tmp_path):
     jobs += [screen_job("hybrid-nope", 0, [10.0, 20.0], [30.0, 40.0], grid),
              screen_job("hybrid-tapa-w64", 0, [10.0, 20.0], [30.0, 40.0], grid),
              screen_job("hybrid-nope", 0, [10.0, 20.0], [30.0, 40.0], grid, protocol="toy-gpu-c4096")]
-    for index, job in enumerate(jobs):
-        (tmp_path / f"{index}.job.json").write_text(json.dumps(job))
-    screen.screen([tmp_path], tmp_path / "out", "cmd")
-    text = (tmp_path / "out" / "screen.md").read_text()
+    text = screen_text(tmp_path, jobs)
     assert "| hybrid-tapa | toy-gpu-screen | 0, 1, 2 |" in text
     assert "| hybrid-nope-w64 | toy-gpu-screen | not run |" in text
     assert "| hybrid-nope | toy-gpu-c4096 | 0 |" in text and "| hybrid-tapa | toy-gpu-c4096 | not run |" in text
@@ -549,8 +547,7 @@ def test_tradeoff_plot_sets_far_perplexity_against_multi_key(tmp_path):
     grid = lambda hits: {"multi-key": [[hits, hits], [hits, hits]]}
     jobs = [screen_job("hybrid-tapa", seed, [10.0, 20.0 + seed], [30.0, 40.0], grid(2 + seed)) for seed in (0, 1)]
     jobs.append(screen_job("hybrid-nope-w64", 0, [10.0, 22.0], [30.0, 40.0], grid(8)))
-    for index, job in enumerate(jobs):
-        (tmp_path / f"{index}.job.json").write_text(json.dumps(job))
+    write_jobs(tmp_path, jobs)
     written = screen.screen([tmp_path], tmp_path / "out", "cmd")
     assert tmp_path / "out" / "tradeoff.png" in written
     assert "![tradeoff](tradeoff.png)" in (tmp_path / "out" / "screen.md").read_text()
