@@ -579,6 +579,11 @@ def test_anchors_bring_only_the_rope_yarn_jobs_and_the_goal_reads_them(tmp_path)
         assert sum(r["arm"] == "rope-yarn" and r["length"] == "16384" for r in csv.DictReader(handle)) == 2  # test, domain
     with pytest.raises(ValueError, match="no rope-yarn job"):
         screen.screen([main], tmp_path / "none", "cmd", anchors=[main])
+    # the anchor's job among the inputs as well: still once
+    (main / "r0.job.json").write_text((other / "r0.job.json").read_text())
+    screen.screen([main], tmp_path / "both", "cmd", anchors=[other])
+    with open(tmp_path / "both" / "perplexity.csv", newline="") as handle:
+        assert sum(r["arm"] == "rope-yarn" and r["length"] == "16384" for r in csv.DictReader(handle)) == 2
 
 
 def test_power_of_the_goal_criterion():
