@@ -53,6 +53,7 @@ from pathlib import Path
 
 from lab.study.aggregate import (_log_length_axes, _panel_grid, _save_panels, load_jobs, theory_markdown,
                                   theory_rows)
+from lab.study.arms import screen_plan
 
 from tapa._paths import write_csv
 from tapa.eval.plots import _pyplot, length_label
@@ -93,14 +94,20 @@ def _split_tag(arm: str) -> tuple[str, str]:
     return name, at + tag
 
 
+def _scale(arm: str) -> str:
+    """The scale an arm is compared within: its scale tag (@768), else '' (a protocol lever such as
+    @c4096 is read beside the toy arms)."""
+    tag = _split_tag(arm)[1]
+    return tag if tag in SCALE_TAGS else ""
+
+
 def base_of(arm: str) -> str | None:
     """The base arm of the arm's global kind: at the same scale (a scale step such as @768 is
     compared within itself), while a protocol lever (@c4096, @cl20) is compared with the base arm."""
     kind = global_kind(arm)
     if kind not in BASES:
         return None
-    tag = _split_tag(arm)[1]
-    base = BASES[kind] + (tag if tag in SCALE_TAGS else "")
+    base = BASES[kind] + _scale(arm)
     return base if arm != base else None
 
 
@@ -293,13 +300,6 @@ def kind_table(ppl: list[dict], retrieval: list[dict]) -> str:
                        "lever, or against the NoPE base where the lever is TAPA's own", "NoPE arm")
 
 
-def _scale(arm: str) -> str:
-    """The scale an arm is compared within: its scale tag (@768), else '' (a protocol lever such as
-    @c4096 is read beside the toy arms)."""
-    tag = _split_tag(arm)[1]
-    return tag if tag in SCALE_TAGS else ""
-
-
 def _seeded(values: dict, ppl: list[dict], retrieval: list[dict], least: int,
             every_nope: bool = False) -> tuple[dict, list]:
     """({arm: its seeds} over `_per_seed`'s values, the kind pairs in which both arms have `least`
@@ -326,6 +326,13 @@ def _one_sided(mine: list[float], theirs: list[float], lower_is_better: bool) ->
     sign = 1.0 if lower_is_better else -1.0
     a, b = [sign * v for v in mine], [sign * v for v in theirs]
     return welch_t(a, b)[2], mann_whitney_exact(a, b)[1]
+
+
+def goal_p(mine: list[float], theirs: list[float], lower_is_better: bool) -> float:
+    """The p the goal reads for one measure: the larger of the two one-sided p-values, or the
+    Mann-Whitney p alone where Welch's t has none (no spread in either sample)."""
+    p_welch, p_mw = _one_sided(mine, theirs, lower_is_better)
+    return p_mw if math.isnan(p_welch) else max(p_welch, p_mw)
 
 
 def seed_table(ppl: list[dict], retrieval: list[dict]) -> str:
@@ -407,9 +414,7 @@ def goal_table(ppl: list[dict], retrieval: list[dict], pretrain_len: int | None 
             for measure in measure_group:
                 a, b = values.get((tapa, measure), {}), values.get((nope, measure), {})
                 if len(a) >= GOAL_SEEDS and len(b) >= GOAL_SEEDS:
-                    p_welch, p_mw = _one_sided([a[k] for k in sorted(a)], [b[k] for k in sorted(b)],
-                                               "ppl" in measure)
-                    ps.append(p_mw if math.isnan(p_welch) else max(p_welch, p_mw))
+                    ps.append(goal_p([a[k] for k in sorted(a)], [b[k] for k in sorted(b)], "ppl" in measure))
             if len(ps) < len(measure_group) or not ps:
                 cells.append("not measured")
                 met.append(False)
@@ -461,8 +466,6 @@ def progress_table(jobs: list[dict]) -> str:
     """Issue 37's screen arm by arm (lab/study/arms.py, screen_plan): the seeds each has run, the
     arms not run yet in the plan's order, and the runner call that starts the first two of them.
     Empty when none of the jobs is of the toy screen's protocols."""
-    from lab.study.arms import screen_plan
-
     plan = screen_plan()
     protocols = {protocol for protocol, _ in plan}
     mine = [j for j in jobs if j["protocol"]["name"] in protocols]
@@ -549,12 +552,9 @@ def retrieval_table(rows: list[dict], task: str) -> str:
 
 def lever_of(arm: str) -> str:
     """The setting an arm's global kind runs under: 'hybrid-*-w128' for both 'hybrid-tapa-w128'
-    and 'hybrid-nope-w128' (twins), the arm itself for an anchor."""
-    name, tag = _split_tag(arm)
-    for base in BASES.values():
-        if name == base or name.startswith(base + "-"):
-            return "hybrid-*" + name[len(base):] + tag
-    return arm
+    and 'hybrid-nope-w128' (twins; likewise the retrofits), the arm itself for an anchor."""
+    kind = global_kind(arm)
+    return arm.replace(kind, "*", 1) if kind in BASES else arm
 
 
 def _lever_colours(plt, arms: list[str]) -> dict[str, str]:
@@ -710,8 +710,8 @@ def plot_tradeoff(ppl: list[dict], retrieval: list[dict], path: Path) -> Path | 
         while any(abs(u - pu) < 0.16 and abs(v - shift - pv) < 0.03 for pu, pv in placed):
             shift += 0.03
         placed.append((u, v - shift))
-        ax.annotate(f"{arm.removeprefix('hybrid-')} ({n})", (x, y), fontsize=7, textcoords="offset points",
-                    xytext=(5, 3 - shift * fig.get_figheight() * 72 * ax.get_position().height))
+        ax.annotate(f"{arm.removeprefix('hybrid-')} ({n})", (x, y), xytext=(u + 0.008, v - shift + 0.008),
+                    textcoords="axes fraction", fontsize=7)
     ax.set(xlabel=f"{x_measure.replace('test ppl', 'test perplexity at')} (lower is better)",
            ylabel=f"{y_measure}: % correct beyond the window (higher is better)")
     ax.grid(True, alpha=0.3)

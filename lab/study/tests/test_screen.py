@@ -507,6 +507,7 @@ def test_plots_give_twins_one_colour_and_each_lever_its_own():
     assert screen.lever_of("hybrid-nope@768") == screen.lever_of("hybrid-tapa@768") == "hybrid-*@768"
     assert screen.lever_of("hybrid-tapa-theta75") == "hybrid-*-theta75"
     assert screen.lever_of("rope-yarn") == "rope-yarn"
+    assert screen.lever_of("retrofit-tapa-clr03") == screen.lever_of("retrofit-nope-clr03") == "retrofit-*-clr03"
     arms_run = ["hybrid-tapa", "hybrid-tapa-w128", "hybrid-tapa-theta75", "hybrid-nope", "hybrid-nope-w128",
                 "rope-yarn"]
     plt, fig, _, _, style = screen._line_panels([{"arm": arm, "seed": 0} for arm in arms_run], 4)
