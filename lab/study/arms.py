@@ -67,6 +67,8 @@ def ratio_pattern(n_layers: int, every: int) -> str:
 # the LLG ratio lever's label and model flags ({...}: filled per protocol by plan._fill)
 LLG_LABEL = "LLG ratio ({llg_pattern}: {llg_globals} of {n_layers} layers global)"
 LLG_MODEL = ("--layer-pattern", "{llg_pattern}", "--local-window", "256")
+# the log-length query temperature of the global layers, with its base at the pretraining length
+TEMPERATURE = ("--query-temperature-base", "{pretrain_len}")
 
 
 def _globals_screen() -> list:
@@ -80,7 +82,13 @@ def _globals_screen() -> list:
         levers = [
             ("w64", "window 64", ("--layer-pattern", "LLLG", "--local-window", "64"), ()),
             ("w128", "window 128", ("--layer-pattern", "LLLG", "--local-window", "128"), ()),
-            ("temp", "query temperature", (*HYBRID, "--query-temperature-base", "{pretrain_len}"), ()),
+            ("temp", "query temperature", (*HYBRID, *TEMPERATURE), ()),
+            # the query temperature moved both kinds most on seed 0 (2026-12-06): with the lever
+            # that raised NoPE's single-key retrieval next most (window 128), and with TAPA's best
+            # three-seed ratio (LLG)
+            ("temp-w128", "query temperature, window 128",
+             ("--layer-pattern", "LLLG", "--local-window", "128", *TEMPERATURE), ()),
+            ("temp-llg", f"query temperature, {LLG_LABEL}", (*LLG_MODEL, *TEMPERATURE), ()),
             # the ratio levers, written out over the protocol's layers (ratio_pattern): a short
             # pattern repeats from layer 0, so "LLG" over the toy's 8 layers would be LLGLLGLL, the
             # last two layers local. 8 layers: LGLLGLLG and LLLLLLLG; 12: LLGLLGLLGLLG, LLLLLGLLLLLG
@@ -194,6 +202,22 @@ def screen_plan() -> list[tuple[str, str]]:
         plan += [("toy-gpu-screen", n) for n in (name, twin) if n in screen]
     plan += [("toy-gpu-c4096", f"hybrid-{kind}") for kind in GLOBAL_KINDS]
     return plan
+
+
+def screen_queue() -> list[tuple[str, str, int]]:
+    """Every planned job of issue 37's screen as (protocol, arm, seed), in the order they should
+    run (a caller skips those already run): first the seeds that a lever's seed 0 calls for, then
+    seed 0 of each arm in `screen_plan`'s order, then the other arms' seeds 1-2.
+    Reordered by hand as results come in; results/toy-study/globals/README.md says why."""
+    screen, kinds = "toy-gpu-screen", list(GLOBAL_KINDS)
+    # 2026-12-06, seed 0: the query temperature lowered 16k perplexity 6-8% for both kinds and
+    # lifted NoPE's single-key retrieval at 4k from 26% to 76%, the most of any lever: is it real?
+    first = [(screen, f"hybrid-{kind}-temp", seed) for seed in (1, 2) for kind in kinds]
+    seed0 = [(protocol, arm, 0) for protocol, arm in screen_plan()]
+    # window 128 (NoPE's best multi-key on seed 0) and theta 0.75 at LLG (TAPA's best multi-key)
+    later = [(screen, f"hybrid-{kind}-w128", seed) for seed in (1, 2) for kind in kinds]
+    later += [(screen, "hybrid-tapa-theta75-llg", seed) for seed in (1, 2)]
+    return list(dict.fromkeys(first + seed0 + later))
 
 
 def stages_of(protocol) -> list[str]:

@@ -53,7 +53,7 @@ from pathlib import Path
 
 from lab.study.aggregate import (_log_length_axes, _panel_grid, _save_panels, load_jobs, theory_markdown,
                                   theory_rows)
-from lab.study.arms import screen_plan
+from lab.study.arms import screen_plan, screen_queue
 
 from tapa._paths import write_csv
 from tapa.eval.plots import _pyplot, length_label
@@ -463,9 +463,9 @@ def goal_table(ppl: list[dict], retrieval: list[dict], pretrain_len: int | None 
 
 
 def progress_table(jobs: list[dict]) -> str:
-    """Issue 37's screen arm by arm (lab/study/arms.py, screen_plan): the seeds each has run, the
-    arms not run yet in the plan's order, and the runner call that starts the first two of them.
-    Empty when none of the jobs is of the toy screen's protocols."""
+    """Issue 37's screen arm by arm (lab/study/arms.py, screen_plan and screen_queue): the seeds
+    each has run and those queued, the queue's next jobs in order, and the runner call that starts
+    the first two of them. Empty when none of the jobs is of the toy screen's protocols."""
     plan = screen_plan()
     protocols = {protocol for protocol, _ in plan}
     mine = [j for j in jobs if j["protocol"]["name"] in protocols]
@@ -474,25 +474,30 @@ def progress_table(jobs: list[dict]) -> str:
     seeds = defaultdict(set)
     for job in mine:
         seeds[(job["protocol"]["name"], job["arm"])].add(job["seed"])
-    lines = ["Screen progress: the planned arms (`lab/study/arms.py`, `screen_plan`) and the seeds "
-             "each has run.", "", "| arm | protocol | seeds run |", "|---|---|---|"]
-    for protocol, arm in plan:
-        done = sorted(seeds.get((protocol, arm), ()))
-        lines.append(f"| {arm} | {protocol} | {', '.join(map(str, done)) or 'not run'} |")
-    left = [(protocol, arm) for protocol, arm in plan if (protocol, arm) not in seeds]
-    run = len(plan) - len(left)
+    queue = [(p, arm, seed) for p, arm, seed in screen_queue() if seed not in seeds.get((p, arm), ())]
+    queued = defaultdict(list)
+    for protocol, arm, seed in queue:
+        queued[(protocol, arm)].append(seed)
+    lines = ["Screen progress: the planned arms (`lab/study/arms.py`, `screen_plan`), the seeds each "
+             "has run and the seeds queued (`screen_queue`).", "",
+             "| arm | protocol | seeds run | queued |", "|---|---|---|---|"]
+    for key in plan:
+        done = ", ".join(map(str, sorted(seeds.get(key, ())))) or "not run"
+        lines.append(f"| {key[1]} | {key[0]} | {done} | {', '.join(map(str, sorted(queued.get(key, ())))) or '-'} |")
+    run = sum(key in seeds for key in plan)
     three = sum(len(seeds.get(key, ())) >= 3 for key in plan)
     lines += ["", f"Run: {run} of {len(plan)} arms, {three} with 3+ seeds."]
-    if left:
+    if queue:
         lrs = [j["lr"] for j in mine]
         lr = max(set(lrs), key=lrs.count)  # the screen's one learning rate, as its jobs ran it
-        protocol = left[0][0]
-        first = [arm for p, arm in left if p == protocol][:2]
-        lines[-1] += (" Not run yet, in the plan's order: "
-                      + ", ".join(arm + ("" if p == "toy-gpu-screen" else f" ({p})") for p, arm in left)
+        protocol = queue[0][0]
+        first = [(arm, seed) for p, arm, seed in queue if p == protocol][:2]
+        lines[-1] += (f" Queued: {len(queue)} jobs, in order: "
+                      + ", ".join(f"{arm}{'' if p == 'toy-gpu-screen' else f' ({p})'} seed {seed}"
+                                  for p, arm, seed in queue)
                       + f". The next call: `bash scripts/gpu_study.sh batch --protocol {protocol} "
                       f"--concurrent 1 --time-budget 560 --allow-partial --jobs "
-                      + ",".join(f"{arm}:{lr:g}:0" for arm in first) + "`.")
+                      + ",".join(f"{arm}:{lr:g}:{seed}" for arm, seed in first) + "`.")
     return "\n".join(lines)
 
 
@@ -561,6 +566,8 @@ def _lever_colours(plt, arms: list[str]) -> dict[str, str]:
     """{arm: colour}, one colour a lever (`lever_of`): TAPA and NoPE twins share one."""
     cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"] + ["black", "grey", "olive"]
     levers = list(dict.fromkeys(lever_of(arm) for arm in arms))
+    if len(levers) > len(cycle):  # the whole screen has more levers: 20 paler pairs, then black
+        cycle = [plt.get_cmap("tab20")(i) for i in range(20)] + ["black"]
     return {arm: cycle[levers.index(lever_of(arm)) % len(cycle)] for arm in arms}
 
 

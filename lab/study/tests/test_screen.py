@@ -518,6 +518,11 @@ def test_plots_give_twins_one_colour_and_each_lever_its_own():
     assert (styles["hybrid-tapa-w128"]["linestyle"], styles["hybrid-nope-w128"]["linestyle"]) == ("-", "--")
     levers = [styles[arm]["color"] for arm in ("hybrid-tapa", "hybrid-tapa-w128", "hybrid-tapa-theta75", "rope-yarn")]
     assert len(set(levers)) == 4
+    # the whole screen's levers (more than the default cycle's colours) still get one colour each
+    every = [arm for _, arm in arms.screen_plan()] + ["rope-yarn"]
+    colours = screen._lever_colours(plt, every)
+    assert len({screen.lever_of(arm) for arm in every}) > 13
+    assert len({str(colours[arm]) for arm in every}) == len({screen.lever_of(arm) for arm in every})
 
 
 def test_screen_reports_its_progress_and_the_next_call(tmp_path):
@@ -526,19 +531,28 @@ def test_screen_reports_its_progress_and_the_next_call(tmp_path):
                         ("toy-gpu-screen", "hybrid-tapa-w64"), ("toy-gpu-screen", "hybrid-nope-w64")]
     assert ("toy-gpu-c4096", "hybrid-nope") in plan and ("toy-gpu-screen", "hybrid-tapa-theta75-llg") in plan
     assert all(arm in arms.ARMS for _, arm in plan) and len(set(plan)) == len(plan)
+    # the queue: every planned arm's seed 0, the follow-up seeds of planned arms, no job twice
+    queue = arms.screen_queue()
+    assert len(set(queue)) == len(queue) and {(p, a) for p, a, _ in queue} == set(plan)
+    assert {(p, a) for p, a, s in queue if s == 0} == set(plan)
+    assert queue[:2] == [("toy-gpu-screen", "hybrid-tapa-temp", 1), ("toy-gpu-screen", "hybrid-nope-temp", 1)]
     grid = {"single-key": [[5, 5], [5, 5]]}
     jobs = [screen_job("hybrid-tapa", seed, [10.0, 20.0], [30.0, 40.0], grid) for seed in (0, 1, 2)]
     jobs += [screen_job("hybrid-nope", 0, [10.0, 20.0], [30.0, 40.0], grid),
              screen_job("hybrid-tapa-w64", 0, [10.0, 20.0], [30.0, 40.0], grid),
+             screen_job("hybrid-tapa-temp", 1, [10.0, 20.0], [30.0, 40.0], grid),
              screen_job("hybrid-nope", 0, [10.0, 20.0], [30.0, 40.0], grid, protocol="toy-gpu-c4096")]
     text = screen_text(tmp_path, jobs)
-    assert "| hybrid-tapa | toy-gpu-screen | 0, 1, 2 |" in text
-    assert "| hybrid-nope-w64 | toy-gpu-screen | not run |" in text
-    assert "| hybrid-nope | toy-gpu-c4096 | 0 |" in text and "| hybrid-tapa | toy-gpu-c4096 | not run |" in text
-    assert f"Run: 4 of {len(plan)} arms, 1 with 3+ seeds." in text
-    assert "hybrid-tapa (toy-gpu-c4096)." in text  # the last arm not run
+    assert "| hybrid-tapa | toy-gpu-screen | 0, 1, 2 | - |" in text
+    assert "| hybrid-nope-w64 | toy-gpu-screen | not run | 0 |" in text
+    assert "| hybrid-tapa-temp | toy-gpu-screen | 1 | 0, 2 |" in text  # run seeds leave the queue
+    assert "| hybrid-nope | toy-gpu-c4096 | 0 | - |" in text and "| hybrid-tapa | toy-gpu-c4096 | not run | 0 |" in text
+    left = len(queue) - 5  # five of the jobs above are queued ones (hybrid-tapa seeds 1-2 are not)
+    assert f"Run: 5 of {len(plan)} arms, 1 with 3+ seeds. Queued: {left} jobs, in order: " \
+           "hybrid-nope-temp seed 1, hybrid-tapa-temp seed 2," in text
+    assert "hybrid-tapa (toy-gpu-c4096) seed 0, hybrid-tapa-w128 seed 1," in text  # seed 0 before the other seeds
     assert ("--protocol toy-gpu-screen --concurrent 1 --time-budget 560 --allow-partial "
-            "--jobs hybrid-nope-w64:0.001:0,hybrid-tapa-w128:0.001:0`") in text
+            "--jobs hybrid-nope-temp:0.001:1,hybrid-tapa-temp:0.001:2`") in text
     # a report of some arms only is not the screen's progress
     screen.screen([tmp_path], tmp_path / "some", "cmd", arms=["hybrid-tapa"])
     assert "Screen progress" not in (tmp_path / "some" / "screen.md").read_text()
