@@ -185,6 +185,31 @@ def test_eval_refuses_settings_it_would_ignore(tmp_path, flags, message):
         main(["eval", str(tmp_path / "not-read"), *flags, "--no-progress"])
 
 
+def test_eval_query_temperature_adds_the_tempered_model(tiny_runs, tmp_path):
+    """The run as trained, then the same weights with the global layers' query temperature at base
+    32: equal at 16 tokens (every position below the base), different at 64."""
+    out = tmp_path / "qt"
+    assert main(["eval", str(tiny_runs["tapa"]), "--lengths", "16,64", "--stride", "16", "--max-tokens", "64",
+                 "--eval-query-temperature", "32", "--out", str(out), "--no-progress", "--device", "cpu"]) == 0
+    methods = json.loads((out / "results.json").read_text())["methods"]
+    assert [m["label"] for m in methods] == ["TAPA", "TAPA + query temperature 32"]
+    assert [m["query_temperature"] for m in methods] == [None, {"base": 32, "scale": 0.1}]
+    plain, tempered = ([r["perplexity"] for r in m["perplexity"]] for m in methods)
+    assert plain[0] == tempered[0] and plain[1] != tempered[1]
+    assert "| TAPA + query temperature 32 |" in (out / "results.md").read_text()
+    assert main(["eval", str(tiny_runs["tapa"]), "--lengths", "64", "--stride", "32", "--max-tokens", "64",
+                 "--eval-query-temperature", "32", "--eval-query-temperature-scale", "0.5", "--out",
+                 str(tmp_path / "qt5"), "--no-progress", "--device", "cpu"]) == 0
+    methods = json.loads((tmp_path / "qt5" / "results.json").read_text())["methods"]
+    assert methods[1]["label"] == "TAPA + query temperature 32 x0.5"
+    for flags, message in ((["--eval-query-temperature-scale", "0.2"], "is the slope of --eval-query-temperature"),
+                           (["--eval-query-temperature", "0"], "query_temperature must be an int >= 1"),
+                           (["--eval-query-temperature", "8", "--eval-query-temperature-scale", "-1"],
+                            "query_temperature_scale must be a finite number > 0")):
+        with pytest.raises(SystemExit, match=message):
+            main(["eval", str(tmp_path / "not-read"), *flags, "--no-progress"])
+
+
 def test_eval_pe_needs_a_rope_run(tiny_runs, tmp_path):
     with pytest.raises(SystemExit, match="--eval-pe rope-yarn applies to RoPE-family models .* are tapa"):
         main(["eval", str(tiny_runs["tapa"]), "--eval-pe", "rope-yarn", "--lengths", "32",

@@ -64,3 +64,26 @@ def test_cache_and_static_decoding_agree_with_the_full_forward(pe, pattern):
         for _ in range(6):
             sequence = torch.cat([sequence, model(sequence)[:, -1:].argmax(-1)], dim=1)
     assert torch.equal(generated, sequence[:, 10:])
+
+
+@pytest.mark.parametrize("pe, pattern", [("tapa", "LLLG"), ("nope", "LLLG")])
+def test_the_eval_time_temperature_is_the_trained_one_on_the_same_weights(pe, pattern):
+    """tapa eval --eval-query-temperature: a copy of a model trained without the temperature that
+    computes what a model built with it computes, weights for weights; the model itself unchanged."""
+    from tapa.eval.scaling import with_query_temperature
+
+    plain, built = _model(pe, pattern, 0, scale=0.3), _model(pe, pattern, 8, scale=0.3)
+    built.load_state_dict(plain.state_dict())
+    variant = with_query_temperature(plain, 8, 0.3)
+    ids = _ids()
+    with torch.no_grad():
+        assert torch.equal(variant(ids), built(ids))
+        assert not torch.equal(variant(ids), plain(ids))
+    assert plain.config.query_temperature_base == 0 and next(variant.parameters()).dtype == torch.float64
+    for base in (0, -3, 2.5, True):
+        with pytest.raises(ValueError, match="base must be an int >= 1"):
+            with_query_temperature(plain, base)
+    local = TapaLM(ModelConfig(vocab_size=VOCAB, dim=32, n_layers=2, n_heads=2, pe="nope", layer_pattern="L",
+                               local_window=6))
+    with pytest.raises(ValueError, match="acts on global layers; this model has none"):
+        with_query_temperature(local, 8)

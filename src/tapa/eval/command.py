@@ -96,6 +96,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eval-pe", type=_pe_list, default=(),
                         help="also evaluate a RoPE model's weights under these rules, "
                              "e.g. rope-pi,rope-yarn,rope-ntk")
+    parser.add_argument("--eval-query-temperature", type=int, default=None, metavar="BASE",
+                        help="also evaluate the model with its global layers' queries scaled by "
+                             "1 + S * log(1 + floor((p + 1) / BASE)) at position p (Llama 4's log-length "
+                             "temperature; BASE is usually the training length; a run trained with "
+                             "this very temperature is evaluated once)")
+    parser.add_argument("--eval-query-temperature-scale", type=float, default=None, metavar="S",
+                        help="the slope S of --eval-query-temperature (default 0.1)")
     parser.add_argument("--passkey", action="store_true", help="also run the passkey-retrieval grid")
     # the passkey settings (PASSKEY_FLAGS) default to None here, so that one given without
     # --passkey is an error instead of silently doing nothing; EvalOptions holds their defaults
@@ -381,6 +388,13 @@ def options_from_args(args: argparse.Namespace) -> EvalOptions:
         chosen["multiples"] = tuple(args.multiples)
     if args.seed is not None:
         chosen["seed"] = args.seed
+    if args.eval_query_temperature_scale is not None and args.eval_query_temperature is None:
+        raise ValueError("--eval-query-temperature-scale is the slope of --eval-query-temperature BASE; "
+                         "add it, or drop the scale")
+    if args.eval_query_temperature is not None:
+        chosen["query_temperature"] = args.eval_query_temperature
+    if args.eval_query_temperature_scale is not None:
+        chosen["query_temperature_scale"] = args.eval_query_temperature_scale
     if args.retrieval_batch_tokens is not None:
         chosen["retrieval_batch_tokens"] = args.retrieval_batch_tokens
     return EvalOptions(lengths=args.lengths, stride=args.stride, max_tokens=args.max_tokens or None,

@@ -1,6 +1,7 @@
 """Evaluate trained runs: perplexity vs length (and optionally passkey retrieval and the retrieval
 tasks of `tapa.eval.tasks`) for the run's model and, for a RoPE model, the same weights under
-eval-time scaling rules (PI, NTK, YaRN).
+eval-time scaling rules (PI, NTK, YaRN); for any model, optionally the same weights with the global
+layers' log-length query temperature (`EvalOptions.query_temperature`).
 
 The text is the run's own held-out split by default, or any source `tapa train --data` accepts
 (`EvalOptions.data`), tokenized with the run's own tokenizer (`eval_tokens`).
@@ -9,7 +10,8 @@ The result is a plain dict (written to results.json by `tapa.eval.report`):
 
     {"kind": "tapa-eval", "date", "hardware", "command", "split", "stride", "max_tokens",
      "data": {"source", "split", "tokens", "run_corpus", ...},
-     "methods": [{"label", "pe", "trained_pe", "run", "train_len", "zero_shot", "num_parameters",
+     "methods": [{"label", "pe", "trained_pe", "query_temperature", "run", "train_len", "zero_shot",
+                  "num_parameters",
                   "perplexity": [PerplexityResult.to_dict(), ...], "passkey": grid dict or None,
                   "tasks": {task: grid dict} or None}]}
 """
@@ -29,7 +31,7 @@ import torch
 
 from tapa.eval.passkey_eval import DEFAULT_DEPTHS, RETRIEVAL_BATCH_TOKENS, passkey_grid
 from tapa.eval.perplexity import perplexity_vs_length
-from tapa.eval.scaling import ROPE_FAMILY, SCALED_AT_EVAL, with_positional
+from tapa.eval.scaling import ROPE_FAMILY, SCALED_AT_EVAL, with_positional, with_query_temperature
 from tapa.eval.tasks import TASKS, TaskSettings, check_task_lengths, default_trials, task_grid
 from tapa.positional.kinds import model_label
 
@@ -53,6 +55,10 @@ class EvalOptions:
     data: str | None = None  # a source as `tapa train --data` takes it; None: the run's own corpus
     text_field: str | None = None  # the text field of a .jsonl / hf data source (None: the run's)
     eval_pe: tuple = ()  # extra RoPE rules to evaluate a RoPE model under, e.g. ("rope-pi", "rope-yarn")
+    # also evaluate the model with the global layers' query temperature at this base (positions; the
+    # training length is the usual choice) and slope: ModelConfig.query_temperature_base / _scale
+    query_temperature: int | None = None
+    query_temperature_scale: float = 0.1
     passkey: bool = False
     passkey_lengths: list[int] | None = None  # None: train_len * (1, 2, 4, 8)
     passkey_depths: tuple = DEFAULT_DEPTHS
@@ -81,6 +87,14 @@ class EvalOptions:
         for name in ("passkey_filler", "task_filler"):
             if getattr(self, name) not in ("standard", "corpus"):
                 raise ValueError(f"{name} must be 'standard' or 'corpus', got {getattr(self, name)!r}")
+        if self.query_temperature is not None and (
+                isinstance(self.query_temperature, bool) or not isinstance(self.query_temperature, int)
+                or self.query_temperature < 1):
+            raise ValueError(f"query_temperature must be an int >= 1 (the base, in positions), got "
+                             f"{self.query_temperature!r}")
+        scale = self.query_temperature_scale
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 0 < scale < float("inf"):
+            raise ValueError(f"query_temperature_scale must be a finite number > 0, got {scale!r}")
         for pe in self.eval_pe:
             if pe not in ROPE_FAMILY:
                 raise ValueError(f"eval_pe entries must be RoPE-family methods {ROPE_FAMILY}, got {pe!r}")
@@ -131,12 +145,13 @@ def results_header(options: EvalOptions, device, data: dict | None = None) -> di
 
 def evaluate_model(model, tokens, *, train_len: int, options: EvalOptions, trained_pe: str | None = None,
                    run: str = "", zero_shot: bool = True, encode=None, decode=None, filler_ids=None,
-                   filler_source: str | None = None) -> dict:
+                   filler_source: str | None = None, variant: str | None = None) -> dict:
     """One method entry: perplexity at every length (and the passkey grid if options.passkey, a grid
     per retrieval task of options.tasks).
 
     filler_ids: the tokens corpus filler is drawn from (the evaluated text); filler_source: what to
-    call them in the results (e.g. "corpus.txt"; default "corpus").
+    call them in the results (e.g. "corpus.txt"; default "corpus"). variant: what was changed at
+    evaluation other than the RoPE rule, appended to the label (e.g. "query temperature 512").
 
     train_len: the training sequence length of the run (lengths are multiples of it).
     For rope-pi/rope-ntk/rope-yarn the eval factor is length / (train_len / trained rope_scale),
@@ -146,6 +161,8 @@ def evaluate_model(model, tokens, *, train_len: int, options: EvalOptions, train
     trained_pe = trained_pe or pe
     cfg = model.config
     label = model_label(trained_pe, cfg.layer_pattern if cfg.is_hybrid else "G", cfg.local_window, eval_pe=pe)
+    if variant:
+        label = f"{label} + {variant}"
     scaling_len = train_len / cfg.rope_scale if pe in SCALED_AT_EVAL else train_len
     lengths = options.lengths or lengths_from_multiples(train_len, options.multiples)
     if (options.passkey or options.tasks) and encode is None:
@@ -160,7 +177,10 @@ def evaluate_model(model, tokens, *, train_len: int, options: EvalOptions, train
                                       stride=options.stride, max_tokens=options.max_tokens,
                                       tokens_per_batch=options.tokens_per_batch,
                                       progress=options.progress, label=label)
-    entry = {"label": label, "pe": pe, "trained_pe": trained_pe, "layer_pattern": cfg.layer_pattern,
+    temperature = ({"base": cfg.query_temperature_base, "scale": cfg.query_temperature_scale}
+                   if cfg.query_temperature_base else None)
+    entry = {"label": label, "pe": pe, "trained_pe": trained_pe, "query_temperature": temperature,
+             "layer_pattern": cfg.layer_pattern,
              "local_window": cfg.local_window, "run": run, "train_len": train_len,
              "zero_shot": zero_shot, "num_parameters": model.num_parameters(),
              "perplexity": [r.to_dict() for r in perplexity], "passkey": None, "tasks": None}
@@ -399,12 +419,16 @@ def evaluate_run(run_dir: str | Path, options: EvalOptions, *, device: str | tor
     results = results_header(options, device, data)
     results["runs"] = [str(run_dir)]
     zero_shot = not run_config.get("init_from")
-    variants = [model]
+    variants = [(model, None)]
     if model_cfg.pe in ROPE_FAMILY:
-        variants += [with_positional(model, pe, train_len) for pe in options.eval_pe if pe != model_cfg.pe]
-    for variant in variants:
+        variants += [(with_positional(model, pe, train_len), None) for pe in options.eval_pe if pe != model_cfg.pe]
+    base, scale = options.query_temperature, options.query_temperature_scale
+    if base and (model_cfg.query_temperature_base, model_cfg.query_temperature_scale) != (base, scale):
+        variants.append((with_query_temperature(model, base, scale),
+                         f"query temperature {base}" + ("" if scale == 0.1 else f" x{scale:g}")))
+    for variant, what in variants:
         results["methods"].append(evaluate_model(
             variant, tokens, train_len=train_len, options=options, trained_pe=model_cfg.pe,
             run=run_dir.name, zero_shot=zero_shot, encode=corpus.encode, decode=corpus.decode,
-            filler_ids=tokens, filler_source=None if data["run_corpus"] else data["name"]))
+            filler_ids=tokens, filler_source=None if data["run_corpus"] else data["name"], variant=what))
     return results

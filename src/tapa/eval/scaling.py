@@ -1,5 +1,6 @@
-"""Eval-time positional scaling: which RoPE-family methods get a factor at a given length, and how
-to evaluate one trained RoPE model under another scaling rule (the rotation has no weights)."""
+"""Eval-time positional scaling: which RoPE-family methods get a factor at a given length, how to
+evaluate one trained RoPE model under another scaling rule (the rotation has no weights), and how
+to evaluate any model with the global layers' log-length query temperature."""
 
 from __future__ import annotations
 
@@ -58,6 +59,27 @@ def with_positional(model, pe: str, train_len: int):
                          f"got model pe {source!r} -> {pe!r}")
     config = ModelConfig.from_dict({**model.config.to_dict(), "pe": pe, "rope_scale": 1.0,
                                       "original_seq_len": int(train_len)})
+    parameter = next(model.parameters())
+    variant = TapaLM(config).to(device=parameter.device, dtype=parameter.dtype)
+    variant.load_state_dict(model.state_dict(), strict=True)
+    variant.eval()
+    return variant
+
+
+def with_query_temperature(model, base: int, scale: float = 0.1):
+    """A copy of `model` whose global layers scale each query at position p by
+    1 + scale * log(1 + floor((p + 1) / base)) (`ModelConfig.query_temperature_base`, Llama 4's
+    form; TAPA's amplitude part only): the temperature at evaluation for a model trained without it
+    or with another base. Positions below base - 1 are untouched. The weights are copied."""
+    from tapa.model import ModelConfig, TapaLM
+
+    if isinstance(base, bool) or not isinstance(base, int) or base < 1:
+        raise ValueError(f"the query temperature's base must be an int >= 1 (positions), got {base!r}")
+    cfg = model.config
+    if "global" not in (cfg.layer_kind(i) for i in range(cfg.n_layers)):
+        raise ValueError("a query temperature acts on global layers; this model has none")
+    config = ModelConfig.from_dict({**cfg.to_dict(), "query_temperature_base": base,
+                                    "query_temperature_scale": scale})
     parameter = next(model.parameters())
     variant = TapaLM(config).to(device=parameter.device, dtype=parameter.dtype)
     variant.load_state_dict(model.state_dict(), strict=True)
