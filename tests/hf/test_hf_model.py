@@ -342,3 +342,24 @@ def test_forward_refuses_outputs_it_does_not_produce_and_names_ignored_arguments
         warnings.simplefilter("error")
         model(ids, output_attentions=False, output_hidden_states=False, return_dict=True, use_cache=True)
         model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=2, do_sample=False)
+
+
+@pytest.mark.parametrize("pe", ["tapa-hybrid", "nope"])
+def test_query_temperature_survives_caches_padding_and_the_static_decoder(pe):
+    """The global layers' query temperature (base 4: every position from 3 on is scaled) is read
+    from the position, not the slot: cached, static-cache, uncached, left-padded and the bare
+    model's static decoder all agree, and the temperature changes the continuation."""
+    model = tiny_model(pe, query_temperature_base=4, query_temperature_scale=2.0)
+    assert model.model.config.query_temperature_base == 4
+    ids = torch.stack(random_ids([10, 10], seed=2))
+    cached = greedy(model, ids)
+    assert torch.equal(greedy(model, ids, use_cache=False), cached)
+    assert torch.equal(greedy(model, ids, cache_implementation="static"), cached)
+    assert torch.equal(model.model.generate(ids, max_new_tokens=8), cached)
+    assert not torch.equal(greedy(tiny_model(pe), ids), cached)  # the same weights without it
+    seqs = random_ids([5, 11, 2], seed=3)
+    alone = [greedy(model, seq[None])[0] for seq in seqs]
+    padded, mask = left_pad(seqs)
+    batched = greedy(model, padded, attention_mask=mask)
+    for row, expected in enumerate(alone):
+        assert torch.equal(batched[row], expected), (row, batched[row], expected)
