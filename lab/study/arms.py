@@ -6,6 +6,9 @@ An arm is a recipe under test. Its flags are `tapa train` flags (every config fi
   repeated flag, so `--pe rope-yarn` here overrides the `--pe rope` of `pretrain`);
 - `eval_pe`: evaluate the weights under another RoPE rule (`tapa eval --eval-pe`), e.g. eval-time
   YaRN; None evaluates the model as trained;
+- `eval_temperature`: evaluate the weights with the global layers' log-length query temperature at
+  the protocol's pretraining length (`tapa eval --eval-query-temperature`), a model trained
+  without it;
 - `zero_shot`: whether the arm has a zero-shot evaluation of its own. RoPE continued with YaRN
   starts from the RoPE pretraining, so its zero-shot numbers are the RoPE arm's.
 - `continual_lr_scale`: the continual stage's peak lr over the pretraining one for this arm; None
@@ -45,6 +48,7 @@ class Arm:
     pretrain: tuple = ()
     continual: tuple = ()
     eval_pe: str | None = None
+    eval_temperature: bool = False
     zero_shot: bool = True
     continual_lr_scale: float | None = None
     convert: tuple = ()
@@ -115,6 +119,11 @@ def _globals_screen() -> list:
             # with the base model (pk10) shares their pretraining run
             arms.append(Arm(f"{name}-{tag}", f"{label}, {what}", "hybrid", (*pe[:2], *model, *pe[2:]),
                             continual=continual, zero_shot=not continual))
+            if tag == "temp":
+                # the temperature at evaluation only, on the base arm's runs: how much of the lever
+                # needs no training (pretraining at 512 applies it to one position in 512)
+                arms.append(Arm(f"{name}-evaltemp", f"{label}, query temperature at evaluation only",
+                                "hybrid", (*pe[:2], *HYBRID, *pe[2:]), eval_temperature=True))
     return arms
 
 

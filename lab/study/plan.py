@@ -220,10 +220,10 @@ def build_groups(jobs: list[Job], protocol: Protocol, stages, root: Path,
         zero_shot = [ARMS[j.arm] for j in group.jobs if ARMS[j.arm].zero_shot]
         if "eval0" in needed:
             group.stages.append(_eval_stage("eval0", "eval0", pre_dir, base, evaluation,
-                                            zero_shot, ["pretrain"]))
+                                            zero_shot, ["pretrain"], protocol.pretrain_len))
         if "domain0" in needed and domain:
             group.stages.append(_eval_stage("domain0", "domain0", pre_dir, base, domain,
-                                            zero_shot, ["pretrain"]))
+                                            zero_shot, ["pretrain"], protocol.pretrain_len))
         if "theory" in needed:
             group.stages.append(Stage(
                 "theory", "theory",
@@ -260,7 +260,7 @@ def build_groups(jobs: list[Job], protocol: Protocol, stages, root: Path,
             for kind, flags in (("eval1", evaluation), ("domain1", domain), ("passkey", passkey)):
                 if f"{kind}-{owner}" in needed and flags:
                     stage = _eval_stage(f"{kind}-{owner}", kind, cont_dir, base, flags, users,
-                                        [f"continual-{owner}"])
+                                        [f"continual-{owner}"], protocol.pretrain_len)
                     stage.prompts = task_prompts(protocol) if kind == "passkey" else 0
                     group.stages.append(stage)
     return list(by_key.values())
@@ -300,14 +300,18 @@ def arm_label(arm: Arm, protocol: Protocol) -> str:
     return _fill([arm.label], protocol)[0]
 
 
-def _eval_stage(name, kind, run_dir, base, flags, arms, needs) -> Stage:
+def _eval_stage(name, kind, run_dir, base, flags, arms, needs, temperature_base) -> Stage:
     """`tapa eval` of one run under every rule the arms reading it ask for (the run's own
-    rule is always evaluated)."""
+    rule is always evaluated), and with the query temperature at `temperature_base` if one of
+    them asks for it."""
     rules = sorted({a.eval_pe for a in arms if a.eval_pe})
     argv = ["eval", run_dir, *flags, "--out", str(base / name)]
     if rules:
         argv += ["--eval-pe", ",".join(rules)]
-    return Stage(name, kind, argv, str(base / name), needs=needs, methods=1 + len(rules))
+    tempered = any(a.eval_temperature for a in arms)
+    if tempered:
+        argv += ["--eval-query-temperature", str(temperature_base)]
+    return Stage(name, kind, argv, str(base / name), needs=needs, methods=1 + len(rules) + tempered)
 
 
 def check_flags(groups: list[Group]) -> list[str]:

@@ -84,17 +84,21 @@ def _training_summary(run_dir: Path) -> dict:
             "curve": {"fields": ["step", "loss", "val_loss"], "points": curve}}
 
 
-def _pick_method(results: dict, pe: str | None) -> dict:
-    """The method entry evaluated under `pe` (None: the model's own rule)."""
+def _pick_method(results: dict, pe: str | None, temperature: bool = False) -> dict:
+    """The method entry evaluated under `pe` (None: the model's own rule); with `temperature`, the
+    one tapa eval --eval-query-temperature added (its label names the temperature)."""
     for method in results["methods"]:
-        if (method["pe"] == pe) if pe else (method["pe"] == method["trained_pe"]):
+        rule = (method["pe"] == pe) if pe else (method["pe"] == method["trained_pe"])
+        added = bool(method.get("query_temperature")) and " + query temperature" in method["label"]
+        if rule and added == temperature:
             return method
-    raise ValueError(f"no method evaluated under {pe or 'its own rule'} in {results['runs']}")
+    what = (pe or "its own rule") + (" with the query temperature" if temperature else "")
+    raise ValueError(f"no method evaluated under {what} in {results['runs']}")
 
 
-def _evaluation_summary(out_dir: Path, pe: str | None, passkey: bool) -> dict:
+def _evaluation_summary(out_dir: Path, pe: str | None, passkey: bool, temperature: bool = False) -> dict:
     results = read_json(out_dir / "results.json")
-    method = _pick_method(results, pe)
+    method = _pick_method(results, pe, temperature)
     summary = {"label": method["label"], "pe": method["pe"], "trained_pe": method["trained_pe"],
                "train_len": method["train_len"], "split": results["split"],
                "stride": results["stride"], "max_tokens": results["max_tokens"],
@@ -133,7 +137,8 @@ def job_summary(job: Job, group: Group, stages: list[str], protocol: Protocol, r
     summary = {"kind": JOB_KIND, "version": 1, "job": job.id, "arm": arm.name,
                "arm_index": list(ARMS).index(arm.name), "label": arm_label(arm, protocol),
                "family": arm.family, "lr": job.lr, "seed": job.seed, "group": group.id,
-               "eval_pe": arm.eval_pe, "protocol": protocol.to_dict(),
+               "eval_pe": arm.eval_pe, "eval_temperature": arm.eval_temperature,
+               "protocol": protocol.to_dict(),
                # the aggregate labels continual results by it (the protocol's when the arm has none)
                "continual_lr_scale": continual_scale(arm, protocol),
                "protocol_id": protocol.fingerprint(), "stages_requested": wanted,
@@ -164,7 +169,8 @@ def job_summary(job: Job, group: Group, stages: list[str], protocol: Protocol, r
             summary["results"][kind] = _theory_summary(Path(stage.out))
         else:
             summary["results"][kind] = _evaluation_summary(Path(stage.out), arm.eval_pe,
-                                                           passkey=kind == "passkey")
+                                                           passkey=kind == "passkey",
+                                                           temperature=arm.eval_temperature)
     summary["complete"] = len(summary["stages_done"]) == len(wanted)
     summary["hardware"] = sorted(hardware)
     if kernels:

@@ -165,6 +165,42 @@ def test_ratio_patterns_end_in_a_global_layer_and_the_runner_refuses_one_that_do
     assert "leaves the last layer local (LGLLGLLGLGLL)" in problems[0]
 
 
+def test_the_eval_only_temperature_arms_read_the_base_runs_with_the_flag():
+    """hybrid-KIND-evaltemp shares its base arm's pretraining and continual runs; every evaluation
+    of those runs then adds --eval-query-temperature at the pretraining length, and the job's
+    summary picks the method that flag added. A group without such an arm has no flag."""
+    from lab.study import summarize
+
+    for kind in ("tapa", "nope"):
+        arm = arms.ARMS[f"hybrid-{kind}-evaltemp"]
+        assert arm.eval_temperature and plan.pretrain_owner(arm) == plan.continual_owner(arm) == f"hybrid-{kind}"
+    jobs = run.configure(run.parse_args(["--protocol", "toy-gpu-screen", "--jobs",
+                                         "hybrid-nope:0.001:0,hybrid-nope-evaltemp:0.001:0,hybrid-tapa:0.001:0"]))[2]
+    groups = plan.build_groups(jobs, arms.TOY_GPU_SCREEN, list(arms.STAGES), Path("/tmp/none"))
+    assert plan.check_flags(groups) == []
+    by_arm = {job.arm: group for group in groups for job in group.jobs}
+    assert by_arm["hybrid-nope"] is by_arm["hybrid-nope-evaltemp"]
+    for group, tempered in ((by_arm["hybrid-nope"], True), (by_arm["hybrid-tapa"], False)):
+        evaluations = [stage for stage in group.stages if stage.argv[0] == "eval"]
+        assert {stage.kind for stage in evaluations} == {"eval0", "domain0", "eval1", "domain1", "passkey"}
+        for stage in evaluations:
+            assert ("--eval-query-temperature" in stage.argv) == tempered, stage.argv
+            assert stage.methods == 1 + tempered
+            if tempered:
+                assert stage.argv[stage.argv.index("--eval-query-temperature") + 1] == "512"
+    methods = [{"label": "NoPE hybrid (LLLG, w256)", "pe": "nope", "trained_pe": "nope", "query_temperature": None},
+               {"label": "NoPE hybrid (LLLG, w256) + query temperature 512", "pe": "nope", "trained_pe": "nope",
+                "query_temperature": {"base": 512, "scale": 0.1}}]
+    results = {"methods": methods, "runs": ["r"]}
+    assert summarize._pick_method(results, None) is methods[0]
+    assert summarize._pick_method(results, None, temperature=True) is methods[1]
+    # a model trained with the temperature, read as trained: its own method
+    trained = [{**methods[1], "label": "NoPE hybrid (LLLG, w256)"}]
+    assert summarize._pick_method({"methods": trained, "runs": ["r"]}, None) is trained[0]
+    with pytest.raises(ValueError, match="with the query temperature"):
+        summarize._pick_method({"methods": methods[:1], "runs": ["r"]}, None, temperature=True)
+
+
 def test_a_tapa_only_lever_with_a_ratio_pairs_with_nope_at_that_ratio():
     """theta is TAPA's own, so theta75-llg is read against NoPE globals at the LLG ratio (not the
     NoPE base), and theta75 alone against the NoPE base."""
@@ -421,7 +457,7 @@ def test_screen_refuses_inputs_without_screen_jobs(tmp_path):
 def test_tiny_screen_end_to_end(tmp_path, capsys):
     out = tmp_path / "out"
     rc = run.main(["--protocol", "tiny-cpu-screen", "--jobs",
-                   "hybrid-tapa:0.001:0,hybrid-nope:0.001:0,retrofit-tapa:0.001:0",
+                   "hybrid-tapa:0.001:0,hybrid-nope:0.001:0,hybrid-nope-evaltemp:0.001:0,retrofit-tapa:0.001:0",
                    "--root", str(tmp_path), "--out", str(out), "--time-budget", "600"])
     printed = capsys.readouterr().out
     assert rc == 0, printed
@@ -433,15 +469,24 @@ def test_tiny_screen_end_to_end(tmp_path, capsys):
         assert job["results"]["domain1"]["data"]["source"].endswith("domain/package-docs")
         assert job["corpus"]["domain"]["files"] > 0
         assert set(job["results"]["passkey"]["tasks"]) == {"single-key", "multi-key"}
-    assert {j["arm"] for j in jobs} == {"hybrid-tapa", "hybrid-nope", "retrofit-tapa"}
+    assert {j["arm"] for j in jobs} == {"hybrid-tapa", "hybrid-nope", "hybrid-nope-evaltemp", "retrofit-tapa"}
+    # the temperature at evaluation only: the NoPE arm's own runs, read with it
+    plain, tempered = (next(j for j in jobs if j["arm"] == arm) for arm in ("hybrid-nope", "hybrid-nope-evaltemp"))
+    assert tempered["eval_temperature"] and not plain["eval_temperature"]
+    for stage in ("eval0", "eval1", "domain1", "passkey"):
+        assert tempered["results"][stage]["label"].endswith("+ query temperature 32"), stage
+        assert "query temperature" not in plain["results"][stage]["label"]
+    assert tempered["results"]["eval1"]["perplexity"][-1] != plain["results"]["eval1"]["perplexity"][-1]
     written = screen.screen([out], tmp_path / "agg", "cmd")
     assert {p.name for p in written} == set(screen.OUTPUTS)
     text = (tmp_path / "agg" / "screen.md").read_text()
     assert "| retrofit-tapa | hybrid-tapa |" in text
-    # the theory stage's logit moments of each pretraining's global layer (the retrofit has none)
+    assert "| hybrid-nope-evaltemp | hybrid-nope |" in text
+    # the theory stage's logit moments of each pretraining's global layer, under the arm that owns
+    # the pretraining run (the retrofit and the eval-only temperature have none of their own)
     theory = next(part for part in text.split("\n\n") if part.startswith("| arm | seed | layer |"))
     assert {line.split(" | ")[0].strip("| ") for line in theory.splitlines()[2:]} == {
-        j["label"] for j in jobs if j["arm"] != "retrofit-tapa"}
+        j["label"] for j in jobs if j["arm"] not in ("retrofit-tapa", "hybrid-nope-evaltemp")}
 
 
 def test_retrieval_defaults_keep_older_jobs_ids():
