@@ -229,6 +229,25 @@ def screen_queue() -> list[tuple[str, str, int]]:
     return list(dict.fromkeys(first + seed0 + later))
 
 
+# issue 37's confirmation at the scale step: the screen's best configurations of each global kind
+# (reordered by hand as the screen's seeds come in; results/toy-study/globals/README.md says why),
+# then the anchors the issue names
+CONFIRM_CANDIDATES = ("hybrid-nope-temp", "hybrid-tapa-temp", "hybrid-tapa-llg", "hybrid-tapa-theta75",
+                      "hybrid-nope-llg")
+CONFIRM_ANCHORS = ("hybrid-tapa", "hybrid-nope", "rope-yarn")
+
+
+def confirm_plan() -> list[tuple[str, str]]:
+    """The confirmation as (protocol, arm): the candidates, then the anchors."""
+    return [("scale-768-confirm", arm) for arm in (*CONFIRM_CANDIDATES, *CONFIRM_ANCHORS)]
+
+
+def confirm_queue() -> list[tuple[str, str, int]]:
+    """The confirmation's jobs as (protocol, arm, seed) in run order: seed 0 of every arm first
+    (a first reading of each at the scale step), then seeds 1, then seeds 2."""
+    return [(protocol, arm, seed) for seed in (0, 1, 2) for protocol, arm in confirm_plan()]
+
+
 def stages_of(protocol) -> list[str]:
     """Every stage a job of this protocol can have (the domain stages need its second domain)."""
     return [s for s in STAGES if protocol.domain or s not in DOMAIN_STAGES]

@@ -53,7 +53,7 @@ from pathlib import Path
 
 from lab.study.aggregate import (_log_length_axes, _panel_grid, _save_panels, load_jobs, theory_markdown,
                                   theory_rows)
-from lab.study.arms import screen_plan, screen_queue
+from lab.study.arms import confirm_plan, confirm_queue, screen_plan, screen_queue
 
 from tapa._paths import write_csv
 from tapa.eval.plots import _pyplot, length_label
@@ -463,23 +463,36 @@ def goal_table(ppl: list[dict], retrieval: list[dict], pretrain_len: int | None 
 
 
 def progress_table(jobs: list[dict]) -> str:
-    """Issue 37's screen arm by arm (lab/study/arms.py, screen_plan and screen_queue): the seeds
-    each has run and those queued, the queue's next jobs in order, and the runner call that starts
-    the first two of them. Empty when none of the jobs is of the toy screen's protocols."""
-    plan = screen_plan()
-    protocols = {protocol for protocol, _ in plan}
-    mine = [j for j in jobs if j["protocol"]["name"] in protocols]
+    """Issue 37's study arm by arm (lab/study/arms.py): the screen (`screen_plan`, `screen_queue`)
+    and the confirmation at the scale step (`confirm_plan`, `confirm_queue`), each with the seeds
+    its arms have run and those queued, the queue in order and the next runner call. Empty when
+    none of the jobs is of the screen's protocols."""
+    screen_protocols = {protocol for protocol, _ in screen_plan()}
+    mine = [j for j in jobs if j["protocol"]["name"] in screen_protocols]
     if not mine:
         return ""
+    lrs = [j["lr"] for j in mine]
+    lr = max(set(lrs), key=lrs.count)  # the screen's one learning rate, as its jobs ran it
     seeds = defaultdict(set)
-    for job in mine:
+    for job in jobs:
         seeds[(job["protocol"]["name"], job["arm"])].add(job["seed"])
-    queue = [(p, arm, seed) for p, arm, seed in screen_queue() if seed not in seeds.get((p, arm), ())]
+    screen_part = _progress(seeds, lr, "Screen progress", "screen_plan", "screen_queue",
+                            screen_plan(), screen_queue(), per_call=2)
+    confirm_part = _progress(seeds, lr, "Confirmation progress (91M, scale-768-confirm)", "confirm_plan",
+                             "confirm_queue", confirm_plan(), confirm_queue(), per_call=1)
+    return screen_part + "\n\n" + confirm_part
+
+
+def _progress(seeds: dict, lr: float, title: str, plan_name: str, queue_name: str, plan: list,
+              queue: list, per_call: int) -> str:
+    """One part of `progress_table`: the plan's arms with the seeds run and queued, and the
+    queue's next call of `per_call` jobs."""
+    queue = [(p, arm, seed) for p, arm, seed in queue if seed not in seeds.get((p, arm), ())]
     queued = defaultdict(list)
     for protocol, arm, seed in queue:
         queued[(protocol, arm)].append(seed)
-    lines = ["Screen progress: the planned arms (`lab/study/arms.py`, `screen_plan`), the seeds each "
-             "has run and the seeds queued (`screen_queue`).", "",
+    lines = [f"{title}: the planned arms (`lab/study/arms.py`, `{plan_name}`), the seeds each has run "
+             f"and the seeds queued (`{queue_name}`).", "",
              "| arm | protocol | seeds run | queued |", "|---|---|---|---|"]
     for key in plan:
         done = ", ".join(map(str, sorted(seeds.get(key, ())))) or "not run"
@@ -488,12 +501,11 @@ def progress_table(jobs: list[dict]) -> str:
     three = sum(len(seeds.get(key, ())) >= 3 for key in plan)
     lines += ["", f"Run: {run} of {len(plan)} arms, {three} with 3+ seeds."]
     if queue:
-        lrs = [j["lr"] for j in mine]
-        lr = max(set(lrs), key=lrs.count)  # the screen's one learning rate, as its jobs ran it
         protocol = queue[0][0]
-        first = [(arm, seed) for p, arm, seed in queue if p == protocol][:2]
+        first = [(arm, seed) for p, arm, seed in queue if p == protocol][:per_call]
+        common = {p for p, _ in plan}
         lines[-1] += (f" Queued: {len(queue)} jobs, in order: "
-                      + ", ".join(f"{arm}{'' if p == 'toy-gpu-screen' else f' ({p})'} seed {seed}"
+                      + ", ".join(f"{arm}{'' if p == plan[0][0] or len(common) == 1 else f' ({p})'} seed {seed}"
                                   for p, arm, seed in queue)
                       + f". The next call: `bash scripts/gpu_study.sh batch --protocol {protocol} "
                       f"--concurrent 1 --time-budget 560 --allow-partial --jobs "

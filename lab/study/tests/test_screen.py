@@ -586,7 +586,8 @@ def test_screen_reports_its_progress_and_the_next_call(tmp_path):
     jobs += [screen_job("hybrid-nope", 0, [10.0, 20.0], [30.0, 40.0], grid),
              screen_job("hybrid-tapa-w64", 0, [10.0, 20.0], [30.0, 40.0], grid),
              screen_job("hybrid-tapa-temp", 1, [10.0, 20.0], [30.0, 40.0], grid),
-             screen_job("hybrid-nope", 0, [10.0, 20.0], [30.0, 40.0], grid, protocol="toy-gpu-c4096")]
+             screen_job("hybrid-nope", 0, [10.0, 20.0], [30.0, 40.0], grid, protocol="toy-gpu-c4096"),
+             screen_job("hybrid-nope-temp", 0, [10.0, 20.0], [30.0, 40.0], grid, protocol="scale-768-confirm")]
     text = screen_text(tmp_path, jobs)
     assert "| hybrid-tapa | toy-gpu-screen | 0, 1, 2 | - |" in text
     assert "| hybrid-nope-w64 | toy-gpu-screen | not run | 0 |" in text
@@ -598,6 +599,15 @@ def test_screen_reports_its_progress_and_the_next_call(tmp_path):
     assert "hybrid-tapa (toy-gpu-c4096) seed 0, hybrid-tapa-w128 seed 1," in text  # seed 0 before the other seeds
     assert ("--protocol toy-gpu-screen --concurrent 1 --time-budget 560 --allow-partial "
             "--jobs hybrid-nope-temp:0.001:1,hybrid-tapa-temp:0.001:2`") in text
+    # the confirmation: one job a call, seed 0 of every arm before the seeds 1 and 2
+    confirm = text[text.index("Confirmation progress"):]
+    assert "| hybrid-nope-temp | scale-768-confirm | 0 | 1, 2 |" in confirm
+    assert "| hybrid-tapa-temp | scale-768-confirm | not run | 0, 1, 2 |" in confirm
+    assert f"Run: 1 of {len(arms.confirm_plan())} arms, 0 with 3+ seeds." in confirm
+    assert ("--protocol scale-768-confirm --concurrent 1 --time-budget 560 --allow-partial "
+            "--jobs hybrid-tapa-temp:0.001:0`") in confirm
+    assert "rope-yarn seed 0, hybrid-nope-temp seed 1," in confirm
+    assert all(arm in arms.ARMS for _, arm in arms.confirm_plan())
     # a report of some arms only is not the screen's progress
     screen.screen([tmp_path], tmp_path / "some", "cmd", arms=["hybrid-tapa"])
     assert "Screen progress" not in (tmp_path / "some" / "screen.md").read_text()
