@@ -53,6 +53,18 @@ def greedy(model, ids, **kwargs):
     return out[:, ids.shape[1]:]
 
 
+def padded_batch_as_each_alone(model):
+    """Three prompts of 5, 11 and 2 tokens, left-padded into one batch: each row's greedy tokens
+    equal the prompt's alone. Returns (ids, mask, batched tokens)."""
+    seqs = random_ids([5, 11, 2], seed=3)
+    alone = [greedy(model, seq[None])[0] for seq in seqs]
+    ids, mask = left_pad(seqs)
+    batched = greedy(model, ids, attention_mask=mask)
+    for row, expected in enumerate(alone):
+        assert torch.equal(batched[row], expected), (row, batched[row], expected)
+    return ids, mask, batched
+
+
 def test_hf_logits_equal_tapa_lm_and_loss():
     model = tiny_model(phase_matrix="diagonal")
     ids = random_ids([13])[0][None]
@@ -154,12 +166,7 @@ def test_hybrid_local_layers_cache_only_their_window(implementation):
 def test_left_padded_batch_generates_as_each_sequence_alone(pe):
     # the learnable phase matrix exists only where a global layer is TAPA
     model = tiny_model(pe, phase_matrix="full" if pe.startswith("tapa") else "none")
-    seqs = random_ids([5, 11, 2], seed=3)
-    alone = [greedy(model, seq[None])[0] for seq in seqs]
-    ids, mask = left_pad(seqs)
-    batched = greedy(model, ids, attention_mask=mask)
-    for row, expected in enumerate(alone):
-        assert torch.equal(batched[row], expected), (row, batched[row], expected)
+    ids, mask, batched = padded_batch_as_each_alone(model)
     assert torch.equal(greedy(model, ids, attention_mask=mask, use_cache=False), batched)
     assert torch.equal(greedy(model, ids, attention_mask=mask, cache_implementation="static"), batched)
 
@@ -357,9 +364,4 @@ def test_query_temperature_survives_caches_padding_and_the_static_decoder(pe):
     assert torch.equal(greedy(model, ids, cache_implementation="static"), cached)
     assert torch.equal(model.model.generate(ids, max_new_tokens=8), cached)
     assert not torch.equal(greedy(tiny_model(pe), ids), cached)  # the same weights without it
-    seqs = random_ids([5, 11, 2], seed=3)
-    alone = [greedy(model, seq[None])[0] for seq in seqs]
-    padded, mask = left_pad(seqs)
-    batched = greedy(model, padded, attention_mask=mask)
-    for row, expected in enumerate(alone):
-        assert torch.equal(batched[row], expected), (row, batched[row], expected)
+    padded_batch_as_each_alone(model)
