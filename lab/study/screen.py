@@ -14,8 +14,9 @@ stage 20% of pretraining") and writes to --out:
     retrieval_cells.csv   the same per depth
     screen.md             issue 37's goal, criterion by criterion, for each TAPA/NoPE pair with
                           3+ seeds a side (and the best single-key score at 8x the pretraining
-                          length), the screen's progress (the seeds each planned arm has run,
-                          the arms not run yet and the next call), each lever against its global
+                          length), the progress of the screen and of the confirmation (the
+                          seeds each planned arm has run and has queued, the queue, the next
+                          call), each lever against its global
                           kind's base arm, each TAPA arm against NoPE globals under the same
                           lever (the screen's headline), seed by seed
                           with one-sided tests where both have 2+ seeds, then perplexity and
@@ -503,9 +504,8 @@ def _progress(seeds: dict, lr: float, title: str, plan_name: str, queue_name: st
     if queue:
         protocol = queue[0][0]
         first = [(arm, seed) for p, arm, seed in queue if p == protocol][:per_call]
-        common = {p for p, _ in plan}
         lines[-1] += (f" Queued: {len(queue)} jobs, in order: "
-                      + ", ".join(f"{arm}{'' if p == plan[0][0] or len(common) == 1 else f' ({p})'} seed {seed}"
+                      + ", ".join(f"{arm}{'' if p == plan[0][0] else f' ({p})'} seed {seed}"
                                   for p, arm, seed in queue)
                       + f". The next call: `bash scripts/gpu_study.sh batch --protocol {protocol} "
                       f"--concurrent 1 --time-budget 560 --allow-partial --jobs "

@@ -86,11 +86,10 @@ def _training_summary(run_dir: Path) -> dict:
 
 def _pick_method(results: dict, pe: str | None, temperature: bool = False) -> dict:
     """The method entry evaluated under `pe` (None: the model's own rule); with `temperature`, the
-    one tapa eval --eval-query-temperature added (its label names the temperature)."""
+    one tapa eval --eval-query-temperature added (its `variant`)."""
     for method in results["methods"]:
         rule = (method["pe"] == pe) if pe else (method["pe"] == method["trained_pe"])
-        added = bool(method.get("query_temperature")) and " + query temperature" in method["label"]
-        if rule and added == temperature:
+        if rule and bool(method.get("variant")) == temperature:
             return method
     what = (pe or "its own rule") + (" with the query temperature" if temperature else "")
     raise ValueError(f"no method evaluated under {what} in {results['runs']}")

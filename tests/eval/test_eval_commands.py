@@ -194,6 +194,7 @@ def test_eval_query_temperature_adds_the_tempered_model(tiny_runs, tmp_path):
     methods = json.loads((out / "results.json").read_text())["methods"]
     assert [m["label"] for m in methods] == ["TAPA", "TAPA + query temperature 32"]
     assert [m["query_temperature"] for m in methods] == [None, {"base": 32, "scale": 0.1}]
+    assert [m["variant"] for m in methods] == [None, "query temperature 32"]
     plain, tempered = ([r["perplexity"] for r in m["perplexity"]] for m in methods)
     assert plain[0] == tempered[0] and plain[1] != tempered[1]
     assert "| TAPA + query temperature 32 |" in (out / "results.md").read_text()

@@ -188,14 +188,15 @@ def test_the_eval_only_temperature_arms_read_the_base_runs_with_the_flag():
             assert stage.methods == 1 + tempered
             if tempered:
                 assert stage.argv[stage.argv.index("--eval-query-temperature") + 1] == "512"
-    methods = [{"label": "NoPE hybrid (LLLG, w256)", "pe": "nope", "trained_pe": "nope", "query_temperature": None},
+    methods = [{"label": "NoPE hybrid (LLLG, w256)", "pe": "nope", "trained_pe": "nope", "variant": None,
+                "query_temperature": None},
                {"label": "NoPE hybrid (LLLG, w256) + query temperature 512", "pe": "nope", "trained_pe": "nope",
-                "query_temperature": {"base": 512, "scale": 0.1}}]
+                "variant": "query temperature 512", "query_temperature": {"base": 512, "scale": 0.1}}]
     results = {"methods": methods, "runs": ["r"]}
     assert summarize._pick_method(results, None) is methods[0]
     assert summarize._pick_method(results, None, temperature=True) is methods[1]
     # a model trained with the temperature, read as trained: its own method
-    trained = [{**methods[1], "label": "NoPE hybrid (LLLG, w256)"}]
+    trained = [{**methods[1], "label": "NoPE hybrid (LLLG, w256)", "variant": None}]
     assert summarize._pick_method({"methods": trained, "runs": ["r"]}, None) is trained[0]
     with pytest.raises(ValueError, match="with the query temperature"):
         summarize._pick_method({"methods": methods[:1], "runs": ["r"]}, None, temperature=True)

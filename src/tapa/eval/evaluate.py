@@ -10,8 +10,8 @@ The result is a plain dict (written to results.json by `tapa.eval.report`):
 
     {"kind": "tapa-eval", "date", "hardware", "command", "split", "stride", "max_tokens",
      "data": {"source", "split", "tokens", "run_corpus", ...},
-     "methods": [{"label", "pe", "trained_pe", "query_temperature", "run", "train_len", "zero_shot",
-                  "num_parameters",
+     "methods": [{"label", "pe", "trained_pe", "variant", "query_temperature", "run", "train_len",
+                  "zero_shot", "num_parameters",
                   "perplexity": [PerplexityResult.to_dict(), ...], "passkey": grid dict or None,
                   "tasks": {task: grid dict} or None}]}
 """
@@ -179,7 +179,8 @@ def evaluate_model(model, tokens, *, train_len: int, options: EvalOptions, train
                                       progress=options.progress, label=label)
     temperature = ({"base": cfg.query_temperature_base, "scale": cfg.query_temperature_scale}
                    if cfg.query_temperature_base else None)
-    entry = {"label": label, "pe": pe, "trained_pe": trained_pe, "query_temperature": temperature,
+    entry = {"label": label, "pe": pe, "trained_pe": trained_pe, "variant": variant,
+             "query_temperature": temperature,
              "layer_pattern": cfg.layer_pattern,
              "local_window": cfg.local_window, "run": run, "train_len": train_len,
              "zero_shot": zero_shot, "num_parameters": model.num_parameters(),

@@ -49,16 +49,21 @@ def with_positional(model, pe: str, train_len: int):
     plain-RoPE model evaluated with PI or YaRN). The weights are copied; only the rotation differs. The copy's
     scaling refers to `train_len` (config.original_seq_len, used by YaRN and dynamic NTK).
     """
-    from tapa.model import ModelConfig, TapaLM
-
     source = model.config.pe
     if pe == source:
         return model
     if source not in ROPE_FAMILY or pe not in ROPE_FAMILY:
         raise ValueError(f"pe: only RoPE-family models can be re-evaluated under another RoPE rule, "
                          f"got model pe {source!r} -> {pe!r}")
-    config = ModelConfig.from_dict({**model.config.to_dict(), "pe": pe, "rope_scale": 1.0,
-                                      "original_seq_len": int(train_len)})
+    return _copy_with(model, pe=pe, rope_scale=1.0, original_seq_len=int(train_len))
+
+
+def _copy_with(model, **fields):
+    """An eval-mode copy of `model` (its weights, device and dtype) whose config differs in
+    `fields`, which carry no weights."""
+    from tapa.model import ModelConfig, TapaLM
+
+    config = ModelConfig.from_dict({**model.config.to_dict(), **fields})
     parameter = next(model.parameters())
     variant = TapaLM(config).to(device=parameter.device, dtype=parameter.dtype)
     variant.load_state_dict(model.state_dict(), strict=True)
@@ -71,17 +76,9 @@ def with_query_temperature(model, base: int, scale: float = 0.1):
     1 + scale * log(1 + floor((p + 1) / base)) (`ModelConfig.query_temperature_base`, Llama 4's
     form; TAPA's amplitude part only): the temperature at evaluation for a model trained without it
     or with another base. Positions below base - 1 are untouched. The weights are copied."""
-    from tapa.model import ModelConfig, TapaLM
-
     if isinstance(base, bool) or not isinstance(base, int) or base < 1:
         raise ValueError(f"the query temperature's base must be an int >= 1 (positions), got {base!r}")
     cfg = model.config
     if "global" not in (cfg.layer_kind(i) for i in range(cfg.n_layers)):
         raise ValueError("a query temperature acts on global layers; this model has none")
-    config = ModelConfig.from_dict({**cfg.to_dict(), "query_temperature_base": base,
-                                    "query_temperature_scale": scale})
-    parameter = next(model.parameters())
-    variant = TapaLM(config).to(device=parameter.device, dtype=parameter.dtype)
-    variant.load_state_dict(model.state_dict(), strict=True)
-    variant.eval()
-    return variant
+    return _copy_with(model, query_temperature_base=base, query_temperature_scale=scale)
