@@ -221,6 +221,7 @@ def screen_queue() -> list[tuple[str, str, int]]:
     screen, kinds = "toy-gpu-screen", list(GLOBAL_KINDS)
     # 2026-12-06, seed 0: the query temperature lowered 16k perplexity 6-8% for both kinds and
     # lifted NoPE's single-key retrieval at 4k from 26% to 76%, the most of any lever: is it real?
+    # (Run the same day: the perplexity held on every seed; the retrieval, 49% on the mean, less.)
     first = [(screen, f"hybrid-{kind}-temp", seed) for seed in (1, 2) for kind in kinds]
     seed0 = [(protocol, arm, 0) for protocol, arm in screen_plan()]
     # window 128 (NoPE's best multi-key on seed 0) and theta 0.75 at LLG (TAPA's best multi-key)
