@@ -10,10 +10,11 @@ VOCAB, EOT = 61, 0
 LENGTHS = [(7, 1, 12, 20), (25, 15), (40,)]
 
 
-def _model(pe, pattern):
+def _model(pe, pattern, temperature_base=0):
     torch.manual_seed(0)
     cfg = ModelConfig(vocab_size=VOCAB, dim=48, n_layers=4, n_heads=4, n_kv_heads=2, pe=pe,
-                      layer_pattern=pattern, local_window=6, init_std=0.2)
+                      layer_pattern=pattern, local_window=6, init_std=0.2,
+                      query_temperature_base=temperature_base, query_temperature_scale=0.5)
     return TapaLM(cfg).double().eval()
 
 
@@ -52,10 +53,14 @@ def _with_kv_cache(model, doc):
     return torch.cat(parts)
 
 
-@pytest.mark.parametrize("pe, pattern", [("tapa", "G"), ("rope", "G"), ("nope", "G"),
-                                         ("tapa", "LLLG"), ("nope", "LLLG"), ("rope-yarn", "LG")])
-def test_packed_row_equals_each_document_alone(pe, pattern):
-    model = _model(pe, pattern)
+# the global layers' query temperature (base 4: it changes every document longer than 3 tokens)
+# follows each token's position inside its document, as a document alone has it
+@pytest.mark.parametrize("pe, pattern, temperature_base",
+                         [("tapa", "G", 0), ("rope", "G", 0), ("nope", "G", 0), ("tapa", "LLLG", 0),
+                          ("nope", "LLLG", 0), ("rope-yarn", "LG", 0), ("tapa", "LLLG", 4),
+                          ("nope", "LLLG", 4)])
+def test_packed_row_equals_each_document_alone(pe, pattern, temperature_base):
+    model = _model(pe, pattern, temperature_base)
     ids, docs = _rows()
     with torch.no_grad():
         packed = model(ids, document_ids=Documents.from_tokens(ids, EOT))

@@ -36,6 +36,10 @@ CASES = {
     "hybrid": dict(pe="tapa", layer_pattern="LLLG", local_window=6),
     # window 11: a halo of 10 keys, over two chunks at CP 2 and three at CP 4
     "hybrid-wide": dict(pe="rope", layer_pattern="LLLG", local_window=11, n_kv_heads=1),
+    # the global layer's query temperature (base 4) follows each token's global position (or its
+    # position inside its document), not its slot in the rank's shard
+    "hybrid-temperature": dict(pe="nope", layer_pattern="LLLG", local_window=6,
+                               query_temperature_base=4, query_temperature_scale=0.5),
 }
 
 
