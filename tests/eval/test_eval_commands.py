@@ -157,6 +157,34 @@ def test_continual_pi_model_keeps_its_trained_factor():
     assert entry["label"] == "PI" and entry["zero_shot"] is False
 
 
+def test_a_model_built_with_a_query_temperature_names_it_in_its_label():
+    """Trained with the temperature: the label says so (else two runs that differ only there read
+    alike); evaluated at another base as well: the trained one in the name, the new one appended."""
+    import numpy as np
+    import torch
+
+    from tapa.eval.evaluate import EvalOptions, evaluate_model
+    from tapa.eval.scaling import with_query_temperature
+    from tapa.model import ModelConfig, TapaLM
+
+    torch.manual_seed(0)
+    cfg = dict(vocab_size=50, dim=32, n_layers=4, n_heads=2, pe="nope", layer_pattern="LLLG", local_window=8)
+    plain = TapaLM(ModelConfig(**cfg))
+    model = TapaLM(ModelConfig(**cfg, query_temperature_base=32, query_temperature_scale=0.2))
+    assert plain.config.label == "NoPE hybrid (LLLG, w8)"
+    assert model.config.label == "NoPE hybrid (LLLG, w8, query temperature 32 x0.2)"
+    assert TapaLM(ModelConfig(vocab_size=50, dim=32, n_layers=1, n_heads=2, pe="tapa",
+                              query_temperature_base=512)).config.label == "TAPA (query temperature 512)"
+    tokens = np.random.default_rng(0).integers(0, 50, 200)
+    options = EvalOptions(lengths=[64], stride=32, max_tokens=64, progress=False)
+    entry = evaluate_model(model, tokens, train_len=32, options=options)
+    assert entry["label"] == "NoPE hybrid (LLLG, w8, query temperature 32 x0.2)"
+    entry = evaluate_model(with_query_temperature(model, 16), tokens, train_len=32, options=options,
+                           variant="query temperature 16", trained_temperature=(32, 0.2))
+    assert entry["label"] == "NoPE hybrid (LLLG, w8, query temperature 32 x0.2) + query temperature 16"
+    assert entry["query_temperature"] == {"base": 16, "scale": 0.1}
+
+
 def test_demo_default_output_directory_does_not_overwrite(tmp_path):
     from tapa.eval.demo import _fresh_dir
 

@@ -33,7 +33,7 @@ from tapa.eval.passkey_eval import DEFAULT_DEPTHS, RETRIEVAL_BATCH_TOKENS, passk
 from tapa.eval.perplexity import perplexity_vs_length
 from tapa.eval.scaling import ROPE_FAMILY, SCALED_AT_EVAL, with_positional, with_query_temperature
 from tapa.eval.tasks import TASKS, TaskSettings, check_task_lengths, default_trials, task_grid
-from tapa.positional.kinds import model_label
+from tapa.positional.kinds import model_label, temperature_label
 
 DEFAULT_MULTIPLES = (0.5, 1, 2, 4, 8, 16)
 
@@ -145,13 +145,16 @@ def results_header(options: EvalOptions, device, data: dict | None = None) -> di
 
 def evaluate_model(model, tokens, *, train_len: int, options: EvalOptions, trained_pe: str | None = None,
                    run: str = "", zero_shot: bool = True, encode=None, decode=None, filler_ids=None,
-                   filler_source: str | None = None, variant: str | None = None) -> dict:
+                   filler_source: str | None = None, variant: str | None = None,
+                   trained_temperature: tuple[int, float] | None = None) -> dict:
     """One method entry: perplexity at every length (and the passkey grid if options.passkey, a grid
     per retrieval task of options.tasks).
 
     filler_ids: the tokens corpus filler is drawn from (the evaluated text); filler_source: what to
     call them in the results (e.g. "corpus.txt"; default "corpus"). variant: what was changed at
     evaluation other than the RoPE rule, appended to the label (e.g. "query temperature 512").
+    trained_temperature: the query temperature (base, scale) the run was trained with, named in the
+    label (default: the model's own, which is the trained one unless `variant` changed it).
 
     train_len: the training sequence length of the run (lengths are multiples of it).
     For rope-pi/rope-ntk/rope-yarn the eval factor is length / (train_len / trained rope_scale),
@@ -160,7 +163,10 @@ def evaluate_model(model, tokens, *, train_len: int, options: EvalOptions, train
     pe = model.config.pe
     trained_pe = trained_pe or pe
     cfg = model.config
-    label = model_label(trained_pe, cfg.layer_pattern if cfg.is_hybrid else "G", cfg.local_window, eval_pe=pe)
+    if trained_temperature is None:
+        trained_temperature = (cfg.query_temperature_base, cfg.query_temperature_scale)
+    label = model_label(trained_pe, cfg.layer_pattern if cfg.is_hybrid else "G", cfg.local_window, eval_pe=pe,
+                        query_temperature=trained_temperature)
     if variant:
         label = f"{label} + {variant}"
     scaling_len = train_len / cfg.rope_scale if pe in SCALED_AT_EVAL else train_len
@@ -425,11 +431,11 @@ def evaluate_run(run_dir: str | Path, options: EvalOptions, *, device: str | tor
         variants += [(with_positional(model, pe, train_len), None) for pe in options.eval_pe if pe != model_cfg.pe]
     base, scale = options.query_temperature, options.query_temperature_scale
     if base and (model_cfg.query_temperature_base, model_cfg.query_temperature_scale) != (base, scale):
-        variants.append((with_query_temperature(model, base, scale),
-                         f"query temperature {base}" + ("" if scale == 0.1 else f" x{scale:g}")))
+        variants.append((with_query_temperature(model, base, scale), temperature_label(base, scale)))
     for variant, what in variants:
         results["methods"].append(evaluate_model(
             variant, tokens, train_len=train_len, options=options, trained_pe=model_cfg.pe,
             run=run_dir.name, zero_shot=zero_shot, encode=corpus.encode, decode=corpus.decode,
-            filler_ids=tokens, filler_source=None if data["run_corpus"] else data["name"], variant=what))
+            filler_ids=tokens, filler_source=None if data["run_corpus"] else data["name"], variant=what,
+            trained_temperature=(model_cfg.query_temperature_base, model_cfg.query_temperature_scale)))
     return results

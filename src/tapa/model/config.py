@@ -176,8 +176,10 @@ class ModelConfig:
 
     @property
     def label(self) -> str:
-        """The model's name in results, e.g. "TAPA" or "TAPA hybrid (LLLG, w256)"."""
-        return model_label(self.pe, self.layer_pattern if self.is_hybrid else "G", self.local_window)
+        """The model's name in results, e.g. "TAPA" or "TAPA hybrid (LLLG, w256)" (and its query
+        temperature, if any: "TAPA hybrid (LLLG, w256, query temperature 512)")."""
+        return model_label(self.pe, self.layer_pattern if self.is_hybrid else "G", self.local_window,
+                           query_temperature=(self.query_temperature_base, self.query_temperature_scale))
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

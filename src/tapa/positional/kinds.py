@@ -67,9 +67,21 @@ def method_label(trained_pe: str, eval_pe: str | None = None) -> str:
     return f"{trained}+{get_kind(eval_pe).label}"
 
 
-def model_label(pe: str, layer_pattern: str = "G", local_window: int = 0, eval_pe: str | None = None) -> str:
-    """A model's name in results: the kind's label, and for hybrids e.g. 'TAPA hybrid (LLLG, w256)'."""
+def temperature_label(base: int, scale: float = 0.1) -> str:
+    """The global layers' query temperature in a label: 'query temperature 512', and its slope when
+    not Llama 4's 0.1 ('query temperature 512 x0.2')."""
+    return f"query temperature {base}" + ("" if scale == 0.1 else f" x{scale:g}")
+
+
+def model_label(pe: str, layer_pattern: str = "G", local_window: int = 0, eval_pe: str | None = None,
+                query_temperature: tuple[int, float] | None = None) -> str:
+    """A model's name in results: the kind's label, for hybrids e.g. 'TAPA hybrid (LLLG, w256)', and a
+    query temperature (base, scale) it was built with, e.g. 'NoPE hybrid (LLLG, w256, query
+    temperature 512)' or 'TAPA (query temperature 512)'."""
     label = method_label(pe, eval_pe)
+    details = [layer_pattern, f"w{local_window}"] if "L" in layer_pattern else []
+    if query_temperature and query_temperature[0]:
+        details.append(temperature_label(*query_temperature))
     if "L" in layer_pattern:
-        label = f"{label} hybrid ({layer_pattern}, w{local_window})"
-    return label
+        return f"{label} hybrid ({', '.join(details)})"
+    return f"{label} ({details[0]})" if details else label
