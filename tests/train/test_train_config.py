@@ -104,6 +104,12 @@ def test_continual_rules():
     assert (yarn.pe, yarn.rope_scale, yarn.original_seq_len) == ("rope-yarn", 4.0, 256)
     with pytest.raises(ValueError, match="pe="):
         continual_model_config(rope, {"pe": "tapa"})
+    # the global layers' query temperature has no weights: a continual stage may add or change it
+    hybrid = ModelConfig(dim=32, n_heads=2, pe="nope", n_layers=4, layer_pattern="LLLG")
+    tempered = continual_model_config(hybrid, {"query_temperature_base": 512, "query_temperature_scale": 0.2})
+    assert (tempered.query_temperature_base, tempered.query_temperature_scale) == (512, 0.2)
+    with pytest.raises(ValueError, match="query_temperature_base"):
+        continual_model_config(hybrid, {"query_temperature_base": -1})
 
 
 def test_every_flag_has_a_sentence_and_its_default():

@@ -106,3 +106,9 @@ def test_init_from_takes_the_model_from_the_checkpoint(cache_dir, tmp_path):
     assert config["train"]["name"] == source["train"]["name"] + "-continual"
     with pytest.raises(SystemExit, match="keeps the checkpoint's dim=32; got dim=64"):
         main(["train", "--init-from", str(pre), "--dim", "64", "--run-dir", str(tmp_path / "bad")])
+    # the global layers' query temperature has no weights: a continual stage may add it
+    tempered = tmp_path / "tempered"
+    assert main(["train", "--init-from", str(pre), "--seq-len", "64", "--steps", "1", "--query-temperature-base",
+                 "32", "--run-dir", str(tempered), "--no-progress", "--no-plot"]) == 0
+    model = json.loads((tempered / "config.json").read_text())["model"]
+    assert model == {**source["model"], "query_temperature_base": 32}

@@ -32,10 +32,11 @@ PRECISIONS = ("auto", "fp32", "bf16")
 PARALLEL_MODES = ("auto", "none", "ddp", "fsdp")
 
 # Fields a continual run may change: the RoPE family's scaling (and which RoPE variant carries it),
+# the global layers' query temperature (like the scaling, a function of position without weights),
 # and how attention is computed. Everything else (shapes, vocabulary, TAPA's theta/alpha/distance/
 # phase, init-only settings) is fixed by the checkpoint.
 CONTINUAL_MUTABLE = ("rope_base", "rope_scale", "original_seq_len", "yarn_beta_fast",
-                     "yarn_beta_slow", "attn_impl")
+                     "yarn_beta_slow", "query_temperature_base", "query_temperature_scale", "attn_impl")
 
 # TrainConfig fields a resumed run may change without changing the loss trajectory.
 RESUME_MUTABLE = ("name", "run_dir", "steps", "stop_after", "eval_every", "save_every", "keep_checkpoints",
@@ -309,8 +310,8 @@ def continual_model_config(base: ModelConfig, requested: dict) -> ModelConfig:
     """The model config of a continual run: the checkpoint's `base`, with the `requested` values
     (from a recipe or the command line) applied where they may change.
 
-    May change: RoPE scaling (CONTINUAL_MUTABLE) and the RoPE variant within the RoPE family
-    (e.g. rope -> rope-yarn). Any other requested value must equal the checkpoint's, else
+    May change: RoPE scaling and the query temperature (CONTINUAL_MUTABLE) and the RoPE variant
+    within the RoPE family (e.g. rope -> rope-yarn). Any other requested value must equal the checkpoint's, else
     ValueError naming the field.
     """
     values = base.to_dict()
@@ -326,7 +327,7 @@ def continual_model_config(base: ModelConfig, requested: dict) -> ModelConfig:
         else:
             raise ValueError(
                 f"continual pretraining keeps the checkpoint's {field}={values[field]!r}; "
-                f"got {field}={value!r}. Only the RoPE-family scaling ({', '.join(CONTINUAL_MUTABLE)}, "
+                f"got {field}={value!r}. Only the position-only settings ({', '.join(CONTINUAL_MUTABLE)}, "
                 f"and pe within {'/'.join(ROPE_FAMILY)}) may change")
     return ModelConfig.from_dict(values)
 
