@@ -243,10 +243,19 @@ def confirm_plan() -> list[tuple[str, str]]:
     return [("scale-768-confirm", arm) for arm in (*CONFIRM_CANDIDATES, *CONFIRM_ANCHORS)]
 
 
+# the confirmation's first jobs of each seed: the two kinds under the query temperature (the screen's
+# best of each, three seeds) and RoPE + YaRN, so that one session's three jobs read the goal's every
+# criterion at 91M
+CONFIRM_LEAD = ("hybrid-nope-temp", "hybrid-tapa-temp", "rope-yarn")
+
+
 def confirm_queue() -> list[tuple[str, str, int]]:
     """The confirmation's jobs as (protocol, arm, seed) in run order: seed 0 of every arm first
-    (a first reading of each at the scale step), then seeds 1, then seeds 2."""
-    return [(protocol, arm, seed) for seed in (0, 1, 2) for protocol, arm in confirm_plan()]
+    (a first reading of each at the scale step; CONFIRM_LEAD's arms before the others), then
+    seeds 1, then seeds 2."""
+    plan = {arm: protocol for protocol, arm in confirm_plan()}
+    order = [(plan[arm], arm) for arm in dict.fromkeys((*CONFIRM_LEAD, *plan))]
+    return [(protocol, arm, seed) for seed in (0, 1, 2) for protocol, arm in order]
 
 
 def stages_of(protocol) -> list[str]:

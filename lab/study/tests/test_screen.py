@@ -607,7 +607,10 @@ def test_screen_reports_its_progress_and_the_next_call(tmp_path):
     assert f"Run: 1 of {len(arms.confirm_plan())} arms, 0 with 3+ seeds." in confirm
     assert ("--protocol scale-768-confirm --concurrent 1 --time-budget 560 --allow-partial "
             "--jobs hybrid-tapa-temp:0.001:0`") in confirm
-    assert "rope-yarn seed 0, hybrid-nope-temp seed 1," in confirm
+    # the temperature pair and RoPE + YaRN lead each seed; the queue's order only, no job twice
+    assert "hybrid-tapa-temp seed 0, rope-yarn seed 0, hybrid-tapa-llg seed 0," in confirm
+    assert "hybrid-nope seed 0, hybrid-nope-temp seed 1," in confirm
+    assert sorted(arms.confirm_queue()) == sorted((p, a, s) for s in (0, 1, 2) for p, a in arms.confirm_plan())
     assert all(arm in arms.ARMS for _, arm in arms.confirm_plan())
     # a report of some arms only is not the screen's progress
     screen.screen([tmp_path], tmp_path / "some", "cmd", arms=["hybrid-tapa"])
