@@ -31,7 +31,8 @@ import torch
 
 from tapa.eval.passkey_eval import DEFAULT_DEPTHS, RETRIEVAL_BATCH_TOKENS, passkey_grid
 from tapa.eval.perplexity import perplexity_vs_length
-from tapa.eval.scaling import ROPE_FAMILY, SCALED_AT_EVAL, with_positional, with_query_temperature
+from tapa.eval.scaling import (ROPE_FAMILY, SCALED_AT_EVAL, check_query_temperature, with_positional,
+                               with_query_temperature)
 from tapa.eval.tasks import TASKS, TaskSettings, check_task_lengths, default_trials, task_grid
 from tapa.positional.kinds import model_label, temperature_label
 
@@ -87,14 +88,9 @@ class EvalOptions:
         for name in ("passkey_filler", "task_filler"):
             if getattr(self, name) not in ("standard", "corpus"):
                 raise ValueError(f"{name} must be 'standard' or 'corpus', got {getattr(self, name)!r}")
-        if self.query_temperature is not None and (
-                isinstance(self.query_temperature, bool) or not isinstance(self.query_temperature, int)
-                or self.query_temperature < 1):
-            raise ValueError(f"query_temperature must be an int >= 1 (the base, in positions), got "
-                             f"{self.query_temperature!r}")
-        scale = self.query_temperature_scale
-        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 0 < scale < float("inf"):
-            raise ValueError(f"query_temperature_scale must be a finite number > 0, got {scale!r}")
+        base = self.query_temperature  # None: off, and the scale is checked all the same
+        check_query_temperature(1 if base is None else base, self.query_temperature_scale,
+                                names=("query_temperature", "query_temperature_scale"))
         for pe in self.eval_pe:
             if pe not in ROPE_FAMILY:
                 raise ValueError(f"eval_pe entries must be RoPE-family methods {ROPE_FAMILY}, got {pe!r}")

@@ -71,14 +71,24 @@ def _copy_with(model, **fields):
     return variant
 
 
+def check_query_temperature(base, scale, names=("base", "scale")) -> None:
+    """ValueError unless `base` is an int >= 1 (positions) and `scale` a finite number > 0: a query
+    temperature that is on, as evaluation applies it (the model config also takes base 0, off).
+    `names`: what the caller calls the two."""
+    if isinstance(base, bool) or not isinstance(base, int) or base < 1:
+        raise ValueError(f"{names[0]} must be an int >= 1 (the query temperature's base, in positions), "
+                         f"got {base!r}")
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 0 < scale < float("inf"):
+        raise ValueError(f"{names[1]} must be a finite number > 0 (the query temperature's slope), "
+                         f"got {scale!r}")
+
+
 def with_query_temperature(model, base: int, scale: float = 0.1):
     """A copy of `model` whose global layers scale each query at position p by
     1 + scale * log(1 + floor((p + 1) / base)) (`ModelConfig.query_temperature_base`, Llama 4's
     form; TAPA's amplitude part only): the temperature at evaluation for a model trained without it
     or with another base. Positions below base - 1 are untouched. The weights are copied."""
-    if isinstance(base, bool) or not isinstance(base, int) or base < 1:
-        raise ValueError(f"the query temperature's base must be an int >= 1 (positions), got {base!r}")
-    cfg = model.config
-    if "global" not in (cfg.layer_kind(i) for i in range(cfg.n_layers)):
+    check_query_temperature(base, scale)
+    if "G" not in model.config.layer_pattern:  # validate refuses a G that never reaches a layer
         raise ValueError("a query temperature acts on global layers; this model has none")
     return _copy_with(model, query_temperature_base=base, query_temperature_scale=scale)

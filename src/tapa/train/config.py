@@ -310,9 +310,9 @@ def continual_model_config(base: ModelConfig, requested: dict) -> ModelConfig:
     """The model config of a continual run: the checkpoint's `base`, with the `requested` values
     (from a recipe or the command line) applied where they may change.
 
-    May change: RoPE scaling and the query temperature (CONTINUAL_MUTABLE) and the RoPE variant
-    within the RoPE family (e.g. rope -> rope-yarn). Any other requested value must equal the checkpoint's, else
-    ValueError naming the field.
+    May change: CONTINUAL_MUTABLE (RoPE scaling, the query temperature, attn_impl) and the RoPE
+    variant within the RoPE family (e.g. rope -> rope-yarn). Any other requested value must equal
+    the checkpoint's, else ValueError naming the field.
     """
     values = base.to_dict()
     for field, value in requested.items():
@@ -327,7 +327,7 @@ def continual_model_config(base: ModelConfig, requested: dict) -> ModelConfig:
         else:
             raise ValueError(
                 f"continual pretraining keeps the checkpoint's {field}={values[field]!r}; "
-                f"got {field}={value!r}. Only the position-only settings ({', '.join(CONTINUAL_MUTABLE)}, "
+                f"got {field}={value!r}. Only weightless settings ({', '.join(CONTINUAL_MUTABLE)}, "
                 f"and pe within {'/'.join(ROPE_FAMILY)}) may change")
     return ModelConfig.from_dict(values)
 
