@@ -11,7 +11,7 @@ stage 20% of pretraining") and writes to --out:
                           its 95% Wilson interval; far_*: the same over the depths whose needle lies
                           beyond the largest local window (`beyond`: the window in tokens), which
                           only the global layers reach: the screen's deciding retrieval measure
-    retrieval_cells.csv   the same per depth
+    retrieval_cells.csv   the same per depth (correct of trials; the arm's label is in retrieval.csv)
     screen.md             issue 37's goal, criterion by criterion, for each TAPA/NoPE pair with
                           3+ seeds a side (and the best single-key score at 8x the pretraining
                           length), the progress of the screen and of the confirmation (the
@@ -180,9 +180,10 @@ def retrieval_rows(jobs: list[dict]) -> tuple[list[dict], list[dict]]:
                                 "beyond": window, "far_correct": sum(far), "far_trials": far_trials,
                                 "far_accuracy": sum(far) / far_trials if far else math.nan,
                                 "far_low": far_low, "far_high": far_high})
-                for di, depth in enumerate(grid["depths"]):
-                    cells.append({**common, "length": length, "depth": depth, "correct": hits[di],
-                                  "trials": grid["trials"], "accuracy": hits[di] / grid["trials"],
+                for di, depth in enumerate(grid["depths"]):  # the arm's label: retrieval.csv
+                    cells.append({**{k: v for k, v in common.items() if k != "label"}, "length": length,
+                                  "depth": depth, "correct": hits[di], "trials": grid["trials"],
+                                  "accuracy": round(hits[di] / grid["trials"], 4),
                                   "beyond_window": beyond_window(length, depth, window)})
     return lengths, cells
 
