@@ -10,7 +10,8 @@ stage 20% of pretraining") and writes to --out:
     retrieval.csv         arm, seed, task, length: correct of trials over every depth, accuracy and
                           its 95% Wilson interval; far_*: the same over the depths whose needle lies
                           beyond the largest local window (`beyond`: the window in tokens), which
-                          only the global layers reach: the screen's deciding retrieval measure
+                          only the global layers reach: the screen's deciding retrieval measure;
+                          recall, far_recall: the mean item recall (jobs since 2026-12-06)
     retrieval_cells.csv   the same per depth (correct of trials; the arm's label is in retrieval.csv)
     screen.md             issue 37's goal, criterion by criterion, for each TAPA/NoPE pair with
                           3+ seeds a side (and the best single-key score at 8x the pretraining
@@ -60,7 +61,7 @@ from tapa._paths import write_csv
 from tapa.eval.plots import _pyplot, length_label
 from tapa.eval.report import local_window as model_window
 from tapa.eval.stats import mann_whitney_exact, welch_t
-from tapa.eval.tasks import beyond_window, wilson_interval
+from tapa.eval.tasks import SEVERAL_ITEMS, beyond_window, wilson_interval
 
 PROTOCOL_TAGS = {"toy-gpu-screen": "", "toy-gpu-c4096": "@c4096", "toy-gpu-cl20": "@cl20",
                  "scale-768-confirm": "@768", "tiny-cpu-screen": ""}
@@ -175,11 +176,17 @@ def retrieval_rows(jobs: list[dict]) -> tuple[list[dict], list[dict]]:
                 far_trials = grid["trials"] * len(far)
                 low, high = wilson_interval(sum(hits), trials)
                 far_low, far_high = wilson_interval(sum(far), far_trials) if far else (math.nan, math.nan)
+                # the mean item recall (tapa eval's grids since 2026-12-06; NaN in older jobs)
+                recall = (grid.get("recall") or [None] * len(grid["lengths"]))[li]
+                far_recall = [r for r, depth in zip(recall or [], grid["depths"])
+                              if beyond_window(length, depth, window)]
                 lengths.append({**common, "length": length, "correct": sum(hits), "trials": trials,
                                 "accuracy": sum(hits) / trials, "low": low, "high": high,
                                 "beyond": window, "far_correct": sum(far), "far_trials": far_trials,
                                 "far_accuracy": sum(far) / far_trials if far else math.nan,
-                                "far_low": far_low, "far_high": far_high})
+                                "far_low": far_low, "far_high": far_high,
+                                "recall": sum(recall) / len(recall) if recall else math.nan,
+                                "far_recall": sum(far_recall) / len(far_recall) if far_recall else math.nan})
                 for di, depth in enumerate(grid["depths"]):  # the arm's label: retrieval.csv
                     cells.append({**{k: v for k, v in common.items() if k != "label"}, "length": length,
                                   "depth": depth, "correct": hits[di], "trials": grid["trials"],
@@ -568,6 +575,27 @@ def retrieval_table(rows: list[dict], task: str) -> str:
     return "\n".join(lines)
 
 
+def recall_table(rows: list[dict], task: str) -> str:
+    """Mean item recall of a task whose answer lists several items (the share of them named; jobs
+    since 2026-12-06), beyond the local window then over every depth, seeds pooled ('' when no
+    job has it)."""
+    mine = [r for r in rows if r["task"] == task and not math.isnan(r["recall"])]
+    if task not in SEVERAL_ITEMS or not mine:
+        return ""
+    window = max((r["beyond"] for r in rows), default=0)
+    lengths = sorted({r["length"] for r in mine})
+    every, far = _mean_by(mine, ("arm", "length"), "recall"), _mean_by(
+        [r for r in mine if not math.isnan(r["far_recall"])], ("arm", "length"), "far_recall")
+    lines = [f"**{task}, item recall**: mean % of the answer's items named, with the needles more than "
+             f"{window} tokens back, then over every depth; seeds pooled (jobs without it left out)", "",
+             "| arm | " + " | ".join(length_label(n) for n in lengths) + " |", "|---|" + "---|" * len(lengths)]
+    for arm in _arms(mine):
+        cells = [(f"{100 * far[(arm, n)]:.0f}; " if (arm, n) in far else "")
+                 + (f"all {100 * every[(arm, n)]:.0f}" if (arm, n) in every else "") for n in lengths]
+        lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def lever_of(arm: str) -> str:
     """The setting an arm's global kind runs under: 'hybrid-*-w128' for both 'hybrid-tapa-w128'
     and 'hybrid-nope-w128' (twins; likewise the retrofits), the arm itself for an anchor."""
@@ -826,7 +854,8 @@ def screen(paths, out_dir: str | Path, command: str, arms: list[str] | None = No
                 "" if arms or seeds is not None else progress_table(jobs),  # the whole screen's only
                 lever_table(ppl, retrieval), kind_table(ppl, retrieval), seed_table(ppl, retrieval)]
     sections += [perplexity_table(ppl, s, d) for s in ("continual", "zero-shot") for d in ("test", "domain")]
-    sections += [retrieval_table(retrieval, t) for t in dict.fromkeys(r["task"] for r in retrieval)]
+    for task in dict.fromkeys(r["task"] for r in retrieval):
+        sections += [retrieval_table(retrieval, task)] + [t for t in [recall_table(retrieval, task)] if t]
     sections.append(theory_markdown(theory_rows(jobs), jobs))  # the pretrained globals' logit decay
     plots = [plot_perplexity(ppl, out / "perplexity.png"), plot_retrieval(retrieval, out / "retrieval.png"),
              plot_heatmap(retrieval, out / "retrieval_heatmap.png"),

@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 
 from tapa.data.passkey import INSTRUCTION
-from tapa.eval.passkey_eval import matches_answer
+from tapa.eval.passkey_eval import item_recall, matches_answer
+from tapa.eval.report import grid_table
 from tapa.eval.tasks import (TASKS, VT_INSTRUCTION, TaskSettings, beyond_window, build_task_prompt,
-                             check_task_lengths, default_trials, minimum_length, parse_tasks, score_task,
-                             task_grid, trials_for_half_width, wilson_interval)
+                             check_task_lengths, default_trials, minimum_length, parse_tasks, recall_task,
+                             score_task, task_grid, trials_for_half_width, wilson_interval)
 
 from helpers import ContextReader, WordTokenizer, char_decode, char_encode
 
@@ -131,6 +132,20 @@ def test_scorer_accepts_right_and_refuses_wrong_answers(task, right, wrong):
     assert not score_task(prompt, char_encode(wrong[0].ljust(len(answer), " ")), char_decode)
 
 
+def test_item_recall_gives_partial_credit_for_the_items_named():
+    expected = ["11111", "22222", "33333", "44444"]
+    assert item_recall(" 22222. One of the special magic numbers for", expected) == 0.25
+    assert item_recall(" 44444, 11111, 33333, 22222", expected) == 1.0  # any order
+    assert item_recall(" 22222, 22222, 22222", expected) == 0.25  # an item counts once per expected copy
+    assert item_recall(" 2222 12345 abc", expected) == 0.0
+    assert item_recall(" ABCDE FGHIJ", ["ABCDE", "KLMNO"]) == 0.5
+    with pytest.raises(ValueError, match="no items"):
+        item_recall(" 12345", [])
+    # through recall_task: the first len(answer) tokens of a generation, decoded
+    prompt = SimpleNamespace(answer_ids=char_encode(" 11111, 22222"), expected=["11111", "22222"])
+    assert recall_task(prompt, char_encode(" 22222, 99999 and 11111"), char_decode) == 0.5
+
+
 class OracleStub(ContextReader):
     """Answers every task from its context (char tokens kept in the KV cache); shift=1 moves every
     digit and capital letter by one, so every answer is wrong."""
@@ -167,9 +182,35 @@ def test_grid_scores_an_oracle_right_and_a_shifted_one_wrong(task):
     assert grid["task"] == task and grid["filler"] == "standard" and grid["settings"] == settings.of(task)
     assert grid["examples"] and grid["examples"][0]["items"] and sorted(grid["examples"][0]["items"]) == \
         sorted(grid["examples"][0]["expected"])
+    assert grid["recall"] == [[1.0] * 3] * 2
     wrong = task_grid(OracleStub(shift=1), task, char_encode, char_decode, lengths=[700], depths=[0.5],
                       trials=2, settings=settings, progress=False)
-    assert wrong["accuracy"] == [[0.0]]
+    assert wrong["accuracy"] == [[0.0]] and wrong["recall"] == [[0.0]]
+
+
+class FirstItemOracle(OracleStub):
+    """Names only the first of the expected items, then goes on with other text: never exact, and
+    for a task of n items a recall of 1 / n."""
+
+    def reply(self, context):
+        answer, cue = self.answer(context)
+        return " " + answer.replace(",", " ").split()[0] + " and so on and so on.", cue
+
+
+@pytest.mark.parametrize("task, items", [("multi-value", 4), ("variable-tracking", 2), ("single-key", 1)])
+def test_grid_recall_credits_an_answer_that_names_some_items(task, items):
+    grid = task_grid(FirstItemOracle(), task, char_encode, char_decode, lengths=[900], depths=[0.0, 1.0],
+                     trials=3, settings=TaskSettings(values=4, hops=2), progress=False)
+    assert grid["recall"] == [[1 / items] * 2]
+    assert grid["correct"] == [[0, 0]] if items > 1 else grid["correct"] == [[3, 3]]
+    # the report shows recall for the tasks of several items, beyond the window too
+    table = grid_table("hybrid", grid, window=300)
+    shown = f"| item recall, all depths | {1 / items:.0%} |"
+    if items > 1:
+        assert shown in table and f"| item recall, beyond the 300-token window | {1 / items:.0%} |" in table
+    else:
+        assert "item recall" not in table
+    assert "item recall" not in grid_table("hybrid", {k: v for k, v in grid.items() if k != "recall"})
 
 
 class HalfOracle(OracleStub):

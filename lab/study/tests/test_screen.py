@@ -672,3 +672,25 @@ def test_power_of_the_goal_criterion():
     assert power.power(1.0, 1.0, seeds=5, trials=400) > power.power(1.0, 1.0, seeds=3, trials=400)
     with pytest.raises(ValueError, match="seeds >= 2"):
         power.power(1.0, 1.0, seeds=1)
+
+
+def test_item_recall_of_the_several_item_tasks_is_tabled_where_jobs_have_it(tmp_path):
+    """multi-value's item recall (tapa eval's grids since 2026-12-06) goes to retrieval.csv and a
+    table of its own, beyond the window then over every depth; a job without it is left out of the
+    table, not counted as 0."""
+    none = [[0, 0], [0, 0]]
+    jobs = [screen_job("hybrid-tapa", 0, [10.0, 20.0], [30.0, 40.0], {"multi-value": none}),
+            screen_job("hybrid-nope", 0, [11.0, 21.0], [31.0, 41.0], {"multi-value": none, "single-key": none}),
+            screen_job("hybrid-nope", 1, [11.0, 21.0], [31.0, 41.0], {"multi-value": none})]
+    # depths 0.0 (beyond the 256-token window) and 1.0 (next to the question)
+    jobs[1]["results"]["passkey"]["tasks"]["multi-value"]["recall"] = [[0.25, 0.75], [0.5, 1.0]]
+    jobs[1]["results"]["passkey"]["tasks"]["single-key"]["recall"] = [[0.5, 0.5], [0.5, 0.5]]
+    text = screen_text(tmp_path, jobs)
+    assert "**multi-value, item recall**" in text and "**single-key, item recall**" not in text
+    table = text[text.index("**multi-value, item recall**"):].split("\n\n")[1]
+    assert "| hybrid-nope | 25; all 50 | 50; all 75 |" in table  # seed 0 alone: seed 1 has no recall
+    assert "hybrid-tapa" not in table
+    rows = list(csv.DictReader(open(tmp_path / "out" / "retrieval.csv")))
+    nope0 = [r for r in rows if (r["arm"], r["seed"], r["task"]) == ("hybrid-nope", "0", "multi-value")]
+    assert [float(r["far_recall"]) for r in nope0] == [0.25, 0.5]
+    assert all(r["recall"] == "nan" for r in rows if r["arm"] == "hybrid-tapa")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import re
 import time
+from collections import Counter
 
 import numpy as np
 import torch
@@ -102,6 +103,23 @@ def matches_answer(text: str, expected, *, ordered: bool = True) -> bool:
     return items == expected if ordered else sorted(items) == sorted(expected)
 
 
+def item_recall(text: str, expected) -> float:
+    """The share of `expected` items found among the decoded answer's items (`answer_items`; each
+    counted at most as often as it is expected), whatever else the answer holds: partial credit for
+    an answer that names some of several values (RULER scores its multi-value and
+    variable-tracking tasks so)."""
+    expected = [str(item) for item in expected]
+    if not expected:
+        raise ValueError("expected holds no items")
+    left = Counter(answer_items(text))
+    found = 0
+    for item in expected:
+        if left[item] > 0:
+            left[item] -= 1
+            found += 1
+    return found / len(expected)
+
+
 def is_correct(generated_ids, answer_ids, passkey: str, decode=None) -> bool:
     """Exact match of the greedy answer: its decoded text, stripped, equals the passkey (with no
     decode, the token ids must equal the answer's)."""
@@ -128,7 +146,7 @@ RETRIEVAL_BATCH_TOKENS = 262144
 
 def needle_grid(model, make_prompt, score, *, lengths, depths, trials: int, seed, train_len: int | None = None,
                 prefill_chunk: int | None = None, batch_tokens: int | None = RETRIEVAL_BATCH_TOKENS,
-                progress: bool = True, desc: str = "retrieval", example=None) -> dict:
+                progress: bool = True, desc: str = "retrieval", example=None, recall=None) -> dict:
     """Accuracy of a needle-retrieval task on every (length, depth) cell, `trials` prompts each.
 
     make_prompt(rng, length, depth) -> a prompt with .ids (exactly `length` tokens) and .answer_ids;
@@ -138,6 +156,8 @@ def needle_grid(model, make_prompt, score, *, lengths, depths, trials: int, seed
     None). The cell's generator is seeded with [*seed, length index, depth index], so each cell's
     prompts are the same whatever else the grid holds or however they are batched.
     example(prompt, generated_ids) -> a dict kept for the first and last depth of each length.
+    recall(prompt, generated_ids) -> the share of the answer's items found (`item_recall`): when
+    given, the grid holds its mean per cell as `recall` too.
     RoPE-family scaling is set per length as in the perplexity evaluation (train_len).
     Returns {lengths, depths, trials, accuracy[length][depth], correct[length][depth], rope_scale
     per length, examples, batch_tokens, seconds, and the seconds spent building prompts, in prefills
@@ -153,14 +173,14 @@ def needle_grid(model, make_prompt, score, *, lengths, depths, trials: int, seed
     seed = list(seed) if isinstance(seed, (list, tuple)) else [seed]
     start_time = time.perf_counter()
     timings = {"prompts": 0.0, "prefill": 0.0, "decode": 0.0}
-    accuracy, correct, scales, examples = [], [], [], []
+    accuracy, correct, scales, examples, recalls = [], [], [], [], []
     bar = progress_bar(progress, total=len(lengths) * len(depths) * trials, desc=desc, unit="prompt")
     model.eval()
     for li, length in enumerate(lengths):
         count = len(depths) * trials
         per_batch = count if batch_tokens is None else max(1, min(count, batch_tokens // length))
         prompts = _length_prompts(make_prompt, seed, li, length, depths, trials)
-        hits = [0] * len(depths)
+        hits, found = [0] * len(depths), [0.0] * len(depths)
         with rope_scaling_at(model, length, train_len or length) as factor:
             for _ in range(0, count, per_batch):
                 built = time.perf_counter()
@@ -171,15 +191,19 @@ def needle_grid(model, make_prompt, score, *, lengths, depths, trials: int, seed
                 generated = greedy_generate(model, ids, answer_len, prefill_chunk=prefill_chunk, timings=timings)
                 for (di, trial, prompt), output in zip(group, generated.tolist()):
                     hits[di] += bool(score(prompt, output))
+                    if recall is not None:
+                        found[di] += recall(prompt, output)
                     if example is not None and trial == 0 and di in (0, len(depths) - 1):
                         examples.append({"length": length, "depth": float(depths[di]), **example(prompt, output)})
                 bar.update(len(group))
         accuracy.append([h / trials for h in hits])
         correct.append(hits)
+        recalls.append([round(f / trials, 4) for f in found])
         scales.append(factor)
     bar.close()
     return {"lengths": list(lengths), "depths": [float(d) for d in depths], "trials": trials,
             "accuracy": accuracy, "correct": correct, "rope_scale": scales, "examples": examples,
+            **({"recall": recalls} if recall is not None else {}),
             "batch_tokens": batch_tokens, "seconds": time.perf_counter() - start_time,
             "timings": {name: round(value, 3) for name, value in timings.items()}}
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from tapa._paths import check_output_dir, replacing_outputs
 from tapa.eval.plots import (plot_passkey_heatmap, plot_passkey_heatmaps, plot_perplexity_vs_length,
                              plot_position_loss, size_note)
-from tapa.eval.tasks import TASKS, beyond_window, wilson_interval
+from tapa.eval.tasks import SEVERAL_ITEMS, TASKS, beyond_window, wilson_interval
 
 RESULTS_JSON = "results.json"
 # everything write_results writes (fnmatch patterns); results.json marks a directory as its own
@@ -137,7 +137,24 @@ def grid_table(label: str, grid: dict, *, what: str = "", window: int = 0) -> st
             cells = [_with_interval(sum(counts[li][di] for di in ds), trials * len(ds)) if ds else ""
                      for li, ds in enumerate(far)]
             lines.append(f"| beyond the {window}-token window | " + " | ".join(cells) + " |")
+    if grid.get("recall") and grid.get("task") in SEVERAL_ITEMS:
+        lines += _recall_rows(grid, window)
     return "\n".join(lines)
+
+
+def _recall_rows(grid: dict, window: int) -> list[str]:
+    """Rows of a grid's mean item recall (`tapa.eval.tasks.recall_task`), pooled over every depth
+    of a length and over the depths beyond the window: partial credit where exact answers fail."""
+    recall, depths = grid["recall"], grid["depths"]
+    mean = lambda li, ds: f"{sum(recall[li][di] for di in ds) / len(ds):.0%}" if ds else ""
+    rows = ["| item recall, all depths | " + " | ".join(
+        mean(li, range(len(depths))) for li in range(len(grid["lengths"]))) + " |"]
+    if window > 0:
+        far = [[di for di, depth in enumerate(depths) if beyond_window(n, depth, window)] for n in grid["lengths"]]
+        if any(0 < len(ds) < len(depths) for ds in far):
+            rows.append(f"| item recall, beyond the {window}-token window | "
+                        + " | ".join(mean(li, ds) for li, ds in enumerate(far)) + " |")
+    return rows
 
 
 def passkey_table(label: str, grid: dict, window: int = 0) -> str:
@@ -203,7 +220,10 @@ def results_markdown(results: dict) -> str:
     tables = task_tables(methods)
     if tables:
         parts += ["## Retrieval tasks (exact-match accuracy)", "",
-                  interval_note + " Rows: depth of the asked needle; columns: context length (tokens).", "",
+                  interval_note + " Rows: depth of the asked needle; columns: context length (tokens). "
+                  f"For {' and '.join(SEVERAL_ITEMS)}, whose answer lists several items, \"item recall\" "
+                  "is the mean share of the expected items the answer names (RULER's score for them), "
+                  "which gives partial credit where exact answers fail.", "",
                   tables, ""]
     parts += [f"Command: `{results['command']}`  ", f"Hardware: {results['hardware']}  ",
               f"Date: {results['date']}", ""]

@@ -27,7 +27,10 @@ meet a familiar format.
 
 Scoring: the model decodes greedily as many tokens as the reference answer has; the answer is
 right when its items (words between spaces, commas and periods) are exactly the expected ones
-(`tapa.eval.passkey_eval.matches_answer`).
+(`tapa.eval.passkey_eval.matches_answer`). Each grid also holds the item recall per cell: the share
+of the expected items the answer names, whatever else it holds (`item_recall`; RULER's score for
+multi-value and variable tracking). An answer that names one of four values scores 0 in accuracy
+and 0.25 in recall, so recall still moves where exact answers are out of a small model's reach.
 
 Trials and intervals. A cell of n trials estimates an accuracy p with a 95% interval of half-width
 about 1.96 * sqrt(p (1 - p) / n); at p = 0.5 (the worst case) a half-width of 5 points needs
@@ -47,10 +50,11 @@ import numpy as np
 
 from tapa.data.passkey import INSTRUCTION as PASSKEY_INSTRUCTION
 from tapa.data.passkey import build_needle_prompt, random_passkey
-from tapa.eval.passkey_eval import (DEFAULT_DEPTHS, RETRIEVAL_BATCH_TOKENS, answer_items, matches_answer,
-                                    needle_grid, trial_filler)
+from tapa.eval.passkey_eval import (DEFAULT_DEPTHS, RETRIEVAL_BATCH_TOKENS, answer_items, item_recall,
+                                    matches_answer, needle_grid, trial_filler)
 
 TASKS = ("single-key", "multi-key", "multi-value", "variable-tracking")
+SEVERAL_ITEMS = ("multi-value", "variable-tracking")  # tasks whose answer lists several items
 Z95 = 1.959963984540054  # the 0.975 quantile of the standard normal
 TARGET_HALF_WIDTH = 0.05
 
@@ -247,6 +251,12 @@ def score_task(prompt: TaskPrompt, generated_ids, decode) -> bool:
                           ordered=prompt.ordered)
 
 
+def recall_task(prompt: TaskPrompt, generated_ids, decode) -> float:
+    """The share of the expected items among the greedy answer's (its first len(answer_ids)
+    tokens, decoded; `item_recall`), in any order."""
+    return item_recall(decode([int(t) for t in generated_ids[:len(prompt.answer_ids)]]), prompt.expected)
+
+
 def minimum_length(task: str, encode, settings: TaskSettings | None = None, samples: int = 16) -> int:
     """The fewest tokens a prompt of `task` needs with this tokenizer (instruction, needles and
     question; the largest of `samples` seeded draws), to check the lengths before a long run."""
@@ -289,9 +299,9 @@ def task_grid(model, task: str, encode, decode, *, lengths, depths=DEFAULT_DEPTH
               prefill_chunk: int | None = None,
               progress: bool = True, label: str | None = None, filler_name: str | None = None) -> dict:
     """Accuracy of `task` on every (length, depth) cell (`needle_grid`), `trials` seeded prompts per
-    cell (default: `default_trials(len(depths))`). filler_ids: corpus tokens for the filler; None
-    uses the standard sentences. Returns the grid dict plus task, settings, seed, filler and an
-    example prompt's question and answer."""
+    cell (default: `default_trials(len(depths))`), and the item recall per cell (`recall_task`).
+    filler_ids: corpus tokens for the filler; None uses the standard sentences. Returns the grid
+    dict plus task, settings, seed, filler and an example prompt's question and answer."""
     settings = settings or TaskSettings()
     trials = default_trials(len(depths)) if trials is None else trials
 
@@ -306,11 +316,12 @@ def task_grid(model, task: str, encode, decode, *, lengths, depths=DEFAULT_DEPTH
     grid = needle_grid(model, make_prompt, lambda prompt, output: score_task(prompt, output, decode),
                        lengths=lengths, depths=depths, trials=trials, seed=[seed, TASK_SEEDS[task]],
                        train_len=train_len, prefill_chunk=prefill_chunk, batch_tokens=batch_tokens,
-                       progress=progress, desc=f"{label or model.config.pe} {task}", example=example)
+                       progress=progress, desc=f"{label or model.config.pe} {task}", example=example,
+                       recall=lambda prompt, output: recall_task(prompt, output, decode))
     return {"task": task, **grid, "seed": seed, "settings": settings.of(task),
             "filler": filler_name or ("standard" if filler_ids is None else "corpus")}
 
 
-__all__ = ["TASKS", "TaskSettings", "TaskPrompt", "build_task_prompt", "check_task_lengths", "default_trials",
-           "minimum_length", "parse_tasks", "score_task", "task_grid", "trials_for_half_width",
+__all__ = ["SEVERAL_ITEMS", "TASKS", "TaskSettings", "TaskPrompt", "build_task_prompt", "check_task_lengths", "default_trials",
+           "minimum_length", "parse_tasks", "recall_task", "score_task", "task_grid", "trials_for_half_width",
            "wilson_interval"]
