@@ -73,6 +73,7 @@ def test_tasks_write_grids_tables_and_heat_maps(run_dir, capsys):
         assert grid["lengths"] == [400] and grid["depths"] == [0.0, 1.0] and grid["trials"] == 1
         assert grid["batch_tokens"] == 800  # both depths' prompts in one batch
         assert len(grid["accuracy"]) == 1 and len(grid["accuracy"][0]) == 2
+        assert len(grid["recall"][0]) == 2 and all(0 <= r <= 1 for r in grid["recall"][0])  # item recall
         assert grid["filler"] == "prose.txt"  # drawn from the --data text
         png = out / f"retrieval_{task}.png"
         assert png.is_file() and png.stat().st_size > 0
@@ -83,6 +84,8 @@ def test_tasks_write_grids_tables_and_heat_maps(run_dir, capsys):
     markdown = (out / "results.md").read_text()
     assert "## Retrieval tasks" in markdown and "Wilson" in markdown
     assert "| all depths |" in markdown and "(0-" in markdown  # accuracy with its interval
+    # item recall rows under the two tasks whose answer lists several items, not under the others
+    assert markdown.count("| item recall, all depths |") == 2 and "item recall\" is the mean share" in markdown
 
 
 def test_default_trials_follow_the_depths(run_dir):
