@@ -171,15 +171,15 @@ def retrieval_rows(jobs: list[dict]) -> tuple[list[dict], list[dict]]:
                       "seed": job["seed"], "task": task}
             for li, length in enumerate(grid["lengths"]):
                 hits = grid["correct"][li]
+                beyond = [di for di, depth in enumerate(grid["depths"]) if beyond_window(length, depth, window)]
                 trials = grid["trials"] * len(hits)
-                far = [h for h, depth in zip(hits, grid["depths"]) if beyond_window(length, depth, window)]
+                far = [hits[di] for di in beyond]
                 far_trials = grid["trials"] * len(far)
                 low, high = wilson_interval(sum(hits), trials)
                 far_low, far_high = wilson_interval(sum(far), far_trials) if far else (math.nan, math.nan)
                 # the mean item recall (tapa eval's grids since 2026-12-06; NaN in older jobs)
-                recall = (grid.get("recall") or [None] * len(grid["lengths"]))[li]
-                far_recall = [r for r, depth in zip(recall or [], grid["depths"])
-                              if beyond_window(length, depth, window)]
+                recall = grid["recall"][li] if grid.get("recall") else []
+                far_recall = [recall[di] for di in beyond] if recall else []
                 lengths.append({**common, "length": length, "correct": sum(hits), "trials": trials,
                                 "accuracy": sum(hits) / trials, "low": low, "high": high,
                                 "beyond": window, "far_correct": sum(far), "far_trials": far_trials,

@@ -142,7 +142,7 @@ def test_item_recall_gives_partial_credit_for_the_items_named():
     with pytest.raises(ValueError, match="no items"):
         item_recall(" 12345", [])
     # through recall_task: the first len(answer) tokens of a generation, decoded
-    prompt = SimpleNamespace(answer_ids=char_encode(" 11111, 22222"), expected=["11111", "22222"])
+    prompt = SimpleNamespace(answer_ids=char_encode(" 11111, 22222"), expected=["11111", "22222"], ordered=False)
     assert recall_task(prompt, char_encode(" 22222, 99999 and 11111"), char_decode) == 0.5
 
 

@@ -146,18 +146,18 @@ RETRIEVAL_BATCH_TOKENS = 262144
 
 def needle_grid(model, make_prompt, score, *, lengths, depths, trials: int, seed, train_len: int | None = None,
                 prefill_chunk: int | None = None, batch_tokens: int | None = RETRIEVAL_BATCH_TOKENS,
-                progress: bool = True, desc: str = "retrieval", example=None, recall=None) -> dict:
+                progress: bool = True, desc: str = "retrieval", example=None) -> dict:
     """Accuracy of a needle-retrieval task on every (length, depth) cell, `trials` prompts each.
 
     make_prompt(rng, length, depth) -> a prompt with .ids (exactly `length` tokens) and .answer_ids;
     the model greedily decodes max(len(answer_ids)) tokens of a batch for each prompt, and
-    score(prompt, generated_ids) says whether it is right. The prompts of one length are decoded
+    score(prompt, generated_ids) says whether it is right: a bool, or (right, item recall) when the
+    answer's items are also counted (`item_recall`), and the grid then holds the recall's mean per
+    cell as `recall` too. The prompts of one length are decoded
     together, every depth's, in batches of at most batch_tokens // length prompts (all of them when
     None). The cell's generator is seeded with [*seed, length index, depth index], so each cell's
     prompts are the same whatever else the grid holds or however they are batched.
     example(prompt, generated_ids) -> a dict kept for the first and last depth of each length.
-    recall(prompt, generated_ids) -> the share of the answer's items found (`item_recall`): when
-    given, the grid holds its mean per cell as `recall` too.
     RoPE-family scaling is set per length as in the perplexity evaluation (train_len).
     Returns {lengths, depths, trials, accuracy[length][depth], correct[length][depth], rope_scale
     per length, examples, batch_tokens, seconds, and the seconds spent building prompts, in prefills
@@ -174,6 +174,7 @@ def needle_grid(model, make_prompt, score, *, lengths, depths, trials: int, seed
     start_time = time.perf_counter()
     timings = {"prompts": 0.0, "prefill": 0.0, "decode": 0.0}
     accuracy, correct, scales, examples, recalls = [], [], [], [], []
+    with_recall = False  # whether `score` counts the answer's items too
     bar = progress_bar(progress, total=len(lengths) * len(depths) * trials, desc=desc, unit="prompt")
     model.eval()
     for li, length in enumerate(lengths):
@@ -190,9 +191,12 @@ def needle_grid(model, make_prompt, score, *, lengths, depths, trials: int, seed
                 ids = torch.tensor([prompt.ids for _, _, prompt in group], dtype=torch.long)
                 generated = greedy_generate(model, ids, answer_len, prefill_chunk=prefill_chunk, timings=timings)
                 for (di, trial, prompt), output in zip(group, generated.tolist()):
-                    hits[di] += bool(score(prompt, output))
-                    if recall is not None:
-                        found[di] += recall(prompt, output)
+                    judged = score(prompt, output)
+                    right, share = judged if isinstance(judged, tuple) else (judged, None)
+                    hits[di] += bool(right)
+                    if share is not None:
+                        found[di] += share
+                        with_recall = True
                     if example is not None and trial == 0 and di in (0, len(depths) - 1):
                         examples.append({"length": length, "depth": float(depths[di]), **example(prompt, output)})
                 bar.update(len(group))
@@ -203,7 +207,7 @@ def needle_grid(model, make_prompt, score, *, lengths, depths, trials: int, seed
     bar.close()
     return {"lengths": list(lengths), "depths": [float(d) for d in depths], "trials": trials,
             "accuracy": accuracy, "correct": correct, "rope_scale": scales, "examples": examples,
-            **({"recall": recalls} if recall is not None else {}),
+            **({"recall": recalls} if with_recall else {}),
             "batch_tokens": batch_tokens, "seconds": time.perf_counter() - start_time,
             "timings": {name: round(value, 3) for name, value in timings.items()}}
 

@@ -130,31 +130,23 @@ def grid_table(label: str, grid: dict, *, what: str = "", window: int = 0) -> st
         cells = [_with_interval(sum(counts[li]), trials * len(grid["depths"]))
                  for li in range(len(grid["lengths"]))]
         lines.append("| all depths | " + " | ".join(cells) + " |")
-    if window > 0:
-        far = [[di for di, depth in enumerate(grid["depths"]) if beyond_window(n, depth, window)]
-               for n in grid["lengths"]]
-        if any(0 < len(ds) < len(grid["depths"]) for ds in far):
-            cells = [_with_interval(sum(counts[li][di] for di in ds), trials * len(ds)) if ds else ""
-                     for li, ds in enumerate(far)]
-            lines.append(f"| beyond the {window}-token window | " + " | ".join(cells) + " |")
+    # per length, the depths whose needle lies beyond the window (a row only where that splits them)
+    far = [[di for di, depth in enumerate(grid["depths"]) if beyond_window(n, depth, window)]
+           for n in grid["lengths"]] if window > 0 else []
+    far_row = any(0 < len(ds) < len(grid["depths"]) for ds in far)
+    if far_row:
+        cells = [_with_interval(sum(counts[li][di] for di in ds), trials * len(ds)) if ds else ""
+                 for li, ds in enumerate(far)]
+        lines.append(f"| beyond the {window}-token window | " + " | ".join(cells) + " |")
     if grid.get("recall") and grid.get("task") in SEVERAL_ITEMS:
-        lines += _recall_rows(grid, window)
+        # the mean item recall (tapa.eval.tasks.judge_task): partial credit where exact answers fail
+        mean = lambda li, ds: f"{sum(grid['recall'][li][di] for di in ds) / len(ds):.0%}" if ds else ""
+        every = [list(range(len(grid["depths"])))] * len(grid["lengths"])
+        lines.append("| item recall, all depths | " + " | ".join(mean(li, ds) for li, ds in enumerate(every)) + " |")
+        if far_row:
+            lines.append(f"| item recall, beyond the {window}-token window | "
+                         + " | ".join(mean(li, ds) for li, ds in enumerate(far)) + " |")
     return "\n".join(lines)
-
-
-def _recall_rows(grid: dict, window: int) -> list[str]:
-    """Rows of a grid's mean item recall (`tapa.eval.tasks.recall_task`), pooled over every depth
-    of a length and over the depths beyond the window: partial credit where exact answers fail."""
-    recall, depths = grid["recall"], grid["depths"]
-    mean = lambda li, ds: f"{sum(recall[li][di] for di in ds) / len(ds):.0%}" if ds else ""
-    rows = ["| item recall, all depths | " + " | ".join(
-        mean(li, range(len(depths))) for li in range(len(grid["lengths"]))) + " |"]
-    if window > 0:
-        far = [[di for di, depth in enumerate(depths) if beyond_window(n, depth, window)] for n in grid["lengths"]]
-        if any(0 < len(ds) < len(depths) for ds in far):
-            rows.append(f"| item recall, beyond the {window}-token window | "
-                        + " | ".join(mean(li, ds) for li, ds in enumerate(far)) + " |")
-    return rows
 
 
 def passkey_table(label: str, grid: dict, window: int = 0) -> str:

@@ -244,17 +244,24 @@ def build_task_prompt(task: str, encode, *, length: int, depth: float, rng: np.r
                       needle_positions=positions, depth=float(depth), n_filler=n_filler, question=question)
 
 
+def judge_task(prompt: TaskPrompt, generated_ids, decode) -> tuple[bool, float]:
+    """(right, item recall) of the greedy answer, its first len(answer_ids) tokens decoded once:
+    exact match to the expected items, in order for single- and multi-key, in any order for
+    multi-value and variable-tracking (`matches_answer`); and the share of the expected items it
+    names, in any order (`item_recall`)."""
+    text = decode([int(t) for t in generated_ids[:len(prompt.answer_ids)]])
+    return (matches_answer(text, prompt.expected, ordered=prompt.ordered),
+            item_recall(text, prompt.expected))
+
+
 def score_task(prompt: TaskPrompt, generated_ids, decode) -> bool:
-    """Exact match of the greedy answer (its first len(answer_ids) tokens, decoded) to the expected
-    items, in order for single- and multi-key, in any order for multi-value and variable-tracking."""
-    return matches_answer(decode([int(t) for t in generated_ids[:len(prompt.answer_ids)]]), prompt.expected,
-                          ordered=prompt.ordered)
+    """Exact match of the greedy answer to the expected items (`judge_task`)."""
+    return judge_task(prompt, generated_ids, decode)[0]
 
 
 def recall_task(prompt: TaskPrompt, generated_ids, decode) -> float:
-    """The share of the expected items among the greedy answer's (its first len(answer_ids)
-    tokens, decoded; `item_recall`), in any order."""
-    return item_recall(decode([int(t) for t in generated_ids[:len(prompt.answer_ids)]]), prompt.expected)
+    """The share of the expected items the greedy answer names (`judge_task`)."""
+    return judge_task(prompt, generated_ids, decode)[1]
 
 
 def minimum_length(task: str, encode, settings: TaskSettings | None = None, samples: int = 16) -> int:
@@ -299,7 +306,7 @@ def task_grid(model, task: str, encode, decode, *, lengths, depths=DEFAULT_DEPTH
               prefill_chunk: int | None = None,
               progress: bool = True, label: str | None = None, filler_name: str | None = None) -> dict:
     """Accuracy of `task` on every (length, depth) cell (`needle_grid`), `trials` seeded prompts per
-    cell (default: `default_trials(len(depths))`), and the item recall per cell (`recall_task`).
+    cell (default: `default_trials(len(depths))`), and the item recall per cell (`judge_task`).
     filler_ids: corpus tokens for the filler; None uses the standard sentences. Returns the grid
     dict plus task, settings, seed, filler and an example prompt's question and answer."""
     settings = settings or TaskSettings()
@@ -313,15 +320,14 @@ def task_grid(model, task: str, encode, decode, *, lengths, depths=DEFAULT_DEPTH
         text = decode(output[:len(prompt.answer_ids)])
         return {"expected": prompt.expected, "output": text, "items": answer_items(text)}
 
-    grid = needle_grid(model, make_prompt, lambda prompt, output: score_task(prompt, output, decode),
+    grid = needle_grid(model, make_prompt, lambda prompt, output: judge_task(prompt, output, decode),
                        lengths=lengths, depths=depths, trials=trials, seed=[seed, TASK_SEEDS[task]],
                        train_len=train_len, prefill_chunk=prefill_chunk, batch_tokens=batch_tokens,
-                       progress=progress, desc=f"{label or model.config.pe} {task}", example=example,
-                       recall=lambda prompt, output: recall_task(prompt, output, decode))
+                       progress=progress, desc=f"{label or model.config.pe} {task}", example=example)
     return {"task": task, **grid, "seed": seed, "settings": settings.of(task),
             "filler": filler_name or ("standard" if filler_ids is None else "corpus")}
 
 
-__all__ = ["SEVERAL_ITEMS", "TASKS", "TaskSettings", "TaskPrompt", "build_task_prompt", "check_task_lengths", "default_trials",
-           "minimum_length", "parse_tasks", "recall_task", "score_task", "task_grid", "trials_for_half_width",
-           "wilson_interval"]
+__all__ = ["SEVERAL_ITEMS", "TASKS", "TaskSettings", "TaskPrompt", "build_task_prompt", "check_task_lengths",
+           "default_trials", "judge_task", "minimum_length", "parse_tasks", "recall_task", "score_task",
+           "task_grid", "trials_for_half_width", "wilson_interval"]
