@@ -474,41 +474,54 @@ def goal_table(ppl: list[dict], retrieval: list[dict], pretrain_len: int | None 
 def progress_table(jobs: list[dict]) -> str:
     """Issue 37's study arm by arm (lab/study/arms.py): the screen (`screen_plan`, `screen_queue`)
     and the confirmation at the scale step (`confirm_plan`, `confirm_queue`), each with the seeds
-    its arms have run and those queued, the queue in order and the next runner call. Empty when
-    none of the jobs is of the screen's protocols."""
+    its arms have run and those queued, the queue in order and the next runner call. A job that
+    stopped before its last stage (a call's budget ran out and the machine that held its
+    checkpoints went back) is listed as partial and stays queued: it has to run again from the
+    start. Empty when none of the jobs is of the screen's protocols."""
     screen_protocols = {protocol for protocol, _ in screen_plan()}
     mine = [j for j in jobs if j["protocol"]["name"] in screen_protocols]
     if not mine:
         return ""
     lrs = [j["lr"] for j in mine]
     lr = max(set(lrs), key=lrs.count)  # the screen's one learning rate, as its jobs ran it
-    seeds = defaultdict(set)
+    seeds, partial = defaultdict(set), defaultdict(dict)
     for job in jobs:
-        seeds[(job["protocol"]["name"], job["arm"])].add(job["seed"])
-    screen_part = _progress(seeds, lr, "Screen progress", "screen_plan", "screen_queue",
+        key = (job["protocol"]["name"], job["arm"])
+        if job["complete"]:
+            seeds[key].add(job["seed"])
+        else:
+            partial[key][job["seed"]] = [s for s in job["stages_requested"] if s not in job["stages_done"]]
+    screen_part = _progress(seeds, partial, lr, "Screen progress", "screen_plan", "screen_queue",
                             screen_plan(), screen_queue(), per_call=2)
-    confirm_part = _progress(seeds, lr, "Confirmation progress (91M, scale-768-confirm)", "confirm_plan",
-                             "confirm_queue", confirm_plan(), confirm_queue(), per_call=1)
+    confirm_part = _progress(seeds, partial, lr, "Confirmation progress (91M, scale-768-confirm)",
+                             "confirm_plan", "confirm_queue", confirm_plan(), confirm_queue(), per_call=1)
     return screen_part + "\n\n" + confirm_part
 
 
-def _progress(seeds: dict, lr: float, title: str, plan_name: str, queue_name: str, plan: list,
-              queue: list, per_call: int) -> str:
-    """One part of `progress_table`: the plan's arms with the seeds run and queued, and the
-    queue's next call of `per_call` jobs."""
+def _progress(seeds: dict, partial: dict, lr: float, title: str, plan_name: str, queue_name: str,
+              plan: list, queue: list, per_call: int) -> str:
+    """One part of `progress_table`: the plan's arms with the seeds run (complete), the partial
+    ones (seed -> the stages they lack) and the seeds queued, and the queue's next call of
+    `per_call` jobs."""
     queue = [(p, arm, seed) for p, arm, seed in queue if seed not in seeds.get((p, arm), ())]
     queued = defaultdict(list)
     for protocol, arm, seed in queue:
         queued[(protocol, arm)].append(seed)
     lines = [f"{title}: the planned arms (`lab/study/arms.py`, `{plan_name}`), the seeds each has run "
-             f"and the seeds queued (`{queue_name}`).", "",
-             "| arm | protocol | seeds run | queued |", "|---|---|---|---|"]
+             f"to its last stage, the partial ones and the seeds queued (`{queue_name}`).", "",
+             "| arm | protocol | seeds run | partial | queued |", "|---|---|---|---|---|"]
     for key in plan:
         done = ", ".join(map(str, sorted(seeds.get(key, ())))) or "not run"
-        lines.append(f"| {key[1]} | {key[0]} | {done} | {', '.join(map(str, sorted(queued.get(key, ())))) or '-'} |")
+        part = ", ".join(f"{seed} (no {', '.join(s.split('-')[0] for s in lacking)})" for seed, lacking in sorted(partial.get(key, {}).items())
+                         if seed not in seeds.get(key, ()))
+        lines.append(f"| {key[1]} | {key[0]} | {done} | {part or '-'} "
+                     f"| {', '.join(map(str, sorted(queued.get(key, ())))) or '-'} |")
     run = sum(key in seeds for key in plan)
     three = sum(len(seeds.get(key, ())) >= 3 for key in plan)
     lines += ["", f"Run: {run} of {len(plan)} arms, {three} with 3+ seeds."]
+    if any(seed not in seeds.get(key, ()) for key in plan for seed in partial.get(key, {})):
+        lines[-1] += (" A partial job's tables hold the stages it finished; it stays queued and runs"
+                      " again from the start (its checkpoints went back with the machine).")
     if queue:
         protocol = queue[0][0]
         first = [(arm, seed) for p, arm, seed in queue if p == protocol][:per_call]

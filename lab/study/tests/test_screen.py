@@ -216,10 +216,11 @@ def test_runner_refuses_domain_stages_without_a_domain():
                                       "--stages", "domain1"]))
 
 
-def screen_job(arm, seed, continual, domain_ppl, tasks, protocol="toy-gpu-screen"):
+def screen_job(arm, seed, continual, domain_ppl, tasks, protocol="toy-gpu-screen", lacking=()):
     """A job JSON with continual perplexity at 4096 and 16384 on both texts, and a retrieval grid
     of two lengths x two depths at 10 trials a cell (tasks: {task: [[hits]]}; the task "passkey"
-    is the trained passkey grid, the others the suite's)."""
+    is the trained passkey grid, the others the suite's; `lacking`: the stages a partial job did not
+    reach)."""
     proto = arms.PROTOCOLS[protocol].to_dict()
     ppl = lambda values: {"perplexity": [{"length": n, "perplexity": v, "tokens": 100}
                                          for n, v in zip((4096, 16384), values)]}
@@ -229,6 +230,7 @@ def screen_job(arm, seed, continual, domain_ppl, tasks, protocol="toy-gpu-screen
     passkey = grids.pop("passkey", {})
     return {"kind": "tapa-study-job", "job": f"{arm}:0.001:{seed}", "arm": arm, "label": arm,
             "seed": seed, "lr": 0.001, "protocol": proto, "stages_done": ["pretrain"],
+            "stages_requested": ["pretrain", *lacking], "complete": not lacking,
             "date": "2026-12-05T00:00:00", "hardware": ["H200"],
             "corpus": {"domain": {"domain": "package-docs", "files": 3, "bytes": 1000,
                                   "sha256": "ab" * 32}},
@@ -588,23 +590,27 @@ def test_screen_reports_its_progress_and_the_next_call(tmp_path):
              screen_job("hybrid-tapa-w64", 0, [10.0, 20.0], [30.0, 40.0], grid),
              screen_job("hybrid-tapa-temp", 1, [10.0, 20.0], [30.0, 40.0], grid),
              screen_job("hybrid-nope", 0, [10.0, 20.0], [30.0, 40.0], grid, protocol="toy-gpu-c4096"),
-             screen_job("hybrid-nope-temp", 0, [10.0, 20.0], [30.0, 40.0], grid, protocol="scale-768-confirm")]
+             screen_job("hybrid-nope-temp", 0, [10.0, 20.0], [30.0, 40.0], grid, protocol="scale-768-confirm"),
+             # stopped at its call's budget: partial, and still queued
+             screen_job("hybrid-nope-temp", 1, [10.0, 20.0], [30.0, 40.0], grid, lacking=("passkey", "theory"))]
     text = screen_text(tmp_path, jobs)
-    assert "| hybrid-tapa | toy-gpu-screen | 0, 1, 2 | - |" in text
-    assert "| hybrid-nope-w64 | toy-gpu-screen | not run | 0 |" in text
-    assert "| hybrid-tapa-temp | toy-gpu-screen | 1 | 0, 2 |" in text  # run seeds leave the queue
-    assert "| hybrid-nope | toy-gpu-c4096 | 0 | - |" in text and "| hybrid-tapa | toy-gpu-c4096 | not run | 0 |" in text
+    assert "| hybrid-tapa | toy-gpu-screen | 0, 1, 2 | - | - |" in text
+    assert "| hybrid-nope-w64 | toy-gpu-screen | not run | - | 0 |" in text
+    assert "| hybrid-tapa-temp | toy-gpu-screen | 1 | - | 0, 2 |" in text  # run seeds leave the queue
+    assert "| hybrid-nope-temp | toy-gpu-screen | not run | 1 (no passkey, theory) | 0, 1, 2 |" in text
+    assert "| hybrid-nope | toy-gpu-c4096 | 0 | - | - |" in text
+    assert "| hybrid-tapa | toy-gpu-c4096 | not run | - | 0 |" in text
     left = len(queue) - 5  # five of the jobs above are queued ones (hybrid-tapa seeds 1-2 are not)
-    assert f"Run: 5 of {len(plan)} arms, 1 with 3+ seeds. Queued: {left} jobs, in order: " \
-           "hybrid-nope-temp seed 1, hybrid-tapa-temp seed 2," in text
+    assert f"Run: 5 of {len(plan)} arms, 1 with 3+ seeds. A partial job's tables" in text
+    assert f"Queued: {left} jobs, in order: hybrid-nope-temp seed 1, hybrid-tapa-temp seed 2," in text
     assert "hybrid-tapa (toy-gpu-c4096) seed 0, hybrid-tapa-w128 seed 1," in text  # seed 0 before the other seeds
     assert ("--protocol toy-gpu-screen --concurrent 1 --time-budget 560 --allow-partial "
             "--jobs hybrid-nope-temp:0.001:1,hybrid-tapa-temp:0.001:2`") in text
     # the confirmation: one job a call, seed 0 of every arm before the seeds 1 and 2
     confirm = text[text.index("Confirmation progress"):]
-    assert "| hybrid-nope-temp | scale-768-confirm | 0 | 1, 2 |" in confirm
-    assert "| hybrid-tapa-temp | scale-768-confirm | not run | 0, 1, 2 |" in confirm
-    assert f"Run: 1 of {len(arms.confirm_plan())} arms, 0 with 3+ seeds." in confirm
+    assert "| hybrid-nope-temp | scale-768-confirm | 0 | - | 1, 2 |" in confirm
+    assert "| hybrid-tapa-temp | scale-768-confirm | not run | - | 0, 1, 2 |" in confirm
+    assert f"Run: 1 of {len(arms.confirm_plan())} arms, 0 with 3+ seeds. Queued:" in confirm
     assert ("--protocol scale-768-confirm --concurrent 1 --time-budget 560 --allow-partial "
             "--jobs hybrid-tapa-temp:0.001:0`") in confirm
     # the temperature pair's three seeds first, then RoPE + YaRN leads each seed; no job twice
