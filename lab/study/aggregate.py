@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import io
 import json
 import math
 import statistics
@@ -725,6 +726,19 @@ def _panel_grid(plt, panels: int, columns: int | None = None, **subplots):
     return plt.subplots(rows, columns, figsize=(4.6 * columns, 3.3 * rows), squeeze=False, **subplots)
 
 
+def save_png(fig, path: Path, **savefig_kwargs) -> Path:
+    """fig as a PNG of at most 256 colours: a plot's few flat colours survive, and the file is
+    about a third of matplotlib's RGBA (the screen's panel plots grow with every arm that runs)."""
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", **savefig_kwargs)
+    buffer.seek(0)
+    with Image.open(buffer) as image:
+        image.convert("RGB").quantize(colors=256, method=Image.Quantize.MEDIANCUT).save(path, optimize=True)
+    return Path(path)
+
+
 def _save_panels(plt, fig, axes, used: int, ylabel: str, title: str, path: Path) -> Path:
     """A panel grid's common end: blank the unused panels, label the first column, title, save."""
     for ax in axes.flat[used:]:
@@ -733,7 +747,7 @@ def _save_panels(plt, fig, axes, used: int, ylabel: str, title: str, path: Path)
         ax.set_ylabel(ylabel)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=120, bbox_inches="tight")  # tight: a legend may sit outside the axes
+    save_png(fig, path, dpi=120, bbox_inches="tight")  # tight: a legend may sit outside the axes
     plt.close(fig)
     return path
 

@@ -53,7 +53,7 @@ import tarfile
 from collections import defaultdict
 from pathlib import Path
 
-from lab.study.aggregate import (_log_length_axes, _panel_grid, _save_panels, load_jobs, theory_markdown,
+from lab.study.aggregate import (_log_length_axes, _panel_grid, _save_panels, load_jobs, save_png, theory_markdown,
                                   theory_rows)
 from lab.study.arms import confirm_plan, confirm_queue, screen_plan, screen_queue
 
@@ -780,7 +780,7 @@ def plot_tradeoff(ppl: list[dict], retrieval: list[dict], path: Path) -> Path | 
                  "(large mark: the mean over the seeds in brackets, small: each seed; TAPA circles, "
                  "NoPE squares, a colour a lever)", fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_png(fig, path, dpi=120)
     plt.close(fig)
     return path
 
@@ -810,7 +810,7 @@ def plot_heatmap(rows: list[dict], path: Path) -> Path | None:
     fig.colorbar(image, ax=axes[0].tolist(), shrink=0.8, label="% correct")
     fig.suptitle("Retrieval beyond the local window, by arm and prompt length (mean over seeds)", fontsize=10,
                  y=1.08)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
+    save_png(fig, path, dpi=120, bbox_inches="tight")
     plt.close(fig)
     return path
 

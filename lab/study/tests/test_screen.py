@@ -633,6 +633,12 @@ def test_tradeoff_plot_sets_far_perplexity_against_multi_key(tmp_path):
     written = screen.screen([tmp_path], tmp_path / "out", "cmd")
     assert tmp_path / "out" / "tradeoff.png" in written
     assert "![tradeoff](tradeoff.png)" in (tmp_path / "out" / "screen.md").read_text()
+    # the plots are 256-colour PNGs (about a third of matplotlib's RGBA in the tree)
+    from PIL import Image
+    for path in written:
+        if path.suffix == ".png":
+            with Image.open(path) as image:
+                assert image.mode == "P" and image.size[0] > 300, (path.name, image.mode)
     ppl, retrieval = screen.perplexity_rows(jobs), screen.retrieval_rows(jobs)[0]
     values = screen._per_seed(ppl, retrieval)
     assert values[("hybrid-tapa", "test ppl 16k")] == {0: 20.0, 1: 21.0}
