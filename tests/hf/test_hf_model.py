@@ -365,3 +365,20 @@ def test_query_temperature_survives_caches_padding_and_the_static_decoder(pe):
     assert torch.equal(model.model.generate(ids, max_new_tokens=8), cached)
     assert not torch.equal(greedy(tiny_model(pe), ids), cached)  # the same weights without it
     padded_batch_as_each_alone(model)
+
+
+def test_query_temperature_turned_on_at_load_for_a_model_trained_without_it(tmp_path):
+    """A checkpoint saved without the temperature, loaded with it (the eval-only lever served):
+    from_pretrained's config overrides reach the model, which then generates as one built with
+    it; a bad value is ModelConfig's error, not a silent setting."""
+    model = tiny_model("tapa-hybrid")
+    model.save_pretrained(tmp_path)
+    turned_on = AutoModelForCausalLM.from_pretrained(tmp_path, query_temperature_base=4,
+                                                     query_temperature_scale=2.0).eval()
+    assert turned_on.model.config.query_temperature_base == 4
+    ids = torch.stack(random_ids([10, 10], seed=2))
+    built_with = tiny_model("tapa-hybrid", query_temperature_base=4, query_temperature_scale=2.0)
+    assert torch.equal(greedy(turned_on, ids), greedy(built_with, ids))
+    assert not torch.equal(greedy(turned_on, ids), greedy(model, ids))
+    with pytest.raises(ValueError, match="query_temperature_base must be an int >= 0"):
+        AutoModelForCausalLM.from_pretrained(tmp_path, query_temperature_base=-3)
