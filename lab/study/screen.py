@@ -491,6 +491,9 @@ def progress_table(jobs: list[dict]) -> str:
             seeds[key].add(job["seed"])
         else:
             partial[key][job["seed"]] = [s for s in job["stages_requested"] if s not in job["stages_done"]]
+    for key, done in seeds.items():  # a seed run whole elsewhere (another protocol id) is not partial
+        for seed in done:
+            partial[key].pop(seed, None)
     screen_part = _progress(seeds, partial, lr, "Screen progress", "screen_plan", "screen_queue",
                             screen_plan(), screen_queue(), per_call=2)
     confirm_part = _progress(seeds, partial, lr, "Confirmation progress (91M, scale-768-confirm)",
@@ -512,14 +515,14 @@ def _progress(seeds: dict, partial: dict, lr: float, title: str, plan_name: str,
              "| arm | protocol | seeds run | partial | queued |", "|---|---|---|---|---|"]
     for key in plan:
         done = ", ".join(map(str, sorted(seeds.get(key, ())))) or "not run"
-        part = ", ".join(f"{seed} (no {', '.join(s.split('-')[0] for s in lacking)})" for seed, lacking in sorted(partial.get(key, {}).items())
-                         if seed not in seeds.get(key, ()))
+        part = ", ".join(f"{seed} (no {', '.join(stage.split('-')[0] for stage in lacking)})"
+                         for seed, lacking in sorted(partial.get(key, {}).items()))
         lines.append(f"| {key[1]} | {key[0]} | {done} | {part or '-'} "
                      f"| {', '.join(map(str, sorted(queued.get(key, ())))) or '-'} |")
     run = sum(key in seeds for key in plan)
     three = sum(len(seeds.get(key, ())) >= 3 for key in plan)
     lines += ["", f"Run: {run} of {len(plan)} arms, {three} with 3+ seeds."]
-    if any(seed not in seeds.get(key, ()) for key in plan for seed in partial.get(key, {})):
+    if any(partial.get(key) for key in plan):
         lines[-1] += (" A partial job's tables hold the stages it finished; it stays queued and runs"
                       " again from the start (its checkpoints went back with the machine).")
     if queue:
