@@ -870,8 +870,8 @@ def screen(paths, out_dir: str | Path, command: str, arms: list[str] | None = No
                 "" if arms or seeds is not None else progress_table(jobs),  # the whole screen's only
                 lever_table(ppl, retrieval), kind_table(ppl, retrieval), seed_table(ppl, retrieval)]
     sections += [perplexity_table(ppl, s, d) for s in ("continual", "zero-shot") for d in ("test", "domain")]
-    for task in dict.fromkeys(r["task"] for r in retrieval):
-        sections += [retrieval_table(retrieval, task)] + [t for t in [recall_table(retrieval, task)] if t]
+    for task in dict.fromkeys(r["task"] for r in retrieval):  # empty sections are left out below
+        sections += [retrieval_table(retrieval, task), recall_table(retrieval, task)]
     sections.append(theory_markdown(theory_rows(jobs), jobs))  # the pretrained globals' logit decay
     plots = [plot_perplexity(ppl, out / "perplexity.png"), plot_retrieval(retrieval, out / "retrieval.png"),
              plot_heatmap(retrieval, out / "retrieval_heatmap.png"),

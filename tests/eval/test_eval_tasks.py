@@ -12,7 +12,7 @@ from tapa.data.passkey import INSTRUCTION
 from tapa.eval.passkey_eval import item_recall, matches_answer
 from tapa.eval.report import grid_table
 from tapa.eval.tasks import (TASKS, VT_INSTRUCTION, TaskSettings, beyond_window, build_task_prompt,
-                             check_task_lengths, default_trials, minimum_length, parse_tasks, recall_task,
+                             check_task_lengths, default_trials, judge_task, minimum_length, parse_tasks,
                              score_task, task_grid, trials_for_half_width, wilson_interval)
 
 from helpers import ContextReader, WordTokenizer, char_decode, char_encode
@@ -141,9 +141,9 @@ def test_item_recall_gives_partial_credit_for_the_items_named():
     assert item_recall(" ABCDE FGHIJ", ["ABCDE", "KLMNO"]) == 0.5
     with pytest.raises(ValueError, match="no items"):
         item_recall(" 12345", [])
-    # through recall_task: the first len(answer) tokens of a generation, decoded
+    # through judge_task: the first len(answer) tokens of a generation, decoded once for both scores
     prompt = SimpleNamespace(answer_ids=char_encode(" 11111, 22222"), expected=["11111", "22222"], ordered=False)
-    assert recall_task(prompt, char_encode(" 22222, 99999 and 11111"), char_decode) == 0.5
+    assert judge_task(prompt, char_encode(" 22222, 99999 and 11111"), char_decode)[1] == 0.5
 
 
 class OracleStub(ContextReader):

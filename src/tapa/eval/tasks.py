@@ -259,11 +259,6 @@ def score_task(prompt: TaskPrompt, generated_ids, decode) -> bool:
     return judge_task(prompt, generated_ids, decode)[0]
 
 
-def recall_task(prompt: TaskPrompt, generated_ids, decode) -> float:
-    """The share of the expected items the greedy answer names (`judge_task`)."""
-    return judge_task(prompt, generated_ids, decode)[1]
-
-
 def minimum_length(task: str, encode, settings: TaskSettings | None = None, samples: int = 16) -> int:
     """The fewest tokens a prompt of `task` needs with this tokenizer (instruction, needles and
     question; the largest of `samples` seeded draws), to check the lengths before a long run."""
@@ -329,5 +324,5 @@ def task_grid(model, task: str, encode, decode, *, lengths, depths=DEFAULT_DEPTH
 
 
 __all__ = ["SEVERAL_ITEMS", "TASKS", "TaskSettings", "TaskPrompt", "build_task_prompt", "check_task_lengths",
-           "default_trials", "judge_task", "minimum_length", "parse_tasks", "recall_task", "score_task",
+           "default_trials", "judge_task", "minimum_length", "parse_tasks", "score_task",
            "task_grid", "trials_for_half_width", "wilson_interval"]
