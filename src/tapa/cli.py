@@ -22,7 +22,7 @@ from tapa._torchrun import error_for_this_process
 
 # command -> (module, one-line help)
 COMMANDS = {
-    "demo": ("tapa.eval.demo", "train small RoPE, TAPA and TAPA-hybrid models, compare them past the training length"),
+    "demo": ("tapa.eval.demo", "train small RoPE, TAPA, TAPA-hybrid and NoPE-hybrid models, compare them past the training length"),
     "theory": ("tapa.theory.command", "Monte Carlo of logit mean/variance vs distance (RoPE vs TAPA)"),
     "data": ("tapa.data.command", "build or inspect the tokenized corpus cache"),
     "train": ("tapa.train.command", "pretrain or continue pretraining a model"),

@@ -77,12 +77,14 @@ def test_demo_tiny_runs_end_to_end(tmp_path, monkeypatch, capsys):
     assert main(["demo", "--tiny", "--out", str(out), "--no-progress", "--device", "cpu"]) == 0
     printed = capsys.readouterr().out
     hybrid = "TAPA hybrid (LLLG, w16)"  # the tiny profile trains at 32: window = half of it
+    nope = "NoPE hybrid (LLLG, w16, query temperature 32)"
     assert "| RoPE |" in printed and "| TAPA |" in printed and f"| {hybrid} |" in printed
+    assert f"| {nope} |" in printed
     assert "| RoPE+YaRN |" in printed and "perplexity.png" in printed
     assert "over perplexity at the training length: RoPE " in printed
     results = json.loads((out / "results.json").read_text())
     labels = [m["label"] for m in results["methods"]]
-    assert set(labels) >= {"RoPE", "RoPE+PI", "RoPE+YaRN", "TAPA", hybrid} and len(labels) == len(set(labels))
+    assert set(labels) >= {"RoPE", "RoPE+PI", "RoPE+YaRN", "TAPA", hybrid, nope} and len(labels) == len(set(labels))
     assert results["settings"]["profile"]["name"] == "tiny"
     assert results["command"] == f"tapa demo --tiny --out {out} --device cpu"
     assert (out / "perplexity.png").stat().st_size > 0
@@ -93,6 +95,7 @@ def test_demo_tiny_runs_end_to_end(tmp_path, monkeypatch, capsys):
         assert config["train"]["lr"] == tiny.lr[model.name] and config["train"]["phase_lr_scale"] == 0.1
         assert (config["model"]["pe"], config["model"]["layer_pattern"]) == (model.pe, model.layer_pattern)
         assert config["model"]["n_layers"] == tiny.n_layers and config["model"]["local_window"] == 16
+        assert config["model"]["query_temperature_base"] == (32 if model.name == "hybrid-nope" else 0)
     # the corpus size and the epochs are reported, from the runs' data plan
     corpus = results["settings"]["corpus"]
     assert corpus["run_tokens"] == tiny.steps * tiny.batch_size * tiny.seq_len == 512
@@ -105,8 +108,9 @@ def test_demo_tiny_runs_end_to_end(tmp_path, monkeypatch, capsys):
 
 @pytest.mark.parametrize("name", ["tiny", "cpu", "cuda"])
 def test_demo_profiles_train_every_model_with_a_real_hybrid(name):
-    """Every model has an lr; the hybrid's window is half the training length and its pattern
-    leaves at least one global TAPA layer; the cuda profile uses the toy study's learning rates."""
+    """Every model has an lr; the hybrids' window is half the training length and their pattern
+    leaves at least one global layer; the NoPE hybrid's query temperature is based at the training
+    length; the cuda profile uses the toy study's learning rates."""
     from tapa.eval.demo import DEMO_MODELS, PROFILES, demo_configs
 
     profile = PROFILES[name]
@@ -116,11 +120,15 @@ def test_demo_profiles_train_every_model_with_a_real_hybrid(name):
         train_cfg, model_cfg, _ = demo_configs(profile, model, "unused", "cpu", False, None)
         assert train_cfg.lr == profile.lr[model.name] and train_cfg.phase_lr_scale == 0.1
         kinds = [model_cfg.layer_kind(i) for i in range(model_cfg.n_layers)]
-        assert "global" in kinds and model_cfg.is_hybrid == (model.name == "hybrid")
+        assert "global" in kinds and model_cfg.is_hybrid == model.name.startswith("hybrid")
+        assert model_cfg.query_temperature_base == (profile.seq_len if model.name == "hybrid-nope" else 0)
         labels.append(model_cfg.label)
-    assert labels == ["RoPE", "TAPA", f"TAPA hybrid (LLLG, w{profile.seq_len // 2})"]
-    if name == "cuda":  # results/toy-study/lr_sweep.md
-        assert profile.lr == {"rope": 1e-3, "tapa": 2e-3, "hybrid": 1e-3} and profile.seq_len == 512
+    window = profile.seq_len // 2
+    assert labels == ["RoPE", "TAPA", f"TAPA hybrid (LLLG, w{window})",
+                      f"NoPE hybrid (LLLG, w{window}, query temperature {profile.seq_len})"]
+    if name == "cuda":  # results/toy-study/lr_sweep.md and the globals study's 1e-3 for both hybrids
+        assert profile.lr == {"rope": 1e-3, "tapa": 2e-3, "hybrid": 1e-3, "hybrid-nope": 1e-3}
+        assert profile.seq_len == 512
         assert profile.include_site_packages
 
 

@@ -28,7 +28,21 @@ def test_required_recipes_exist_and_build():
         assert train_cfg.name == name
 
 
+def test_recommended_hybrid_recipe_is_the_globals_studys_winner():
+    """toy-gpu-hybrid-nope is the study's hybrid-nope-temp arm: LLLG over 8 layers (the last one
+    global), window 256, NoPE globals, the query temperature based at the training length; and the
+    TAPA hybrid's recipe differs from it only in the global layers' encoding and the temperature."""
+    train_cfg, model_cfg, _ = build_configs(load_recipe("toy-gpu-hybrid-nope"))
+    assert (model_cfg.pe, model_cfg.layer_pattern, model_cfg.local_window) == ("nope", "LLLG", 256)
+    assert model_cfg.layer_kind(model_cfg.n_layers - 1) == "global"
+    assert model_cfg.query_temperature_base == train_cfg.seq_len == 512
+    tapa_train, tapa_model, _ = build_configs(load_recipe("toy-gpu-hybrid"))
+    assert dataclasses.replace(model_cfg, pe="tapa", query_temperature_base=0) == tapa_model
+    assert dataclasses.replace(train_cfg, name="toy-gpu-hybrid", phase_lr_scale=tapa_train.phase_lr_scale) == tapa_train
+
+
 @pytest.mark.parametrize("recipe, low, high", [("tiny", 0.2e6, 3e6), ("toy-gpu", 20e6, 40e6),
+                                                ("toy-gpu-hybrid-nope", 20e6, 40e6),
                                                 ("gpu-350m", 300e6, 400e6),
                                                 ("paper-7b", 6.5e9, 8.5e9)])
 def test_recipe_sizes(recipe, low, high):

@@ -1,6 +1,6 @@
-"""`tapa demo`: build the built-in corpus, train a small RoPE model, a small TAPA model and a small
-TAPA hybrid on the same token budget, evaluate them past the training length, print the table and
-write the plot.
+"""`tapa demo`: build the built-in corpus, train a small RoPE model, a small TAPA model, a small
+TAPA hybrid and the same hybrid with NoPE globals on the same token budget, evaluate them past the
+training length, print the table and write the plot.
 
 The models (DEMO_MODELS), all the same size:
 - RoPE; the table adds its weights under eval-time PI, NTK, YaRN and dynamic-NTK scaling (no
@@ -8,13 +8,16 @@ The models (DEMO_MODELS), all the same size:
 - TAPA in every layer.
 - The TAPA hybrid: layer pattern LLLG, three local RoPE layers in a sliding window of half the
   training length, then one global TAPA layer (`ModelConfig.layer_pattern`).
+- The NoPE hybrid: the same layout with global layers without positional encoding and the
+  log-length query temperature based at the training length (`query_temperature_base`): the best
+  hybrid the globals study measured (results/toy-study/globals, recipes/toy-gpu-hybrid-nope.toml).
 Both TAPA models use the recipe of the toy study (results/toy-study): the phase rows of W_q, W_k
 scaled by 0.1 at init and learning at 0.1x the learning rate (phase_lr_scale). Each model trains
 at its family's best learning rate (the study's on the GPU; a small sweep at the cpu profile,
 results/demo-cpu/README.md).
 
 Profiles (chosen by the device, or --tiny):
-- cpu:  ~1M-parameter models, 128-token training, evaluated at 1x-8x; under 10 minutes on 2 cores.
+- cpu:  ~1M-parameter models, 128-token training, evaluated at 1x-8x; about 10 minutes on 2 cores (621 s).
 - cuda: ~30M-parameter models (the study's toy-gpu size), 512-token training on stdlib +
         site-packages Python, evaluated at 1x-16x, plus a passkey grid (every model sees 2% passkey
         sequences in training).
@@ -44,9 +47,11 @@ class DemoModel:
     name: str
     pe: str
     layer_pattern: str = "G"
+    query_temperature: bool = False  # the global layers' query temperature, based at the training length
 
 
-DEMO_MODELS = (DemoModel("rope", "rope"), DemoModel("tapa", "tapa"), DemoModel("hybrid", "tapa", "LLLG"))
+DEMO_MODELS = (DemoModel("rope", "rope"), DemoModel("tapa", "tapa"), DemoModel("hybrid", "tapa", "LLLG"),
+               DemoModel("hybrid-nope", "nope", "LLLG", query_temperature=True))
 
 
 @dataclass(frozen=True)
@@ -91,7 +96,7 @@ class DemoProfile:
     def describe(self) -> str:
         lrs = ", ".join(f"{model.name} {self.lr[model.name]:g}" for model in DEMO_MODELS)
         return (f"profile {self.name}: dim {self.dim}, {self.n_layers} layers, {self.n_heads} heads, "
-                f"BPE-{self.vocab_size}; hybrid LLLG with a {self.local_window}-token window; "
+                f"BPE-{self.vocab_size}; hybrids LLLG with a {self.local_window}-token window; "
                 f"{self.steps} steps x {self.batch_size} x {self.seq_len} tokens = "
                 f"{self.tokens_per_model / 1e6:.2f}M tokens per model; lr {lrs} (TAPA phase rows at "
                 f"{self.phase_lr_scale:g}x); eval at {', '.join(f'{m:g}x' for m in self.multiples)} "
@@ -99,29 +104,31 @@ class DemoProfile:
 
 
 PROFILES = {
-    # 700 steps keep three 4-layer models within 10 minutes on 2 cores; 5 MB of text is about one
-    # epoch of the 1.43M training tokens. lr: each family's best of 2e-3 / 4e-3 at this profile
-    # (results/demo-cpu/README.md); 4e-3, the edge of that sweep, won for all three
+    # 700 steps: the four 4-layer models take 10.4 minutes on 2 cores (2026-12-06); 5 MB of text
+    # is about one epoch of the 1.43M training tokens. lr: each family's best
+    # of 2e-3 / 4e-3 at this profile (results/demo-cpu/README.md); 4e-3, the edge of that sweep,
+    # won for the first three, and the NoPE hybrid takes the TAPA hybrid's
     "cpu": DemoProfile(
         name="cpu", vocab_size=2048, max_train_bytes=5_000_000, tokenizer_train_bytes=None,
         dim=128, n_layers=4, n_heads=4, phase_init_scale=0.1,
         seq_len=128, batch_size=16, steps=700, warmup_steps=50,
-        lr={"rope": 4e-3, "tapa": 4e-3, "hybrid": 4e-3},
+        lr={"rope": 4e-3, "tapa": 4e-3, "hybrid": 4e-3, "hybrid-nope": 4e-3},
         multiples=(1, 2, 4, 8), stride=256, max_tokens=8192),
     # the study's learning rates (results/toy-study/lr_sweep.md, 100M tokens at batch 64) and its
-    # corpus kind; 1000 steps keep the whole demo within a few minutes on an H200
+    # corpus kind (both hybrids at the study's 1e-3); 1000 steps keep the whole demo within a few
+    # minutes on an H200
     "cuda": DemoProfile(
         name="cuda", vocab_size=8192, max_train_bytes=150_000_000, tokenizer_train_bytes=10_000_000,
         include_site_packages=True, dim=512, n_layers=8, n_heads=4, phase_init_scale=0.1,
         seq_len=512, batch_size=64, steps=1000, warmup_steps=100,
-        lr={"rope": 1e-3, "tapa": 2e-3, "hybrid": 1e-3},
+        lr={"rope": 1e-3, "tapa": 2e-3, "hybrid": 1e-3, "hybrid-nope": 1e-3},
         passkey_fraction=0.02, multiples=(1, 2, 4, 8, 16), stride=256, max_tokens=32768,
         passkey=True, passkey_trials=5),
     "tiny": DemoProfile(
         name="tiny", vocab_size=300, max_train_bytes=100_000, tokenizer_train_bytes=None,
         dim=32, n_layers=4, n_heads=2, phase_init_scale=0.1,
         seq_len=32, batch_size=4, steps=4, warmup_steps=1,
-        lr={"rope": 1e-3, "tapa": 2e-3, "hybrid": 1e-3},
+        lr={"rope": 1e-3, "tapa": 2e-3, "hybrid": 1e-3, "hybrid-nope": 1e-3},
         multiples=(1, 2), stride=16, max_tokens=128),
 }
 
@@ -152,6 +159,7 @@ def demo_configs(profile: DemoProfile, model: DemoModel, run_dir: Path, device: 
     model_cfg = ModelConfig(vocab_size=profile.vocab_size, dim=profile.dim, n_layers=profile.n_layers,
                             n_heads=profile.n_heads, pe=model.pe, layer_pattern=model.layer_pattern,
                             local_window=profile.local_window, original_seq_len=profile.seq_len,
+                            query_temperature_base=profile.seq_len if model.query_temperature else 0,
                             phase_init_scale=profile.phase_init_scale if model.pe.startswith("tapa") else 1.0)
     train_cfg = TrainConfig(name=f"demo-{model.name}", run_dir=str(run_dir), seq_len=profile.seq_len,
                             batch_size=profile.batch_size, steps=profile.steps, lr=profile.lr[model.name],
@@ -252,7 +260,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="output directory (default: runs/demo-<profile>, or -2, -3, ... if it exists)")
     parser.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, ...")
     parser.add_argument("--force", action="store_true",
-                        help="replace the runs of an earlier demo in --out (rope/, tapa/, hybrid/)")
+                        help="replace the runs of an earlier demo in --out (rope/, tapa/, hybrid/, hybrid-nope/)")
     parser.add_argument("--no-progress", action="store_true")
 
 
