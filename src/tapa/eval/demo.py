@@ -105,9 +105,9 @@ class DemoProfile:
 
 PROFILES = {
     # 700 steps: the four 4-layer models take 10.4 minutes on 2 cores (2026-12-06); 5 MB of text
-    # is about one epoch of the 1.43M training tokens. lr: each family's best
-    # of 2e-3 / 4e-3 at this profile (results/demo-cpu/README.md); 4e-3, the edge of that sweep,
-    # won for the first three, and the NoPE hybrid takes the TAPA hybrid's
+    # is about one epoch of the 1.43M training tokens. lr: each family's best of 2e-3 / 4e-3 at
+    # this profile (results/demo-cpu/README.md); 4e-3, the edge of that sweep, won for the first
+    # three, and the NoPE hybrid (not swept) takes the TAPA hybrid's
     "cpu": DemoProfile(
         name="cpu", vocab_size=2048, max_train_bytes=5_000_000, tokenizer_train_bytes=None,
         dim=128, n_layers=4, n_heads=4, phase_init_scale=0.1,
