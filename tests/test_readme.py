@@ -50,6 +50,18 @@ def _headline() -> str:
     return text[text.index("## What we found"):text.index("## Install and run")]
 
 
+def _answer() -> str:
+    """The headline's first part, the globals study's answer at 91M (up to the toy-scale table)."""
+    text = _headline()
+    return text[:text.index("**At toy scale.**")]
+
+
+def _toy_headline() -> str:
+    """The headline's toy-scale part: its zero-shot table and the bullets under it."""
+    text = _headline()
+    return text[text.index("**At toy scale.**"):]
+
+
 def _prose(section: str) -> str:
     """The section's text with every run of whitespace (line breaks too) as one space."""
     return " ".join(section.split())
@@ -117,7 +129,64 @@ def test_readme_study_table_matches_the_study_results():
     """The headline table is copied from results/toy-study/perplexity.csv: every mean, spread and seed
     count must still be what the aggregated study says (a re-aggregation that moves a number fails
     here until the README follows)."""
-    assert _check_study_table(_headline(), "README.md") >= 30
+    assert _check_study_table(_toy_headline(), "README.md") >= 30
+
+
+# the answer table's rows: the scale step's arms (results/toy-study/scale-768, by label) and the
+# globals confirmation's (results/toy-study/globals, by arm, one row per seed)
+ANSWER_ROWS = {"RoPE, continued with YaRN": ("scale-768", "RoPE, continued with YaRN (s=4)"),
+               "TAPA hybrid (LLLG, w256)": ("scale-768", "TAPA hybrid (LLLG, w256)"),
+               "NoPE hybrid (LLLG, w256)": ("scale-768", "NoPE hybrid (LLLG, w256)"),
+               "TAPA hybrid + query temperature": ("globals", "hybrid-tapa-temp@768"),
+               "NoPE hybrid + query temperature": ("globals", "hybrid-nope-temp@768")}
+
+
+def _answer_sources(source: str, name: str) -> tuple[dict, float]:
+    """(length -> (n, mean, std)) of the continual stage's test perplexity, and the passkey accuracy
+    at 8k in percent (over depths, then seeds), of one row of the answer table."""
+    import statistics
+
+    if source == "scale-768":
+        scale = STUDY / "scale-768"
+        perplexity = {int(r["length"]): (int(r["n"]), float(r["mean"]), float(r["std"]))
+                      for r in csv.DictReader(open(scale / "perplexity.csv"))
+                      if r["stage"] == "continual" and r["label"] == name}
+        return perplexity, _passkey(scale / "passkey.csv", name)[2]
+    globals_ = STUDY / "globals"
+    seeds = defaultdict(list)
+    for r in csv.DictReader(open(globals_ / "perplexity.csv")):
+        if r["arm"] == name and r["stage"] == "continual" and r["data"] == "test":
+            seeds[int(r["length"])].append(float(r["perplexity"]))
+    perplexity = {length: (len(v), statistics.mean(v), statistics.stdev(v)) for length, v in seeds.items()}
+    passkey = [100 * float(r["accuracy"]) for r in csv.DictReader(open(globals_ / "retrieval.csv"))
+               if r["arm"] == name and r["task"] == "passkey" and r["length"] == "8192"]
+    assert len(passkey) == len(seeds[8192]), (name, passkey)
+    return perplexity, statistics.mean(passkey)
+
+
+def test_readme_answer_table_matches_the_study_results():
+    """The headline's first table (the globals study's answer at 91M) is the aggregated files': every
+    row's seed count, perplexity mean and spread at each length, and its passkey mean at 8k."""
+    section = _answer()
+    header = next(line for line in section.splitlines() if line.startswith("| model (91M"))
+    names = [c.strip() for c in header.strip().strip("|").split("|")]
+    lengths = [LENGTHS[name.split()[0]] for name in names[2:-1]]
+    checked = set()
+    for line in section.splitlines():
+        if not line.startswith("| ") or line.startswith(("| model", "|---")):
+            continue
+        cells = [c.strip().replace("*", "") for c in line.strip().strip("|").split("|")]
+        assert len(cells) == len(names) and cells[0] in ANSWER_ROWS, line
+        perplexity, passkey = _answer_sources(*ANSWER_ROWS[cells[0]])
+        for length, cell in zip(lengths, cells[2:-1]):
+            n, mean, std = perplexity[length]
+            shown_mean, _, shown_std = cell.partition(" ± ")
+            assert n == int(cells[1]) and n > 1, (cells[0], length, n)
+            assert _close_to_shown(mean, shown_mean) and _close_to_shown(std, shown_std), \
+                (cells[0], length, mean, std, cell)
+        assert _close_to_shown(passkey, cells[-1]), (cells[0], passkey, cells[-1])
+        checked.add(cells[0])
+    assert checked == set(ANSWER_ROWS)
 
 
 def test_study_doc_table_matches_the_study_results():
