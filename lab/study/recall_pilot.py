@@ -38,6 +38,7 @@ from pathlib import Path
 
 import torch
 
+from lab.study.aggregate import save_png
 from tapa.eval.stats import mann_whitney_exact
 from tapa.model import ModelConfig, TapaLM
 from tapa.train.config import TrainConfig
@@ -437,7 +438,7 @@ def plot_levers(folders, path: Path, seeds=None) -> Path:
                        fontsize=7, loc="upper right")
     axes[0][0].set_ylabel("% of answers right (chance dotted)")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_png(fig, path, dpi=120)
     plt.close(fig)
     return path
 
@@ -477,7 +478,7 @@ def plot_windows(folders, path: Path, seeds=None) -> Path:
         ax.legend(fontsize=8)
     axes[0][0].set_ylabel("% of answers right (chance dotted)")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_png(fig, path, dpi=120)
     plt.close(fig)
     return path
 
@@ -514,7 +515,7 @@ def plot(folder: Path, path: Path) -> Path:
         ax.grid(True, alpha=0.3)
     left.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_png(fig, path, dpi=120)
     plt.close(fig)
     return path
 
