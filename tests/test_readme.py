@@ -5,6 +5,7 @@ checked here too."""
 
 import csv
 import re
+import statistics
 from collections import defaultdict
 from pathlib import Path
 
@@ -127,8 +128,6 @@ ANSWER_ROWS = {"RoPE, continued with YaRN": ("scale-768", "RoPE, continued with 
 def _answer_sources(source: str, name: str) -> tuple[dict, float]:
     """(length -> (n, mean, std)) of the continual stage's test perplexity, and the passkey accuracy
     at 8k in percent (over depths, then seeds), of one row of the answer table."""
-    import statistics
-
     if source == "scale-768":
         scale = STUDY / "scale-768"
         perplexity = {int(r["length"]): (int(r["n"]), float(r["mean"]), float(r["std"]))

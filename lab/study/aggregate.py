@@ -619,7 +619,7 @@ def plot_perplexity(rows: list[dict], path: Path, *, title: str, train_len: int 
     axes[0][0].legend(fontsize=7, loc="best")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=130)
+    save_png(fig, path, dpi=130)
     plt.close(fig)
     return path
 
@@ -728,7 +728,7 @@ def _panel_grid(plt, panels: int, columns: int | None = None, **subplots):
 
 def save_png(fig, path: Path, **savefig_kwargs) -> Path:
     """fig as a PNG of at most 256 colours: a plot's few flat colours survive, and the file is
-    about a third of matplotlib's RGBA (the screen's panel plots grow with every arm that runs)."""
+    about a third of matplotlib's RGBA. Every plot the lab writes into results/ goes through it."""
     from PIL import Image
 
     buffer = io.BytesIO()
@@ -1249,7 +1249,7 @@ def plot_compare(rows: list[dict], path: Path, base_name: str, other_name: str) 
     axes[0][0].set_ylabel("perplexity, lower is better")
     fig.suptitle(f"{other_name} (solid) against {base_name} (dashed)", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=130)
+    save_png(fig, path, dpi=130)
     plt.close(fig)
     return path
 

@@ -16,6 +16,7 @@ import re
 import statistics
 from pathlib import Path
 
+from lab.study.aggregate import save_png
 from tapa.train.rundir import read_metrics
 
 RUN_NAME = re.compile(r"^(?P<recipe>.+)-(?P<mode>ddp|fsdp)-(?P<gpus>\d+)(?:-resume(?P<resumed>\d+))?$")
@@ -106,7 +107,7 @@ def _plot(runs: list[dict], path: Path) -> None:
         ax.grid(alpha=0.3)
         ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_png(fig, path, dpi=120)
     plt.close(fig)
 
 
