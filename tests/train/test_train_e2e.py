@@ -112,3 +112,24 @@ def test_init_from_takes_the_model_from_the_checkpoint(cache_dir, tmp_path):
                  "32", "--run-dir", str(tempered), "--no-progress", "--no-plot"]) == 0
     model = json.loads((tempered / "config.json").read_text())["model"]
     assert model == {**source["model"], "query_temperature_base": 32}
+
+
+def test_progress_off_a_terminal_is_plain_lines(cache_dir, tmp_path, capfd, monkeypatch):
+    """With progress on and stderr not a terminal (a log file, a pipe, CI), training draws no bar
+    (tqdm's carriage returns filled the device's logs with a line per redraw) but says where it is:
+    one plain line at the last step, and one at a logged step every 30 s between."""
+    import tapa.train.trainer as trainer
+
+    argv = [arg for arg in _common(cache_dir) if arg != "--no-progress"]
+    assert main(["train", *argv, "--progress", "--seq-len", "32", "--steps", "4", "--eval-every", "0",
+                 "--run-dir", str(tmp_path / "quiet")]) == 0
+    err = capfd.readouterr().err
+    assert "\r" not in err and "%|" not in err, err
+    lines = [line for line in err.splitlines() if line.startswith("train tapa L=32: ")]
+    assert lines == [lines[-1]] and lines[-1].startswith("train tapa L=32: step 4/4, loss "), err
+
+    monkeypatch.setattr(trainer._Progress.__init__, "__defaults__", (0.0,))  # a line at every record
+    assert main(["train", *argv, "--progress", "--seq-len", "32", "--steps", "4", "--eval-every", "0",
+                 "--run-dir", str(tmp_path / "every")]) == 0
+    steps = [line.split(",")[0] for line in capfd.readouterr().err.splitlines() if line.startswith("train ")]
+    assert steps == [f"train tapa L=32: step {step}/4" for step in (1, 2, 3, 4)]

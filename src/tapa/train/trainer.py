@@ -31,6 +31,7 @@ import dataclasses
 import json
 import math
 import os
+import sys
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -392,6 +393,39 @@ def _save(run: _Run, step: int, loss_sum: torch.Tensor, window_steps: int) -> No
                                 "loss_window": window, "train": cfg.to_dict()})
 
 
+class _Progress:
+    """The training loop's progress: a tqdm bar on a terminal; elsewhere (a log file, a pipe, CI) a
+    plain stderr line at a logged step at most every `every` seconds, and at the last step."""
+
+    def __init__(self, total: int, initial: int, desc: str, every: float = 30.0):
+        self.total, self.desc, self.every = total, desc, every
+        self.bar = None
+        if sys.stderr.isatty():
+            from tapa._optional import require
+
+            self.bar = require("tqdm").tqdm(total=total, initial=initial, unit="step", desc=desc,
+                                            dynamic_ncols=True)
+        self.last_line = time.perf_counter()
+
+    def note(self, values: dict, step: int, last: bool) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix(values)
+            return
+        now = time.perf_counter()
+        if last or now - self.last_line >= self.every:
+            shown = ", ".join(f"{key} {value}" for key, value in values.items())
+            print(f"{self.desc}: step {step}/{self.total}, {shown}", file=sys.stderr, flush=True)
+            self.last_line = now
+
+    def update(self) -> None:
+        if self.bar is not None:
+            self.bar.update(1)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
 def _train(train_cfg: TrainConfig, model_cfg: ModelConfig | None, data_cfg: DataConfig,
            info: DistInfo) -> Path:
     run = _setup(train_cfg, model_cfg, data_cfg, info)
@@ -405,11 +439,7 @@ def _train(train_cfg: TrainConfig, model_cfg: ModelConfig | None, data_cfg: Data
 
     bar = None
     if show:
-        from tapa._optional import require
-
-        bar = require("tqdm").tqdm(total=train_cfg.steps, initial=run.start_step, unit="step",
-                                   desc=f"train {run.model_cfg.pe} L={train_cfg.seq_len}",
-                                   dynamic_ncols=True)
+        bar = _Progress(train_cfg.steps, run.start_step, f"train {run.model_cfg.pe} L={train_cfg.seq_len}")
     run.wrapped.train()
     # a resumed run's clock continues from its last record
     records = run.log.records if run.log is not None else []
@@ -451,13 +481,13 @@ def _train(train_cfg: TrainConfig, model_cfg: ModelConfig | None, data_cfg: Data
                 postfix = {"loss": f"{mean_loss:.3f}", "tok/s": f"{record['tokens_per_s']:.0f}"}
                 if val_loss is not None:
                     postfix["val"] = f"{val_loss:.3f}"
-                bar.set_postfix(postfix)
+                bar.note(postfix, done, last)
             if scheduled:
                 loss_sum.zero_()
                 window_steps = 0
             timed_steps, last_time = 0, time.perf_counter()  # eval time is not training time
         if bar is not None:
-            bar.update(1)
+            bar.update()
         if last or (train_cfg.save_every and done % train_cfg.save_every == 0):
             guard.check(train_cfg)
             _save(run, done, loss_sum, window_steps)
