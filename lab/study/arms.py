@@ -248,8 +248,10 @@ def confirm_plan() -> list[tuple[str, str]]:
 # the TAPA base already failed to retrieve at 91M (2026-12-02), so their seeds 1-2 say more than the
 # other arms' seed 0 (results/toy-study/globals/README.md)
 CONFIRM_FIRST = ("hybrid-nope-temp", "hybrid-tapa-temp")
-# then the first job of each seed: RoPE + YaRN, the goal's length anchor
-CONFIRM_LEAD = ("rope-yarn",)
+# then the first jobs of each seed: RoPE + YaRN, the goal's length anchor, and the two bases, so the
+# temperature's gain at 91M is read within this protocol (RoPE + YaRN's seed 0 here moved 1.0-2.7%
+# from its 2026-12-02 run, the size of that gain against the 12-02 bases)
+CONFIRM_LEAD = ("rope-yarn", "hybrid-nope", "hybrid-tapa")
 
 
 def confirm_queue() -> list[tuple[str, str, int]]:
