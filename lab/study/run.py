@@ -49,6 +49,7 @@ from lab.study import domain, preflight
 from lab.study.aggregate import load_jobs
 from lab.study.arms import (ARMS, DOMAIN_STAGES, FAMILIES, PROTOCOLS, STAGES, TINY_ESTIMATES,
                             Estimates, stages_of)
+from lab.study.code_tree import tree_id
 from lab.study.plan import (Group, Stage, build_groups, check_flags, domain_dir, estimate_stage,
                             gpu_lanes, parse_jobs, job_stages, parse_lr_map, plan_jobs,
                             pretrain_owner, split_batches, stage_closure)
@@ -560,7 +561,8 @@ def main(argv=None) -> int:
     context = {"runner": {"command": "python3 -m lab.study.run " + shlex.join(sys.argv[1:] if argv is None else argv),
                           "call": call, "concurrent": args.concurrent, "time_budget": args.time_budget,
                           "python": platform.python_version()},
-               "data_command": "tapa " + shlex.join(data_argv), "corpus": corpus, "date": _now()}
+               "data_command": "tapa " + shlex.join(data_argv), "corpus": corpus, "date": _now(),
+               "code": {"src_tree": tree_id(REPO / "src" / "tapa")}}  # which code ran: lab.study.code_tree
     files = {}
     for group in groups:
         for job in group.jobs:

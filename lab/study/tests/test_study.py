@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from lab.study import aggregate as study
-from lab.study import arms, plan, run
+from lab.study import arms, code_tree, plan, run
 
 # ---------------------------------------------------------------------------------------------
 # the runner
@@ -64,6 +64,7 @@ def test_runner_end_to_end_two_jobs_at_once(study_root, capsys):
                                         - ({"theory"} if not owner else set()))
         assert job["commands"]["pretrain"].startswith("tapa train --recipe tiny")
         assert job["corpus"]["train_tokens"] > 0 and job["hardware"]
+        assert job["code"]["src_tree"] == code_tree.tree_id(code_tree.ROOT / "src" / "tapa")  # which code ran
         if importlib.util.find_spec("triton") is not None:  # the kernels each stage trained with
             assert set(job["kernels"]) >= {"pretrain", "continual"}
             assert set(job["kernels"]["pretrain"]) == {"128", "64"}
