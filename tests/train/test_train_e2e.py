@@ -1,6 +1,8 @@
 """`tapa train` end to end on the built-in corpus: pretrain, then continue at twice the length."""
 
+import io
 import json
+import sys
 
 import pytest
 from trainkit import records, one_thread  # noqa: F401 (autouse fixture)
@@ -117,7 +119,8 @@ def test_init_from_takes_the_model_from_the_checkpoint(cache_dir, tmp_path):
 def test_progress_off_a_terminal_is_plain_lines(cache_dir, tmp_path, capfd, monkeypatch):
     """With progress on and stderr not a terminal (a log file, a pipe, CI), training draws no bar
     (tqdm's carriage returns filled the device's logs with a line per redraw) but says where it is:
-    one plain line at the last step, and one at a logged step every 30 s between."""
+    one plain line at the last step, and one at a logged step every 30 s between. On a terminal
+    the bar, and no plain line."""
     import tapa.train.trainer as trainer
 
     argv = [arg for arg in _common(cache_dir) if arg != "--no-progress"]
@@ -128,8 +131,19 @@ def test_progress_off_a_terminal_is_plain_lines(cache_dir, tmp_path, capfd, monk
     lines = [line for line in err.splitlines() if line.startswith("train tapa L=32: ")]
     assert lines == [lines[-1]] and lines[-1].startswith("train tapa L=32: step 4/4, loss "), err
 
-    monkeypatch.setattr(trainer._Progress.__init__, "__defaults__", (0.0,))  # a line at every record
+    monkeypatch.setattr(trainer._Progress, "every", 0.0)  # a line at every logged step
     assert main(["train", *argv, "--progress", "--seq-len", "32", "--steps", "4", "--eval-every", "0",
                  "--run-dir", str(tmp_path / "every")]) == 0
     steps = [line.split(",")[0] for line in capfd.readouterr().err.splitlines() if line.startswith("train ")]
     assert steps == [f"train tapa L=32: step {step}/4" for step in (1, 2, 3, 4)]
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)  # on a terminal: the bar, no plain lines
+    assert main(["train", *argv, "--progress", "--seq-len", "32", "--steps", "4", "--eval-every", "0",
+                 "--run-dir", str(tmp_path / "terminal")]) == 0
+    drawn = terminal.getvalue()
+    assert "4/4" in drawn and "%|" in drawn and "step 4/4" not in drawn, drawn

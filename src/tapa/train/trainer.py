@@ -397,8 +397,10 @@ class _Progress:
     """The training loop's progress: a tqdm bar on a terminal; elsewhere (a log file, a pipe, CI) a
     plain stderr line at a logged step at most every `every` seconds, and at the last step."""
 
-    def __init__(self, total: int, initial: int, desc: str, every: float = 30.0):
-        self.total, self.desc, self.every = total, desc, every
+    every = 30.0
+
+    def __init__(self, total: int, initial: int, desc: str):
+        self.total, self.desc = total, desc
         self.bar = None
         if sys.stderr.isatty():
             from tapa._optional import require
@@ -437,9 +439,9 @@ def _train(train_cfg: TrainConfig, model_cfg: ModelConfig | None, data_cfg: Data
     window_steps = int(run.loss_window["steps"])
     guard = _FiniteGuard(info.device, info)
 
-    bar = None
+    progress = None
     if show:
-        bar = _Progress(train_cfg.steps, run.start_step, f"train {run.model_cfg.pe} L={train_cfg.seq_len}")
+        progress = _Progress(train_cfg.steps, run.start_step, f"train {run.model_cfg.pe} L={train_cfg.seq_len}")
     run.wrapped.train()
     # a resumed run's clock continues from its last record
     records = run.log.records if run.log is not None else []
@@ -477,22 +479,22 @@ def _train(train_cfg: TrainConfig, model_cfg: ModelConfig | None, data_cfg: Data
                       "elapsed_s": time.perf_counter() - started}
             if run.log is not None:
                 run.log.append(record)
-            if bar is not None:
+            if progress is not None:
                 postfix = {"loss": f"{mean_loss:.3f}", "tok/s": f"{record['tokens_per_s']:.0f}"}
                 if val_loss is not None:
                     postfix["val"] = f"{val_loss:.3f}"
-                bar.note(postfix, done, last)
+                progress.note(postfix, done, last)
             if scheduled:
                 loss_sum.zero_()
                 window_steps = 0
             timed_steps, last_time = 0, time.perf_counter()  # eval time is not training time
-        if bar is not None:
-            bar.update()
+        if progress is not None:
+            progress.update()
         if last or (train_cfg.save_every and done % train_cfg.save_every == 0):
             guard.check(train_cfg)
             _save(run, done, loss_sum, window_steps)
-    if bar is not None:
-        bar.close()
+    if progress is not None:
+        progress.close()
     if run.log is not None and train_cfg.plot and run.log.records:
         plot_losses(run.log.records, run.run_dir / "loss.png",
                     f"{train_cfg.name}: {run.model_cfg.pe}, seq_len {train_cfg.seq_len}, "
