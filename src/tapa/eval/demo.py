@@ -20,7 +20,7 @@ Profiles (chosen by the device, or --tiny):
 - cpu:  ~1M-parameter models, 128-token training, evaluated at 1x-8x; about 10 minutes on 2 cores (621 s).
 - cuda: ~30M-parameter models (the study's toy-gpu size), 512-token training on stdlib +
         site-packages Python, evaluated at 1x-16x, plus a passkey grid (every model sees 2% passkey
-        sequences in training).
+        sequences in training); about 5 minutes on one H100 (308 s, results/demo-gpu).
 - tiny: seconds; exercises every stage and every model (CI).
 """
 
