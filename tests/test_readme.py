@@ -188,8 +188,8 @@ def _confirmation(arm: str, task: str, length: int, column: str) -> float:
 
 def test_readme_answer_bullets_match_the_study_results():
     """The 91M bullets under the answer table: NoPE's lead on the means at 512 and 16k, where the
-    seeds overlap, single-key beyond the window at 4k, and the same-day RoPE + YaRN ratios and
-    retrieval."""
+    seeds overlap, single-key beyond the window at 4k, the same-day RoPE + YaRN ratios and
+    retrieval, and the caption's move of RoPE + YaRN between the two dates."""
     text = _prose(_headline())
     tapa, _ = _answer_sources("globals", "hybrid-tapa-temp@768")
     nope, _ = _answer_sources("globals", "hybrid-nope-temp@768")
@@ -216,6 +216,12 @@ def test_readme_answer_bullets_match_the_study_results():
     passkey = _match(r"finds more passkeys \((\d+) against (\d+)% at 8k\)", text)
     for arm, shown in zip(("rope-yarn@768", "hybrid-nope-temp@768"), passkey.groups()):
         assert _close_to_shown(_confirmation(arm, "passkey", 8192, "accuracy"), shown), (arm, shown)
+    # the caption: RoPE + YaRN's seed 0 under the confirmation against its 2026-12-02 run
+    earlier = next(r for r in csv.DictReader(open(STUDY / "scale-768" / "jobs.csv")) if r["job"] == "rope-yarn:0.001:0")
+    drops = [100 * (1 - rope[length][1] / float(earlier[f"cont_ppl_{length}"])) for length in sorted(rope)]
+    moved = _match(r"RoPE \+ YaRN's seed 0 run again \(row 4\) is (\d\.\d)-(\d\.\d)% lower than on 12-02", text)
+    assert all(d > 0 for d in drops) and len(drops) == 6, drops
+    assert _close_to_shown(min(drops), moved.group(1)) and _close_to_shown(max(drops), moved.group(2)), drops
     single_rope = _match(r"fewer single keys past 256 tokens \((\d+) against (\d+)% at 4k\)", text)
     for arm, shown in zip(("rope-yarn@768", "hybrid-nope-temp@768"), single_rope.groups()):
         assert _close_to_shown(_confirmation(arm, "single-key", 4096, "far_accuracy"), shown), (arm, shown)

@@ -249,7 +249,7 @@ def confirm_plan() -> list[tuple[str, str]]:
 # other arms' seed 0 (results/toy-study/globals/README.md)
 CONFIRM_FIRST = ("hybrid-nope-temp", "hybrid-tapa-temp")
 # then the first jobs of each seed: RoPE + YaRN, the goal's length anchor, and the two bases, so the
-# temperature's gain at 91M is read within this protocol (RoPE + YaRN's seed 0 here moved 1.0-2.7%
+# temperature's gain at 91M is read within this protocol (RoPE + YaRN's seed 0 here moved 0.8-2.7%
 # from its 2026-12-02 run, the size of that gain against the 12-02 bases)
 CONFIRM_LEAD = ("rope-yarn", "hybrid-nope", "hybrid-tapa")
 
