@@ -136,17 +136,30 @@ def _answer_sources(source: str, name: str) -> tuple[dict, float]:
                       for r in csv.DictReader(open(scale / "perplexity.csv"))
                       if r["stage"] == "continual" and r["label"] == name}
         return perplexity, _passkey(scale / "passkey.csv", name)[2]
-    globals_ = STUDY / "globals"
-    seeds = defaultdict(list)
-    for r in csv.DictReader(open(globals_ / "perplexity.csv")):
-        if r["arm"] == name and r["stage"] == "continual" and r["data"] == "test":
-            seeds[int(r["length"])].append(float(r["perplexity"]))
+    seeds = _confirmation_perplexity(name)
     perplexity = {length: (len(v), statistics.mean(v), statistics.stdev(v) if len(v) > 1 else None)
                   for length, v in seeds.items()}
-    passkey = [100 * float(r["accuracy"]) for r in csv.DictReader(open(globals_ / "retrieval.csv"))
-               if r["arm"] == name and r["task"] == "passkey" and r["length"] == "8192"]
+    passkey = _confirmation(name, "passkey", 8192, "accuracy")
     assert len(passkey) == len(seeds[8192]), (name, passkey)
     return perplexity, statistics.mean(passkey)
+
+
+def _confirmation_perplexity(arm: str) -> dict:
+    """length -> each seed's test perplexity after the continual stage, of one arm of the globals
+    study."""
+    seeds = defaultdict(list)
+    for r in csv.DictReader(open(STUDY / "globals" / "perplexity.csv")):
+        if r["arm"] == arm and r["stage"] == "continual" and r["data"] == "test":
+            seeds[int(r["length"])].append(float(r["perplexity"]))
+    return seeds
+
+
+def _confirmation(arm: str, task: str, length: int, column: str) -> list[float]:
+    """Each seed's value, in percent, of one retrieval cell of the globals study."""
+    values = [100 * float(r[column]) for r in csv.DictReader(open(STUDY / "globals" / "retrieval.csv"))
+              if r["arm"] == arm and r["task"] == task and r["length"] == str(length)]
+    assert values, (arm, task, length)
+    return values
 
 
 def test_readme_answer_table_matches_the_study_results():
@@ -178,14 +191,6 @@ def test_readme_answer_table_matches_the_study_results():
     assert checked == set(ANSWER_ROWS)
 
 
-def _confirmation(arm: str, task: str, length: int, column: str) -> float:
-    """The mean over seeds, in percent, of one retrieval cell of the globals confirmation."""
-    values = [100 * float(r[column]) for r in csv.DictReader(open(STUDY / "globals" / "retrieval.csv"))
-              if r["arm"] == arm and r["task"] == task and r["length"] == str(length)]
-    assert values, (arm, task, length)
-    return statistics.mean(values)
-
-
 def test_readme_answer_bullets_match_the_study_results():
     """The 91M bullets under the answer table: NoPE's lead on the means at 512 and 16k, where the
     seeds overlap, single-key beyond the window at 4k, the same-day RoPE + YaRN ratios and
@@ -198,24 +203,20 @@ def test_readme_answer_bullets_match_the_study_results():
     for length, shown in zip((512, 16384), lead.groups()):
         assert _close_to_shown(100 * (1 - nope[length][1] / tapa[length][1]), shown), (length, shown)
     assert all(nope[length][1] < tapa[length][1] for length in nope)
-    seeds = defaultdict(lambda: defaultdict(list))
-    for r in csv.DictReader(open(STUDY / "globals" / "perplexity.csv")):
-        if r["stage"] == "continual" and r["data"] == "test" and r["arm"].endswith("-temp@768"):
-            seeds[int(r["length"])][r["arm"]].append(float(r["perplexity"]))
-    overlap = [length for length in sorted(seeds)
-               if min(seeds[length]["hybrid-tapa-temp@768"]) < max(seeds[length]["hybrid-nope-temp@768"])]
+    tapa_seeds, nope_seeds = (_confirmation_perplexity(f"hybrid-{kind}-temp@768") for kind in ("tapa", "nope"))
+    overlap = [length for length in sorted(tapa_seeds) if min(tapa_seeds[length]) < max(nope_seeds[length])]
     assert "from 4k on TAPA's best seed is below NoPE's worst" in text and overlap[0] == 4096, overlap
-    assert overlap == [length for length in sorted(seeds) if length >= 4096], overlap
+    assert overlap == [length for length in sorted(tapa_seeds) if length >= 4096], overlap
 
     single = _match(r"single-key at 4k: (\d+)% against (\d+)%", text)
     for arm, shown in zip(("hybrid-nope-temp@768", "hybrid-tapa-temp@768"), single.groups()):
-        assert _close_to_shown(_confirmation(arm, "single-key", 4096, "far_accuracy"), shown), (arm, shown)
+        assert _close_to_shown(statistics.mean(_confirmation(arm, "single-key", 4096, "far_accuracy")), shown), (arm, shown)
     ratio = _match(r"x(\d\.\d\d) at 512 to x(\d\.\d\d) at 16k", text)
     for length, shown in zip((512, 16384), ratio.groups()):
         assert _close_to_shown(nope[length][1] / rope[length][1], shown), (length, shown)
     passkey = _match(r"finds more passkeys \((\d+) against (\d+)% at 8k\)", text)
     for arm, shown in zip(("rope-yarn@768", "hybrid-nope-temp@768"), passkey.groups()):
-        assert _close_to_shown(_confirmation(arm, "passkey", 8192, "accuracy"), shown), (arm, shown)
+        assert _close_to_shown(statistics.mean(_confirmation(arm, "passkey", 8192, "accuracy")), shown), (arm, shown)
     # the caption: RoPE + YaRN's seed 0 under the confirmation against its 2026-12-02 run
     earlier = next(r for r in csv.DictReader(open(STUDY / "scale-768" / "jobs.csv")) if r["job"] == "rope-yarn:0.001:0")
     drops = [100 * (1 - rope[length][1] / float(earlier[f"cont_ppl_{length}"])) for length in sorted(rope)]
@@ -224,7 +225,7 @@ def test_readme_answer_bullets_match_the_study_results():
     assert _close_to_shown(min(drops), moved.group(1)) and _close_to_shown(max(drops), moved.group(2)), drops
     single_rope = _match(r"fewer single keys past 256 tokens \((\d+) against (\d+)% at 4k\)", text)
     for arm, shown in zip(("rope-yarn@768", "hybrid-nope-temp@768"), single_rope.groups()):
-        assert _close_to_shown(_confirmation(arm, "single-key", 4096, "far_accuracy"), shown), (arm, shown)
+        assert _close_to_shown(statistics.mean(_confirmation(arm, "single-key", 4096, "far_accuracy")), shown), (arm, shown)
 
 
 def test_study_doc_table_matches_the_study_results():

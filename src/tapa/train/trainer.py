@@ -394,23 +394,22 @@ def _save(run: _Run, step: int, loss_sum: torch.Tensor, window_steps: int) -> No
 
 
 class _Progress:
-    """The training loop's progress: a tqdm bar on a terminal; elsewhere (a log file, a pipe, CI) a
-    plain stderr line at a logged step at most every `every` seconds, and at the last step."""
+    """The training loop's progress: a tqdm bar on a terminal (tqdm's own check, as the corpus build
+    and the evaluations use); elsewhere (a log file, a pipe, CI) a plain stderr line at a logged
+    step at most every `every` seconds, and at the last step."""
 
     every = 30.0
 
     def __init__(self, total: int, initial: int, desc: str):
-        self.total, self.desc = total, desc
-        self.bar = None
-        if sys.stderr.isatty():
-            from tapa._optional import require
+        from tapa._optional import require
 
-            self.bar = require("tqdm").tqdm(total=total, initial=initial, unit="step", desc=desc,
-                                            dynamic_ncols=True)
+        self.total, self.desc = total, desc
+        self.bar = require("tqdm").tqdm(total=total, initial=initial, unit="step", desc=desc,
+                                        dynamic_ncols=True, disable=None)  # None: off a terminal
         self.last_line = time.perf_counter()
 
     def note(self, values: dict, step: int, last: bool) -> None:
-        if self.bar is not None:
+        if not self.bar.disable:
             self.bar.set_postfix(values)
             return
         now = time.perf_counter()
@@ -420,12 +419,10 @@ class _Progress:
             self.last_line = now
 
     def update(self) -> None:
-        if self.bar is not None:
-            self.bar.update(1)
+        self.bar.update(1)
 
     def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
+        self.bar.close()
 
 
 def _train(train_cfg: TrainConfig, model_cfg: ModelConfig | None, data_cfg: DataConfig,
