@@ -872,7 +872,10 @@ def screen(paths, out_dir: str | Path, command: str, arms: list[str] | None = No
     sections += [perplexity_table(ppl, s, d) for s in ("continual", "zero-shot") for d in ("test", "domain")]
     for task in dict.fromkeys(r["task"] for r in retrieval):  # empty sections are left out below
         sections += [retrieval_table(retrieval, task), recall_table(retrieval, task)]
-    sections.append(theory_markdown(theory_rows(jobs), jobs))  # the pretrained globals' logit decay
+    # the pretrained globals' logit decay, one row per arm as the tables above name it: the same
+    # arm and seed under two protocols (30M and 91M) are two runs, not one
+    named = [{**job, "arm": arm_id(job), "label": _label(job)} for job in jobs]
+    sections.append(theory_markdown(theory_rows(named), named))
     plots = [plot_perplexity(ppl, out / "perplexity.png"), plot_retrieval(retrieval, out / "retrieval.png"),
              plot_heatmap(retrieval, out / "retrieval_heatmap.png"),
              plot_seeds(ppl, retrieval, out / "seeds.png"),

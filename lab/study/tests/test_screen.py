@@ -708,3 +708,21 @@ def test_item_recall_of_the_several_item_tasks_is_tabled_where_jobs_have_it(tmp_
     nope0 = [r for r in rows if (r["arm"], r["seed"], r["task"]) == ("hybrid-nope", "0", "multi-value")]
     assert [float(r["far_recall"]) for r in nope0] == [0.25, 0.5]
     assert all(r["recall"] == "nan" for r in rows if r["arm"] == "hybrid-tapa")
+
+
+def test_theory_table_keeps_the_same_arm_under_two_protocols_apart(tmp_path):
+    """The confirmation (91M) runs arms and seeds the screen (30M) ran too: the theory table gives
+    each its own row, named as the other tables name it, instead of one run replacing the other."""
+    def theory(variances):
+        return {"layer": 7, "kind": "tapa", "fields": ["estimate", "distance", "mean", "var"],
+                "rows": [["trained", d, 0.0, v] for d, v in zip((1.0, 26.0, 3400.0), variances)]}
+
+    small = screen_job("hybrid-tapa-temp", 0, [10.0, 20.0], [30.0, 40.0], {})
+    large = screen_job("hybrid-tapa-temp", 0, [9.0, 18.0], [28.0, 36.0], {}, protocol="scale-768-confirm")
+    small["results"]["theory"], large["results"]["theory"] = theory([5, 8, 4]), theory([5, 10, 9])
+    text = screen_text(tmp_path, [small, large])
+    table = next(part for part in text.split("\n\n") if part.startswith("| arm | seed | layer |"))
+    rows = {line.split(" | ")[0].strip("| "): line for line in table.splitlines()[2:]}
+    assert set(rows) == {"hybrid-tapa-temp", "hybrid-tapa-temp, 91M (scale-768)"}
+    assert rows["hybrid-tapa-temp"].endswith("| -50% |")
+    assert rows["hybrid-tapa-temp, 91M (scale-768)"].endswith("| -10% |")
