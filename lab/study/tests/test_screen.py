@@ -202,6 +202,33 @@ def test_the_eval_only_temperature_arms_read_the_base_runs_with_the_flag():
         summarize._pick_method({"methods": methods[:1], "runs": ["r"]}, None, temperature=True)
 
 
+def test_an_evaltemp_stage_keeps_the_same_model_read_without_the_temperature(tmp_path):
+    """The job JSON of an eval-time temperature arm holds both readings of its one model, so the
+    lever is read within a run (a separate run of the base arm differs where training is not
+    repeatable); the base arm's own stages hold one reading."""
+    from lab.study import summarize
+
+    def method(label, variant, ppl, hits):
+        return {"label": label, "pe": "nope", "trained_pe": "nope", "variant": variant, "train_len": 512,
+                "perplexity": [{"length": n, "perplexity": p, "loss": 1.0, "tokens": 10, "windows": 1,
+                                "rope_scale": 1.0, "seconds": 0.1, "buckets": [n]} for n, p in ((1024, ppl), (512, 8.0))],
+                "passkey": {"correct": [[hits]]}, "tasks": {"single-key": {"correct": [[hits]]}}}
+
+    results = {"methods": [method("NoPE", None, 9.0, 3), method("NoPE + t", "query temperature 512", 7.5, 5)],
+               "runs": ["r"], "split": "test", "stride": 256, "max_tokens": 100, "hardware": "cpu", "date": "d"}
+    (tmp_path / "results.json").write_text(json.dumps(results))
+    stage = summarize._evaluation_summary(tmp_path, None, passkey=False, temperature=True)
+    assert [r["perplexity"] for r in stage["perplexity"]] == [8.0, 7.5]
+    assert stage["without_temperature"]["label"] == "NoPE"
+    assert [r["perplexity"] for r in stage["without_temperature"]["perplexity"]] == [8.0, 9.0]
+    assert stage["without_temperature"]["position_loss_longest"] == [1024]
+    retrieval = summarize._evaluation_summary(tmp_path, None, passkey=True, temperature=True)
+    assert retrieval["passkey"]["correct"] == [[5]] and retrieval["tasks"]["single-key"]["correct"] == [[5]]
+    assert retrieval["without_temperature"]["passkey"]["correct"] == [[3]]
+    assert retrieval["without_temperature"]["tasks"]["single-key"]["correct"] == [[3]]
+    assert "without_temperature" not in summarize._evaluation_summary(tmp_path, None, passkey=False)
+
+
 def test_a_tapa_only_lever_with_a_ratio_pairs_with_nope_at_that_ratio():
     """theta is TAPA's own, so theta75-llg is read against NoPE globals at the LLG ratio (not the
     NoPE base), and theta75 alone against the NoPE base."""
@@ -480,6 +507,13 @@ def test_tiny_screen_end_to_end(tmp_path, capsys):
         assert tempered["results"][stage]["label"].endswith("+ query temperature 32"), stage
         assert "query temperature" not in plain["results"][stage]["label"]
     assert tempered["results"]["eval1"]["perplexity"][-1] != plain["results"]["eval1"]["perplexity"][-1]
+    # the same run read without the temperature is the base arm's reading (one call: shared runs)
+    def read(rows):
+        return [(r["length"], r["perplexity"]) for r in rows]
+    for stage in ("eval0", "eval1", "domain1"):
+        assert read(tempered["results"][stage]["without_temperature"]["perplexity"]) == read(
+            plain["results"][stage]["perplexity"]), stage
+    assert tempered["results"]["passkey"]["without_temperature"]["passkey"] == plain["results"]["passkey"]["passkey"]
     written = screen.screen([out], tmp_path / "agg", "cmd")
     assert {p.name for p in written} == set(screen.OUTPUTS)
     text = (tmp_path / "agg" / "screen.md").read_text()
