@@ -194,7 +194,7 @@ def test_readme_answer_table_matches_the_study_results():
 def test_readme_answer_bullets_match_the_study_results():
     """The 91M bullets under the answer table: NoPE's lead on the means at 512 and 16k, where the
     seeds overlap, single-key beyond the window at 4k, the same-day RoPE + YaRN ratios and
-    retrieval, and the caption's move of RoPE + YaRN between the two dates."""
+    retrieval, and the caption's moves of RoPE + YaRN and the NoPE base between the two dates."""
     text = _prose(_headline())
     tapa, _ = _answer_sources("globals", "hybrid-tapa-temp@768")
     nope, _ = _answer_sources("globals", "hybrid-nope-temp@768")
@@ -223,6 +223,13 @@ def test_readme_answer_bullets_match_the_study_results():
     moved = _match(r"RoPE \+ YaRN's seed 0 run again \(row 4\) is (\d\.\d)-(\d\.\d)% lower than on 12-02", text)
     assert all(d > 0 for d in drops) and len(drops) == 6, drops
     assert _close_to_shown(min(drops), moved.group(1)) and _close_to_shown(max(drops), moved.group(2)), drops
+    # and the NoPE base's seed 0, run again under the confirmation, against its 2026-12-02 run
+    base = _confirmation_perplexity("hybrid-nope@768")
+    earlier = next(r for r in csv.DictReader(open(STUDY / "scale-768" / "jobs.csv")) if r["job"] == "hybrid-nope:0.001:0")
+    moves = [abs(base[length][0] / float(earlier[f"cont_ppl_{length}"]) - 1) for length in sorted(base)]
+    within = _match(r"the NoPE base's, within (\d\.\d)%", text)
+    assert len(moves) == 6 and all(len(base[length]) == 1 for length in base), base
+    assert _close_to_shown(100 * max(moves), within.group(1)), moves
     single_rope = _match(r"fewer single keys past 256 tokens \((\d+) against (\d+)% at 4k\)", text)
     for arm, shown in zip(("rope-yarn@768", "hybrid-nope-temp@768"), single_rope.groups()):
         assert _close_to_shown(statistics.mean(_confirmation(arm, "single-key", 4096, "far_accuracy")), shown), (arm, shown)
