@@ -113,6 +113,12 @@ def base_of(arm: str) -> str | None:
     return base if arm != base else None
 
 
+def plain_of(arm: str) -> str:
+    """The arm an eval-time lever's arm is read against within its own run: ARM-plain (same tag)."""
+    name, tag = _split_tag(arm)
+    return name + PLAIN + tag
+
+
 def _label(job: dict) -> str:
     return job["label"] + PROTOCOL_LABELS.get(PROTOCOL_TAGS.get(job["protocol"]["name"]), "")
 
@@ -123,6 +129,29 @@ def screen_jobs(paths) -> list[dict]:
     if not jobs:
         raise ValueError(f"no jobs of the screen protocols ({', '.join(PROTOCOL_TAGS)}) in the inputs")
     return jobs
+
+
+PLAIN = "-plain"  # an eval-time lever's job read without it: its own arm, "ARM-plain"
+
+
+def plain_twins(jobs: list[dict]) -> list[dict]:
+    """For each job of an eval-time temperature arm whose stages kept the same model read without
+    it (`without_temperature`, since 2026-12-06), a job of arm ARM-plain with those readings: the
+    lever's effect within one run. Its base arm's own run is another numeric draw where training
+    does not repeat to the digit (NoPE's 30M seed 0 rerun read 5.5% higher at 16k zero-shot)."""
+    twins = []
+    for job in jobs:
+        stages = {stage: {**result, **result["without_temperature"]}
+                  for stage, result in job["results"].items()
+                  if isinstance(result, dict) and "without_temperature" in result}
+        if job.get("eval_temperature") and stages:
+            for result in stages.values():
+                del result["without_temperature"]
+            twins.append({**job, "arm": job["arm"] + PLAIN, "eval_temperature": None,
+                          "label": job["label"] + ", read without the temperature",
+                          "results": {**{k: v for k, v in job["results"].items() if k in ("pretrain", "continual")},
+                                      **stages}})
+    return twins
 
 
 def perplexity_rows(jobs: list[dict]) -> list[dict]:
@@ -274,7 +303,9 @@ def _comparison(ppl: list[dict], retrieval: list[dict], pairs: list[tuple[str, s
 
 def lever_table(ppl: list[dict], retrieval: list[dict]) -> str:
     """Each lever's change against its kind's base arm at the lengths that decide the question."""
-    pairs = [(arm, base_of(arm)) for arm in _arms(ppl + retrieval) if base_of(arm) is not None]
+    arms = _arms(ppl + retrieval)
+    pairs = [(arm, twin if (twin := plain_of(arm)) in arms else base_of(arm))
+             for arm in arms if base_of(arm) is not None]
     return _comparison(ppl, retrieval, pairs, "Change against the base arm of the same global kind",
                        "base")
 
@@ -845,8 +876,9 @@ def screen(paths, out_dir: str | Path, command: str, arms: list[str] | None = No
             raise ValueError(f"no job of the seeds {seeds} in the inputs")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    ppl = perplexity_rows(jobs)
-    retrieval, cells = retrieval_rows(jobs)
+    readings = jobs + plain_twins(jobs)  # the tables' rows; the progress table reads the jobs
+    ppl = perplexity_rows(readings)
+    retrieval, cells = retrieval_rows(readings)
     written = []
     for name, rows in (("perplexity.csv", ppl), ("retrieval.csv", retrieval),
                        ("retrieval_cells.csv", cells)):

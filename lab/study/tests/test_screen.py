@@ -518,7 +518,10 @@ def test_tiny_screen_end_to_end(tmp_path, capsys):
     assert {p.name for p in written} == set(screen.OUTPUTS)
     text = (tmp_path / "agg" / "screen.md").read_text()
     assert "| retrofit-tapa | hybrid-tapa |" in text
-    assert "| hybrid-nope-evaltemp | hybrid-nope |" in text
+    # the eval-time lever against the same run read without it; in one call that run is the base's
+    assert "| hybrid-nope-evaltemp | hybrid-nope-evaltemp-plain |" in text
+    twin = next(line for line in text.splitlines() if line.startswith("| hybrid-nope-evaltemp-plain | hybrid-nope |"))
+    assert all(cell.strip() in ("+0.0%", "+0") for cell in twin.strip("|").split("|")[3:]), twin
     # the theory stage's logit moments of each pretraining's global layer, under the arm that owns
     # the pretraining run (the retrofit and the eval-only temperature have none of their own)
     theory = next(part for part in text.split("\n\n") if part.startswith("| arm | seed | layer |"))
@@ -760,3 +763,30 @@ def test_theory_table_keeps_the_same_arm_under_two_protocols_apart(tmp_path):
     assert set(rows) == {"hybrid-tapa-temp", "hybrid-tapa-temp, 91M (scale-768)"}
     assert rows["hybrid-tapa-temp"].endswith("| -50% |")
     assert rows["hybrid-tapa-temp, 91M (scale-768)"].endswith("| -10% |")
+
+
+def test_an_evaltemp_arm_is_read_against_its_own_run_without_the_temperature(tmp_path):
+    """An eval-time temperature job that kept its plain readings is set against them (arm
+    ARM-plain), not against the base arm's separate run; that twin is set against the base (the
+    two runs' numeric draw), and a job without plain readings still falls back to the base."""
+    full, half = [[10, 10], [10, 10]], [[5, 5], [5, 5]]
+    base = screen_job("hybrid-nope", 0, [10.0, 20.0], [30.0, 40.0], {"single-key": half})
+    tempered = screen_job("hybrid-nope-evaltemp", 0, [9.0, 15.0], [27.0, 30.0], {"single-key": full})
+    plain = screen_job("hybrid-nope-evaltemp", 0, [10.0, 25.0], [30.0, 50.0], {"single-key": half})
+    tempered["eval_temperature"] = True
+    for stage in ("eval1", "domain1", "passkey"):
+        tempered["results"][stage]["without_temperature"] = {"label": "plain", **plain["results"][stage]}
+    older = screen_job("hybrid-tapa-evaltemp", 0, [9.0, 18.0], [27.0, 36.0], {"single-key": full})
+    older["eval_temperature"] = True
+    text = screen_text(tmp_path, [base, tempered, older,
+                                  screen_job("hybrid-tapa", 0, [10.0, 20.0], [30.0, 40.0], {"single-key": half})])
+    levers = next(part for part in text.split("\n\n") if part.startswith("| arm | base |"))
+    rows = {line.split(" | ")[0].strip("| "): line for line in levers.splitlines()[2:]}
+    # against its own plain reading: 9/10 and 15/25 - 1 on the test split, 27/30 and 30/50 on the
+    # domain; single-key 100 - 50 = +50 points
+    assert "| hybrid-nope-evaltemp-plain | 0 | -10.0% | -40.0% | -10.0% | -40.0% | +50 | +50 |" in rows["hybrid-nope-evaltemp"]
+    assert "| hybrid-nope | 0 | +0.0% | +25.0% | +0.0% | +25.0% | +0 | +0 |" in rows["hybrid-nope-evaltemp-plain"]
+    assert "| hybrid-tapa | 0 | -10.0% | -10.0% | -10.0% | -10.0% | +50 | +50 |" in rows["hybrid-tapa-evaltemp"]
+    csv_rows = list(csv.DictReader(open(tmp_path / "out" / "perplexity.csv")))
+    assert {r["label"] for r in csv_rows if r["arm"] == "hybrid-nope-evaltemp-plain"} == {
+        "hybrid-nope-evaltemp, read without the temperature"}
