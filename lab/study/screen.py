@@ -72,6 +72,7 @@ PROTOCOL_LABELS = {"@c4096": ", continual at 4096", "@cl20": ", continual stage 
 STAGES = {"eval0": ("zero-shot", "test"), "eval1": ("continual", "test"),
           "domain0": ("zero-shot", "domain"), "domain1": ("continual", "domain")}
 BASES = {"tapa": "hybrid-tapa", "nope": "hybrid-nope"}  # each global kind's base arm
+PLAIN = "-plain"  # an eval-time lever's job read without it: its own arm, "ARM-plain"
 OUTPUTS = ("perplexity.csv", "retrieval.csv", "retrieval_cells.csv", "screen.md",
            "perplexity.png", "retrieval.png", "retrieval_heatmap.png", "tradeoff.png")
 
@@ -129,9 +130,6 @@ def screen_jobs(paths) -> list[dict]:
     if not jobs:
         raise ValueError(f"no jobs of the screen protocols ({', '.join(PROTOCOL_TAGS)}) in the inputs")
     return jobs
-
-
-PLAIN = "-plain"  # an eval-time lever's job read without it: its own arm, "ARM-plain"
 
 
 def plain_twins(jobs: list[dict]) -> list[dict]:
@@ -306,7 +304,8 @@ def lever_table(ppl: list[dict], retrieval: list[dict]) -> str:
     arms = _arms(ppl + retrieval)
     pairs = [(arm, twin if (twin := plain_of(arm)) in arms else base_of(arm))
              for arm in arms if base_of(arm) is not None]
-    return _comparison(ppl, retrieval, pairs, "Change against the base arm of the same global kind",
+    return _comparison(ppl, retrieval, pairs, "Change against the base arm of the same global kind "
+                       "(an eval-time lever's job that kept its plain reading: against that, ARM-plain)",
                        "base")
 
 
