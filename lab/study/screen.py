@@ -304,8 +304,9 @@ def lever_table(ppl: list[dict], retrieval: list[dict]) -> str:
     arms = _arms(ppl + retrieval)
     pairs = [(arm, twin if (twin := plain_of(arm)) in arms else base_of(arm))
              for arm in arms if base_of(arm) is not None]
-    return _comparison(ppl, retrieval, pairs, "Change against the base arm of the same global kind "
-                       "(an eval-time lever's job that kept its plain reading: against that, ARM-plain)",
+    return _comparison(ppl, retrieval, pairs, "Change against the base arm of the same global kind, or "
+                       "against the same run read without the lever (ARM-plain) where an eval-time "
+                       "lever's job kept that reading",
                        "base")
 
 
