@@ -98,8 +98,8 @@ def _pick_method(results: dict, pe: str | None, temperature: bool = False) -> di
 def _evaluation_summary(out_dir: Path, pe: str | None, passkey: bool, temperature: bool = False) -> dict:
     """One evaluation stage's entry of the job JSON. With `temperature`, also the same model read
     without it (`without_temperature`): the lever's effect within one run, which a separate run of
-    the base arm does not give where training is not repeatable to the digit (NoPE's and RoPE's
-    SDPA attention: a rerun of one seed moved NoPE's 30M zero-shot 16k perplexity by 5.5%)."""
+    the base arm does not give where training is not repeatable to the digit (NoPE's, whose global
+    layers attend through SDPA: a rerun of one seed moved its 30M zero-shot 16k perplexity 5.5%)."""
     results = read_json(out_dir / "results.json")
     method = _pick_method(results, pe, temperature)
     summary = {"label": method["label"], "pe": method["pe"], "trained_pe": method["trained_pe"],
