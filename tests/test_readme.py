@@ -162,6 +162,14 @@ def _confirmation(arm: str, task: str, length: int, column: str) -> list[float]:
     return values
 
 
+def _scale_step_run(job: str) -> dict:
+    """length -> the test perplexity after the continual stage of one job of the 2026-12-02 scale
+    step (results/toy-study/scale-768/jobs.csv), e.g. 'rope-yarn:0.001:0'."""
+    row = next(r for r in csv.DictReader(open(STUDY / "scale-768" / "jobs.csv")) if r["job"] == job)
+    return {int(key.rsplit("_", 1)[1]): float(value) for key, value in row.items()
+            if key.startswith("cont_ppl_") and value}
+
+
 def test_readme_answer_table_matches_the_study_results():
     """The headline's first table (the globals study's answer at 91M) is the aggregated files': every
     row's seed count, perplexity mean and spread at each length (a one-seed row shows no spread),
@@ -218,15 +226,15 @@ def test_readme_answer_bullets_match_the_study_results():
     for arm, shown in zip(("rope-yarn@768", "hybrid-nope-temp@768"), passkey.groups()):
         assert _close_to_shown(statistics.mean(_confirmation(arm, "passkey", 8192, "accuracy")), shown), (arm, shown)
     # the caption: RoPE + YaRN's seed 0 under the confirmation against its 2026-12-02 run
-    earlier = next(r for r in csv.DictReader(open(STUDY / "scale-768" / "jobs.csv")) if r["job"] == "rope-yarn:0.001:0")
-    drops = [100 * (1 - rope[length][1] / float(earlier[f"cont_ppl_{length}"])) for length in sorted(rope)]
+    earlier = _scale_step_run("rope-yarn:0.001:0")
+    drops = [100 * (1 - rope[length][1] / earlier[length]) for length in sorted(rope)]
     moved = _match(r"RoPE \+ YaRN's seed 0 run again \(row 4\) is (\d\.\d)-(\d\.\d)% lower than on 12-02", text)
     assert all(d > 0 for d in drops) and len(drops) == 6, drops
     assert _close_to_shown(min(drops), moved.group(1)) and _close_to_shown(max(drops), moved.group(2)), drops
     # and the NoPE base's seed 0, run again under the confirmation, against its 2026-12-02 run
     base = _confirmation_perplexity("hybrid-nope@768")
-    earlier = next(r for r in csv.DictReader(open(STUDY / "scale-768" / "jobs.csv")) if r["job"] == "hybrid-nope:0.001:0")
-    moves = [abs(base[length][0] / float(earlier[f"cont_ppl_{length}"]) - 1) for length in sorted(base)]
+    earlier = _scale_step_run("hybrid-nope:0.001:0")
+    moves = [abs(base[length][0] / earlier[length] - 1) for length in sorted(base)]
     within = _match(r"the NoPE base's, within (\d\.\d)%", text)
     assert len(moves) == 6 and all(len(base[length]) == 1 for length in base), base
     assert _close_to_shown(100 * max(moves), within.group(1)), moves

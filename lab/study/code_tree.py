@@ -35,7 +35,6 @@ def tree_id(folder: Path) -> str | None:
 def _tree(folder: Path) -> bytes | None:
     entries = []
     for entry in os.scandir(folder):
-        info = entry.stat(follow_symlinks=False)
         if entry.is_dir(follow_symlinks=False):
             if entry.name in SKIPPED_DIRS:
                 continue
@@ -45,7 +44,7 @@ def _tree(folder: Path) -> bytes | None:
         elif entry.is_symlink():
             entries.append((entry.name, b"120000", entry.name, _object(b"blob", os.fsencode(os.readlink(entry.path)))))
         elif not entry.name.endswith(SKIPPED_SUFFIXES):
-            mode = b"100755" if info.st_mode & stat.S_IXUSR else b"100644"
+            mode = b"100755" if entry.stat(follow_symlinks=False).st_mode & stat.S_IXUSR else b"100644"
             entries.append((entry.name, mode, entry.name, _object(b"blob", Path(entry.path).read_bytes())))
     if not entries:
         return None
