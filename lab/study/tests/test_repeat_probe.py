@@ -1,0 +1,64 @@
+"""lab/study/repeat_probe.py: gpu_repeat_probe.sh's arm flags and its comparison of two runs."""
+
+import json
+import math
+
+import pytest
+
+from lab.study.repeat_probe import arm_flags, compare_curves, main, summary_row
+
+
+def _run(tmp_path, name, losses):
+    run = tmp_path / name
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("".join(
+        json.dumps({"step": 10 * (i + 1), "loss": loss, "tokens_per_s": 1000.0 * (i + 1)}) + "\n"
+        for i, loss in enumerate(losses)))
+    return run
+
+
+def test_compare_curves_finds_the_first_differing_step_and_the_largest_difference():
+    first = [{"step": 10, "loss": 5.0}, {"step": 20, "loss": 4.0}, {"step": 30, "loss": 3.0}]
+    second = [{"step": 10, "loss": 5.0}, {"step": 20, "loss": 4.25}, {"step": 30, "loss": 2.5}]
+    assert compare_curves(first, second) == {"logged": 3, "first_differing_step": 20,
+                                             "max_abs_difference": 0.5}
+    same = compare_curves(first, [dict(row) for row in first])
+    assert same["first_differing_step"] is None and same["max_abs_difference"] == 0.0
+
+
+def test_compare_curves_pairs_rows_by_step_not_by_position():
+    # a validation row without a loss, or a step one run logged and the other did not, must not
+    # shift the pairing
+    first = [{"step": 10, "loss": 5.0}, {"step": 15, "val_loss": 4.9}, {"step": 20, "loss": 4.0}]
+    second = [{"step": 10, "loss": 5.0}, {"step": 20, "loss": 4.0}, {"step": 30, "loss": 3.0}]
+    assert compare_curves(first, second) == {"logged": 2, "first_differing_step": None,
+                                             "max_abs_difference": 0.0}
+
+
+def test_summary_row_reads_two_run_directories(tmp_path):
+    a = _run(tmp_path, "a", [5.0, 4.0, 3.0])
+    b = _run(tmp_path, "b", [5.0, 4.0, 3.5])
+    row = summary_row("hybrid-nope", "default", [a, b])
+    assert row.startswith("| hybrid-nope | default | 3 | 30 | 0.5 |")
+    assert "none (bitwise equal)" in summary_row("rope", "default", [a, a])
+
+
+def test_summary_row_says_when_a_run_left_no_losses(tmp_path):
+    # a failed run (no metrics.jsonl) is not "bitwise equal"
+    a = _run(tmp_path, "a", [5.0, 4.0])
+    row = summary_row("hybrid-tapa", "default", [a, tmp_path / "missing"])
+    assert "bitwise" not in row and "no losses to compare" in row
+
+
+def test_arm_flags_are_the_study_runners_and_unknown_arms_are_refused(capsys):
+    flags = arm_flags("hybrid-tapa", 0.001)
+    assert flags[:2] == ["--pe", "tapa"] and "LLLG" in flags and flags[-2:] == ["--lr", "0.001"]
+    # placeholders are filled from the protocol (the temperature's base is its training length)
+    temp = arm_flags("hybrid-nope-temp", 0.001)
+    assert temp[temp.index("--query-temperature-base") + 1] == "512"
+    with pytest.raises(ValueError, match="unknown arm 'hybrid-nop'"):
+        arm_flags("hybrid-nop", 0.001)
+    with pytest.raises(SystemExit):
+        main(["flags", "hybrid-nop", "0.001"])
+    assert "unknown arm" in capsys.readouterr().err
+    assert not math.isnan(float(arm_flags("rope", 2e-3)[-1]))
