@@ -26,11 +26,13 @@ def arm_flags(arm: str, lr: float, protocol: str = "toy-gpu") -> list[str]:
 
 def compare_curves(first: list[dict], second: list[dict]) -> dict:
     """Two runs' logged losses step by step: how many steps both logged, the first step whose losses
-    differ (None: bitwise equal), and the largest absolute difference."""
+    differ (None: bitwise equal over the steps both logged), the largest absolute difference, and how
+many steps each logged (a run cut short compares only the steps it reached)."""
     second_by_step = {row["step"]: row["loss"] for row in second if "loss" in row}
     pairs = [(row["step"], row["loss"], second_by_step[row["step"]])
              for row in first if "loss" in row and row["step"] in second_by_step]
     return {"logged": len(pairs),
+            "logged_each": (sum("loss" in row for row in first), len(second_by_step)),
             "first_differing_step": next((step for step, a, b in pairs if a != b), None),
             "max_abs_difference": max((abs(a - b) for _, a, b in pairs), default=math.nan)}
 
@@ -50,6 +52,8 @@ def summary_row(name: str, mode: str, runs: list[Path]) -> str:
         verdict = "no losses to compare (a run failed: its log says why)"
     else:
         verdict = "none (bitwise equal)" if step is None else str(step)
+        if len(set(result["logged_each"])) > 1:
+            verdict += " (the runs logged {} and {} steps: one stopped early)".format(*result["logged_each"])
     return (f"| {name} | {mode} | {result['logged']} | {verdict} | {result['max_abs_difference']:.3g} | "
             + " / ".join(f"{_steady_rate(c) / 1e3:.0f}k" for c in curves) + " |")
 

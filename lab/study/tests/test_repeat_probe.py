@@ -1,7 +1,6 @@
 """lab/study/repeat_probe.py: gpu_repeat_probe.sh's arm flags and its comparison of two runs."""
 
 import json
-import math
 
 import pytest
 
@@ -20,8 +19,8 @@ def _run(tmp_path, name, losses):
 def test_compare_curves_finds_the_first_differing_step_and_the_largest_difference():
     first = [{"step": 10, "loss": 5.0}, {"step": 20, "loss": 4.0}, {"step": 30, "loss": 3.0}]
     second = [{"step": 10, "loss": 5.0}, {"step": 20, "loss": 4.25}, {"step": 30, "loss": 2.5}]
-    assert compare_curves(first, second) == {"logged": 3, "first_differing_step": 20,
-                                             "max_abs_difference": 0.5}
+    assert compare_curves(first, second) == {"logged": 3, "logged_each": (3, 3),
+                                             "first_differing_step": 20, "max_abs_difference": 0.5}
     same = compare_curves(first, [dict(row) for row in first])
     assert same["first_differing_step"] is None and same["max_abs_difference"] == 0.0
 
@@ -31,8 +30,8 @@ def test_compare_curves_pairs_rows_by_step_not_by_position():
     # shift the pairing
     first = [{"step": 10, "loss": 5.0}, {"step": 15, "val_loss": 4.9}, {"step": 20, "loss": 4.0}]
     second = [{"step": 10, "loss": 5.0}, {"step": 20, "loss": 4.0}, {"step": 30, "loss": 3.0}]
-    assert compare_curves(first, second) == {"logged": 2, "first_differing_step": None,
-                                             "max_abs_difference": 0.0}
+    assert compare_curves(first, second) == {"logged": 2, "logged_each": (2, 3),
+                                             "first_differing_step": None, "max_abs_difference": 0.0}
 
 
 def test_summary_row_reads_two_run_directories(tmp_path):
@@ -48,6 +47,10 @@ def test_summary_row_says_when_a_run_left_no_losses(tmp_path):
     a = _run(tmp_path, "a", [5.0, 4.0])
     row = summary_row("hybrid-tapa", "default", [a, tmp_path / "missing"])
     assert "bitwise" not in row and "no losses to compare" in row
+    # a run cut short compares equal over the steps it reached, and the row says it stopped early
+    short = _run(tmp_path, "short", [5.0, 4.0])
+    long = _run(tmp_path, "long", [5.0, 4.0, 3.0])
+    assert "logged 2 and 3 steps: one stopped early" in summary_row("rope", "default", [short, long])
 
 
 def test_arm_flags_are_the_study_runners_and_unknown_arms_are_refused(capsys):
@@ -61,4 +64,4 @@ def test_arm_flags_are_the_study_runners_and_unknown_arms_are_refused(capsys):
     with pytest.raises(SystemExit):
         main(["flags", "hybrid-nop", "0.001"])
     assert "unknown arm" in capsys.readouterr().err
-    assert not math.isnan(float(arm_flags("rope", 2e-3)[-1]))
+    assert arm_flags("rope", 2e-3) == ["--pe", "rope", "--lr", "0.002"]
