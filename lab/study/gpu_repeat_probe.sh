@@ -13,9 +13,9 @@
 #   short (estimated 4 minutes, not yet timed: 150 steps at the toy's ~15 steps/s, the rest start-up and
 #   compilation; it fits what is left after a study job):
 #     STEPS=150 DATA="--max-train-bytes 20000000 --tokenizer-train-bytes 5000000" bash lab/study/gpu_repeat_probe.sh
-# A CPU dry run (EXTRA: more `tapa train` flags, here the tiny study protocol's 4 layers, which the
-# hybrids' LLLG needs):
-#   RECIPE=tiny STEPS=20 DATA="--max-train-bytes 2000000" EXTRA="--n-layers 4" bash lab/study/gpu_repeat_probe.sh
+# PROTOCOL (default toy-gpu) gives the recipe, the corpus and the model; RECIPE and DATA replace the
+# first two. A CPU dry run on the tiny study protocol:
+#   PROTOCOL=tiny-cpu STEPS=20 bash lab/study/gpu_repeat_probe.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export PYTHONPATH=$PWD/src:$PWD PYTHONUNBUFFERED=1 MPLBACKEND=Agg TAPA_CACHE=/tmp/study/cache
@@ -23,19 +23,20 @@ OUT=${OUT:-/tmp/repeat_probe_out}
 RUNS=/tmp/repeat_probe
 LOGS=$RUNS/logs  # tarred into $OUT at the end (the device tool brings back 8 files)
 rm -rf "$RUNS" && mkdir -p "$OUT" "$LOGS"
-data=${DATA:-$(python3 -c 'from lab.study.arms import TOY_GPU; print(" ".join(TOY_GPU.data))')}
-recipe=${RECIPE:-toy-gpu} steps=${STEPS:-300} more=${EXTRA:-}
+protocol=${PROTOCOL:-toy-gpu} steps=${STEPS:-300}
+field() { python3 -c 'import sys; from lab.study.arms import PROTOCOLS; value = getattr(PROTOCOLS[sys.argv[1]], sys.argv[2]); print(value if isinstance(value, str) else " ".join(value))' "$protocol" "$1"; }
+data=${DATA:-$(field data)} recipe=${RECIPE:-$(field recipe)}
 arms=${ARMS:-hybrid-nope hybrid-tapa rope} modes=${MODES:-default} lr=${LR:-1e-3}
 echo "| arm | mode | logged steps | first differing step | max abs loss difference | steady tokens/s |" > "$OUT/summary.md"
 echo "|---|---|---|---|---|---|" >> "$OUT/summary.md"
 for name in $arms; do
-    flags=$(python3 -m lab.study.repeat_probe flags "$name" "$lr") || exit 2
+    flags=$(python3 -m lab.study.repeat_probe flags "$name" "$lr" --protocol "$protocol") || exit 2
     for mode in $modes; do
         extra=$([ "$mode" = deterministic ] && echo --deterministic)
         for copy in 1 2; do
             run="$RUNS/$name-$mode-$copy"
             # shellcheck disable=SC2086
-            python3 -m tapa.cli train --recipe "$recipe" $data --cache-dir /tmp/study/cache/data $flags $more $extra \
+            python3 -m tapa.cli train --recipe "$recipe" $data --cache-dir /tmp/study/cache/data $flags $extra \
                 --seed 4 --steps "$steps" --warmup-steps 20 --eval-every 0 --save-every 0 --log-every 10 \
                 --no-progress --no-plot --run-dir "$run" > "$LOGS/$name-$mode-$copy.log" 2>&1
             echo "$name $mode copy $copy: rc $? ($(tail -n 1 "$LOGS/$name-$mode-$copy.log"))"

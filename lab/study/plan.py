@@ -187,7 +187,7 @@ def build_groups(jobs: list[Job], protocol: Protocol, stages, root: Path,
         lr, seed, arm0 = first.lr, first.seed, ARMS[first.arm]
         base = root / "runs" / group.id
         train_common = ["train", "--recipe", protocol.recipe, *protocol.data, "--cache-dir", cache_dir,
-                        *protocol.model, *_fill(arm0.pretrain, protocol), "--lr", f"{lr:g}", "--seed", str(seed),
+                        *pretrain_flags(arm0, protocol, lr), "--seed", str(seed),
                         "--device", protocol.device, "--no-progress", "--name", group.id]
         windows = ["--lengths", _csv(protocol.eval_lengths), "--stride", str(protocol.eval_stride),
                    "--max-tokens", str(protocol.eval_tokens)]
@@ -292,6 +292,12 @@ def _fill(flags, protocol: Protocol) -> list[str]:
         values[f"{tag}_pattern"] = pattern = ratio_pattern(values["n_layers"], every)
         values[f"{tag}_globals"] = pattern.count("G")
     return [flag.format(**values) for flag in flags]
+
+
+def pretrain_flags(arm: Arm, protocol: Protocol, lr: float) -> list[str]:
+    """The `tapa train` flags of the arm's pretraining under the protocol: its model, the arm's
+    flags (filled per protocol) and the lr."""
+    return [*protocol.model, *_fill(arm.pretrain, protocol), "--lr", f"{lr:g}"]
 
 
 def arm_label(arm: Arm, protocol: Protocol) -> str:

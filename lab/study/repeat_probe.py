@@ -13,15 +13,16 @@ import sys
 from pathlib import Path
 
 from lab.study.arms import ARMS, PROTOCOLS
-from lab.study.plan import _fill
+from lab.study.plan import pretrain_flags
 from tapa.train.rundir import read_metrics
 
 
 def arm_flags(arm: str, lr: float, protocol: str = "toy-gpu") -> list[str]:
-    """The arm's pretraining flags as the study's runner gives them under `protocol`, and its lr."""
+    """The arm's pretraining flags and lr as the study's runner gives them under `protocol` (its
+    model and the arm's flags)."""
     if arm not in ARMS:
         raise ValueError(f"unknown arm {arm!r}; the study's arms: {', '.join(sorted(ARMS))}")
-    return [*_fill(ARMS[arm].pretrain, PROTOCOLS[protocol]), "--lr", f"{lr:g}"]
+    return pretrain_flags(ARMS[arm], PROTOCOLS[protocol], lr)
 
 
 def compare_curves(first: list[dict], second: list[dict]) -> dict:

@@ -65,3 +65,6 @@ def test_arm_flags_are_the_study_runners_and_unknown_arms_are_refused(capsys):
         main(["flags", "hybrid-nop", "0.001"])
     assert "unknown arm" in capsys.readouterr().err
     assert arm_flags("rope", 2e-3) == ["--pe", "rope", "--lr", "0.002"]
+    # the protocol's model comes first, as in the runner's pretraining command (the tiny protocol's
+    # 4 layers, which the hybrids' LLLG needs)
+    assert arm_flags("hybrid-nope", 1e-3, "tiny-cpu")[:6] == ["--dim", "32", "--n-layers", "4", "--n-heads", "2"]
