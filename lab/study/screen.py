@@ -15,7 +15,10 @@ stage 20% of pretraining") and writes to --out:
     retrieval_cells.csv   the same per depth (correct of trials; the arm's label is in retrieval.csv)
     screen.md             issue 37's goal, criterion by criterion, for each TAPA/NoPE pair with
                           3+ seeds a side (and the best single-key score at 8x the pretraining
-                          length), the progress of the screen and of the confirmation (the
+                          length), the answer at a glance (each arm with 3+ seeds, the bases
+                          and RoPE + YaRN: mean perplexity per length, the seed spread, the
+                          ratio to RoPE + YaRN, retrieval at 8x), the progress of the screen and
+                          of the confirmation (the
                           seeds each planned arm has run and has queued, the queue, the next
                           call), each lever against its global
                           kind's base arm, each TAPA arm against NoPE globals under the same
@@ -502,6 +505,70 @@ def goal_table(ppl: list[dict], retrieval: list[dict], pretrain_len: int | None 
     return "\n".join(lines)
 
 
+SUMMARY_TASKS = ("passkey", "single-key", "multi-key")
+
+
+def summary_table(ppl: list[dict], retrieval: list[dict], pretrain_len: int | None = None) -> str:
+    """The answer at a glance, one row per arm that has GOAL_SEEDS+ seeds, each kind's base and
+    RoPE + YaRN, grouped by scale (the largest first) and sorted by the longest length's test
+    perplexity: the continual stage's test perplexity at each length (the mean over seeds), the
+    seeds' standard deviation and the ratio to RoPE + YaRN of the same scale at the longest length,
+    then each retrieval task at 8x the pretraining length with the needle beyond the local window
+    (% of the trials, the seeds pooled). Empty without RoPE + YaRN or a TAPA arm to read."""
+    test = defaultdict(dict)  # (arm, length) -> {seed: perplexity}
+    for r in ppl:
+        if r["stage"] == "continual" and r["data"] == "test":
+            test[(r["arm"], r["length"])][r["seed"]] = r["perplexity"]
+    if not test:
+        return ""
+    lengths = sorted({n for _, n in test})
+    far = lengths[-1]
+    seeds = defaultdict(set)
+    for (arm, _), by_seed in test.items():
+        seeds[arm] |= set(by_seed)
+    anchors = set(BASES.values()) | {ANCHOR}
+    arms = [a for a in _arms(ppl) if not a.startswith("retrofit-") and not a.endswith(PLAIN)
+            and (len(seeds[a]) >= GOAL_SEEDS or _split_tag(a)[0] in anchors)]
+    if not any(global_kind(a) == "tapa" for a in arms) or not any(
+            _split_tag(a)[0] == ANCHOR for a in arms):
+        return ""
+    mean = lambda values: sum(values) / len(values)
+    target = 8 * pretrain_len if pretrain_len else None
+    counts = {task: pooled(retrieval, task) for task in SUMMARY_TASKS}
+    tasks = [t for t in SUMMARY_TASKS if any(n == target for _, n in counts[t])]
+    lines = ["The answer at a glance: every arm with "
+             f"{GOAL_SEEDS}+ seeds, each kind's base and RoPE + YaRN, after the continual stage, "
+             "by scale and then by test perplexity at the longest length. Perplexity: the test "
+             "split, the mean over the seeds; sd: the seeds' standard deviation"
+             + (f"; retrieval at 8x the pretraining length ({length_label(target)}): % of the "
+                "trials with the needle beyond the local window, the seeds pooled" if tasks else "")
+             + ".", "",
+             "| arm | seeds | " + " | ".join(f"ppl {length_label(n)}" for n in lengths)
+             + f" | sd {length_label(far)} | {length_label(far)} / RoPE + YaRN |"
+             + "".join(f" {t} {length_label(target)} |" for t in tasks),
+             "|---|---|" + "---|" * (len(lengths) + 2 + len(tasks))]
+    scales = sorted({_scale(a) for a in arms}, key=lambda tag: (tag == "", tag))
+    for scale in scales:
+        group = [a for a in arms if _scale(a) == scale and test.get((a, far))]
+        group.sort(key=lambda a: mean(list(test[(a, far)].values())))
+        rope = test.get((ANCHOR + scale, far), {})
+        for arm in group:
+            cells = []
+            for n in lengths:
+                values = list(test.get((arm, n), {}).values())
+                cells.append(f"{mean(values):.2f}" if values else "")
+            values = list(test[(arm, far)].values())
+            sd = (sum((v - mean(values)) ** 2 for v in values) / (len(values) - 1)) ** 0.5 \
+                if len(values) > 1 else None
+            cells.append("" if sd is None else f"{sd:.2f}")
+            cells.append(f"x{mean(values) / mean(list(rope.values())):.3f}" if rope else "")
+            for task in tasks:
+                correct, trials = counts[task].get((arm, target), (0, 0))
+                cells.append(f"{100 * correct / trials:.0f}%" if trials else "")
+            lines.append(f"| {arm} | {len(seeds[arm])} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def progress_table(jobs: list[dict]) -> str:
     """Issue 37's study arm by arm (lab/study/arms.py): the screen (`screen_plan`, `screen_queue`)
     and the confirmation at the scale step (`confirm_plan`, `confirm_queue`), each with the seeds
@@ -898,7 +965,7 @@ def screen(paths, out_dir: str | Path, command: str, arms: list[str] | None = No
                 f"({', '.join(sorted({j['protocol']['name'] for j in jobs}))}); hardware: "
                 f"{'; '.join(hardware) or 'unknown'}; jobs dated {dates[0][:10]} to "
                 f"{dates[-1][:10]}" + (f"; {domain_line}." if domain_line else "."),
-                goal_table(ppl, retrieval, pretrain_len),
+                goal_table(ppl, retrieval, pretrain_len), summary_table(ppl, retrieval, pretrain_len),
                 "" if arms or seeds is not None else progress_table(jobs),  # the whole screen's only
                 lever_table(ppl, retrieval), kind_table(ppl, retrieval), seed_table(ppl, retrieval)]
     sections += [perplexity_table(ppl, s, d) for s in ("continual", "zero-shot") for d in ("test", "domain")]

@@ -790,3 +790,32 @@ def test_an_evaltemp_arm_is_read_against_its_own_run_without_the_temperature(tmp
     csv_rows = list(csv.DictReader(open(tmp_path / "out" / "perplexity.csv")))
     assert {r["label"] for r in csv_rows if r["arm"] == "hybrid-nope-evaltemp-plain"} == {
         "hybrid-nope-evaltemp, read without the temperature"}
+
+
+def test_summary_table_gives_each_arms_means_ratio_to_rope_and_pooled_retrieval(tmp_path):
+    """The glance table: arms with 3 seeds, the bases and RoPE + YaRN, sorted by the longest
+    length's mean perplexity within a scale (91M first); the ratio to RoPE + YaRN of the same
+    scale; retrieval at 8x pretraining pooled over seeds; a one-seed lever is left out."""
+    hits = lambda h: [[h, h], [h, h]]
+    jobs = []
+    for seed in range(3):
+        jobs += [screen_job("hybrid-tapa-temp", seed, [10.0, 18.0 + seed], [30.0, 40.0], {"multi-key": hits(seed)}),
+                 screen_job("hybrid-nope", seed, [10.0, 20.0 + seed], [30.0, 40.0], {"multi-key": hits(9)})]
+    jobs += [screen_job("hybrid-tapa-w64", 0, [10.0, 15.0], [30.0, 40.0], {}),
+             screen_job("rope-yarn", 0, [10.0, 38.0], [30.0, 40.0], {}),
+             screen_job("rope-yarn", 0, [9.0, 30.0], [30.0, 40.0], {}, protocol="scale-768-confirm"),
+             screen_job("hybrid-tapa", 0, [9.0, 15.0], [30.0, 40.0], {}, protocol="scale-768-confirm")]
+    for job in jobs:
+        job["protocol"]["pretrain_len"] = 1024  # so 8x is the grid's 8192
+    text = screen_text(tmp_path, jobs)
+    table = next(part for part in text.split("\n\n") if part.startswith("| arm | seeds | ppl 4k"))
+    rows = [line.split(" | ") for line in table.splitlines()[2:]]
+    assert [r[0].strip("| ") for r in rows] == ["hybrid-tapa@768", "rope-yarn@768", "hybrid-tapa-temp",
+                                                 "hybrid-nope", "rope-yarn"]
+    tapa = rows[2]
+    # 16k: mean 19, sd 1, 19 / 38; multi-key at 8k: (0 + 1 + 2) hits of 10 in a depth cell, the
+    # 1.0 depth beyond the window; pooled 3 of 30
+    assert tapa[1:6] == ["3", "10.00", "19.00", "1.00", "x0.500"]
+    assert rows[3][5] == "x0.553" and rows[0][5] == "x0.500"
+    assert tapa[6].startswith("10%") and rows[3][6].startswith("90%")
+    assert rows[4][6].strip("| ") == ""  # no retrieval run: an empty cell, not 0%
