@@ -247,13 +247,13 @@ def test_plan_shares_runs_and_fills_the_protocol():
 
 def test_a_slower_protocol_scales_every_model_stage_estimate():
     """scale-768's model is slower per token in training and in evaluation alike: its eval,
-    passkey and theory estimates grow by 1 / rate_scale with the training rate (not only the
+    passkey, retrieval-suite and theory estimates grow by 1 / rate_scale with the training rate (not only the
     training stages), so the runner does not start a group whose evaluations cannot fit."""
     _, small, _, _ = run.configure(run.parse_args(["--protocol", "toy-gpu", "--jobs", "rope:0.001:0"]))
     _, big, _, _ = run.configure(run.parse_args(["--protocol", "scale-768", "--jobs", "rope:0.001:0"]))
     scale = arms.SCALE_768.rate_scale
     assert big.tokens_per_s == pytest.approx(small.tokens_per_s * scale)
-    for name in ("eval_s_per_method", "passkey_s_per_method", "theory_s"):
+    for name in ("eval_s_per_method", "passkey_s_per_method", "task_s_per_prompt", "theory_s"):
         assert getattr(big, name) == pytest.approx(getattr(small, name) / scale), name
     assert big.startup_s == small.startup_s and big.data_build_s == small.data_build_s
 
