@@ -528,7 +528,7 @@ def summary_table(ppl: list[dict], retrieval: list[dict], pretrain_len: int | No
         seeds[arm] |= set(by_seed)
     anchors = set(BASES.values()) | {ANCHOR}
     arms = [a for a in _arms(ppl) if not a.startswith("retrofit-") and not a.endswith(PLAIN)
-            and (len(seeds[a]) >= GOAL_SEEDS or _split_tag(a)[0] in anchors)]
+            and (len(seeds[a]) >= GOAL_SEEDS or a in {name + _scale(a) for name in anchors})]
     if not any(global_kind(a) == "tapa" for a in arms) or not any(
             _split_tag(a)[0] == ANCHOR for a in arms):
         return ""

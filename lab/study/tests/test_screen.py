@@ -795,13 +795,15 @@ def test_an_evaltemp_arm_is_read_against_its_own_run_without_the_temperature(tmp
 def test_summary_table_gives_each_arms_means_ratio_to_rope_and_pooled_retrieval(tmp_path):
     """The glance table: arms with 3 seeds, the bases and RoPE + YaRN, sorted by the longest
     length's mean perplexity within a scale (91M first); the ratio to RoPE + YaRN of the same
-    scale; retrieval at 8x pretraining pooled over seeds; a one-seed lever is left out."""
+    scale; retrieval at 8x pretraining pooled over seeds; a one-seed lever is left out, and so is
+    a base arm under a protocol lever (@c4096), which is a lever, not the base."""
     hits = lambda h: [[h, h], [h, h]]
     jobs = []
     for seed in range(3):
         jobs += [screen_job("hybrid-tapa-temp", seed, [10.0, 18.0 + seed], [30.0, 40.0], {"multi-key": hits(seed)}),
                  screen_job("hybrid-nope", seed, [10.0, 20.0 + seed], [30.0, 40.0], {"multi-key": hits(9)})]
     jobs += [screen_job("hybrid-tapa-w64", 0, [10.0, 15.0], [30.0, 40.0], {}),
+             screen_job("hybrid-nope", 0, [10.0, 14.0], [30.0, 40.0], {}, protocol="toy-gpu-c4096"),
              screen_job("rope-yarn", 0, [10.0, 38.0], [30.0, 40.0], {}),
              screen_job("rope-yarn", 0, [9.0, 30.0], [30.0, 40.0], {}, protocol="scale-768-confirm"),
              screen_job("hybrid-tapa", 0, [9.0, 15.0], [30.0, 40.0], {}, protocol="scale-768-confirm")]
