@@ -10,8 +10,8 @@
 # layers and RoPE attend through PyTorch's SDPA, the TAPA hybrid's through the fused kernel, the
 # hybrids' local layers through FlexAttention.
 #   device tool: run(command="bash lab/study/gpu_repeat_probe.sh", timeout_s=600)
-#   short (estimated 4 minutes, not yet timed: 150 steps at the toy's ~15 steps/s, the rest start-up and
-#   compilation; it fits what is left after a study job):
+#   short (270 s on one H100 on 2026-12-07, corpus included; the summary's last line gives the card,
+#   date and seconds; it fits what is left after a study job):
 #     STEPS=150 DATA="--max-train-bytes 20000000 --tokenizer-train-bytes 5000000" bash lab/study/gpu_repeat_probe.sh
 # PROTOCOL (default toy-gpu) gives the recipe, the corpus and the model; RECIPE and DATA replace the
 # first two. A CPU dry run on the tiny study protocol:
@@ -46,4 +46,6 @@ for name in $arms; do
     done
 done
 tar -czf "$OUT/logs.tar.gz" -C "$RUNS" logs
-nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null || echo "no GPU"
+card=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
+printf '\n%s, %s UTC: %s steps a run, %s s for the corpus and the runs.\n' "${card:-no GPU}" \
+    "$(date -u '+%Y-%m-%d %H:%M')" "$steps" "$SECONDS" | tee -a "$OUT/summary.md"
