@@ -447,9 +447,18 @@ class Estimates:
     # tokenizer; since 4d4abf7 the copy is the run's own file and the cache reuses its entry
     convert_s: float = 15.0
 
+    # the evaluation times that run the model: slower by the same factor as its training
+    MODEL_TIMES = ("eval_s_per_method", "passkey_s_per_method", "task_s_per_prompt", "theory_s")
+
     def process_rate(self, concurrent: int) -> float:
         speedup = self.speedup.get(concurrent, max(self.speedup.values()))
         return self.tokens_per_s * speedup / concurrent
+
+    def for_model_rate(self, rate_scale: float) -> Estimates:
+        """These estimates for a model that trains at rate_scale times the toy's tokens/s (a
+        protocol's `rate_scale`): training and every time in MODEL_TIMES scale with it."""
+        return dataclasses.replace(self, tokens_per_s=self.tokens_per_s * rate_scale,
+                                   **{name: getattr(self, name) / rate_scale for name in self.MODEL_TIMES})
 
 
 TINY_ESTIMATES = Estimates(tokens_per_s=5_000.0, speedup={1: 1.0, 2: 1.0}, startup_s=3.0,

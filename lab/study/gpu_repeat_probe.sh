@@ -24,8 +24,8 @@ RUNS=/tmp/repeat_probe
 LOGS=$RUNS/logs  # tarred into $OUT at the end (the device tool brings back 8 files)
 rm -rf "$RUNS" && mkdir -p "$OUT" "$LOGS"
 protocol=${PROTOCOL:-toy-gpu} steps=${STEPS:-300}
-field() { python3 -c 'import sys; from lab.study.arms import PROTOCOLS; value = getattr(PROTOCOLS[sys.argv[1]], sys.argv[2]); print(value if isinstance(value, str) else " ".join(value))' "$protocol" "$1"; }
-data=${DATA:-$(field data)} recipe=${RECIPE:-$(field recipe)}
+data=${DATA:-$(python3 -m lab.study.repeat_probe protocol "$protocol" data)}
+recipe=${RECIPE:-$(python3 -m lab.study.repeat_probe protocol "$protocol" recipe)}
 arms=${ARMS:-hybrid-nope hybrid-tapa rope} modes=${MODES:-default} lr=${LR:-1e-3}
 echo "| arm | mode | logged steps | first differing step | max abs loss difference | steady tokens/s |" > "$OUT/summary.md"
 echo "|---|---|---|---|---|---|" >> "$OUT/summary.md"

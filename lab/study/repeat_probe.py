@@ -2,6 +2,7 @@
 and the comparison of two runs of one command.
 
     python3 -m lab.study.repeat_probe flags ARM LR [--protocol toy-gpu]
+    python3 -m lab.study.repeat_probe protocol NAME FIELD            (recipe, data)
     python3 -m lab.study.repeat_probe compare NAME MODE RUN_DIR_1 RUN_DIR_2
 """
 
@@ -23,6 +24,14 @@ def arm_flags(arm: str, lr: float, protocol: str = "toy-gpu") -> list[str]:
     if arm not in ARMS:
         raise ValueError(f"unknown arm {arm!r}; the study's arms: {', '.join(sorted(ARMS))}")
     return pretrain_flags(ARMS[arm], PROTOCOLS[protocol], lr)
+
+
+def protocol_field(protocol: str, name: str) -> str:
+    """A protocol's `recipe` or `data` as the probe passes it to `tapa train` (data space-separated)."""
+    if name not in ("recipe", "data"):
+        raise ValueError(f"the probe reads a protocol's recipe or data, not {name!r}")
+    value = getattr(PROTOCOLS[protocol], name)
+    return value if isinstance(value, str) else " ".join(value)
 
 
 def compare_curves(first: list[dict], second: list[dict]) -> dict:
@@ -67,6 +76,9 @@ def main(argv=None) -> int:
     flags.add_argument("arm")
     flags.add_argument("lr", type=float)
     flags.add_argument("--protocol", default="toy-gpu", choices=sorted(PROTOCOLS))
+    field = sub.add_parser("protocol", help="a protocol's recipe or data flags")
+    field.add_argument("protocol", choices=sorted(PROTOCOLS))
+    field.add_argument("field", choices=("recipe", "data"))
     compare = sub.add_parser("compare", help="a markdown row comparing two runs' logged losses")
     compare.add_argument("name")
     compare.add_argument("mode")
@@ -77,6 +89,8 @@ def main(argv=None) -> int:
             print(" ".join(arm_flags(args.arm, args.lr, args.protocol)))
         except ValueError as error:
             parser.error(str(error))
+    elif args.command == "protocol":
+        print(protocol_field(args.protocol, args.field))
     else:
         print(summary_row(args.name, args.mode, args.runs))
     return 0

@@ -131,14 +131,11 @@ def configure(args):
     if args.pretrain_steps:
         protocol = dataclasses.replace(protocol, name=f"{protocol.name}-steps{args.pretrain_steps}",
                                        pretrain_steps=args.pretrain_steps)
-    estimates = dataclasses.replace(TINY_ESTIMATES if protocol.device == "cpu" else Estimates())
-    # A bigger model is slower per token in every stage that runs it, evaluations included: the
-    # toy-calibrated eval, passkey, retrieval-suite and theory times scale with it (training
-    # tokens/s by rate_scale). The suite's per-prompt time was left unscaled until 2026-12-07, when
-    # the 91M TAPA base's retrieval stage took 154 s against an estimate of 92 s (now 150 s)
-    estimates.tokens_per_s *= protocol.rate_scale
-    for name in ("eval_s_per_method", "passkey_s_per_method", "task_s_per_prompt", "theory_s"):
-        setattr(estimates, name, getattr(estimates, name) / protocol.rate_scale)
+    # A bigger model is slower per token in every stage that runs it, evaluations included
+    # (Estimates.MODEL_TIMES; the retrieval suite's per-prompt time joined them on 2026-12-07, when
+    # the 91M TAPA base's suite took 154 s against an estimate of 92 s, now 150 s)
+    base = TINY_ESTIMATES if protocol.device == "cpu" else Estimates()
+    estimates = base.for_model_rate(protocol.rate_scale)
     if args.est_tokens_per_s:
         estimates.tokens_per_s = args.est_tokens_per_s
     if args.est_speedup:

@@ -55,6 +55,7 @@ import math
 import tarfile
 from collections import defaultdict
 from pathlib import Path
+from statistics import mean, stdev
 
 from lab.study.aggregate import (_log_length_axes, _panel_grid, _save_panels, load_jobs, save_png, theory_markdown,
                                   theory_rows)
@@ -418,6 +419,15 @@ GOAL_ROPE_MARGIN = 0.01  # within 1% of RoPE + YaRN at every length
 GOAL_SINGLE_KEY = 90.0  # % single-key at 8x the pretraining length, for the best arm
 
 
+def _continual_test(ppl: list[dict]) -> dict:
+    """{(arm, length): {seed: perplexity}} after the continual stage, on the test split."""
+    test = defaultdict(dict)
+    for r in ppl:
+        if r["stage"] == "continual" and r["data"] == "test":
+            test[(r["arm"], r["length"])][r["seed"]] = r["perplexity"]
+    return test
+
+
 def goal_table(ppl: list[dict], retrieval: list[dict], pretrain_len: int | None = None) -> str:
     """The issue's goal, criterion by criterion, for each TAPA arm with 3+ seeds against NoPE
     globals under its lever and against every other NoPE arm of its scale with 3+ seeds (the goal
@@ -435,10 +445,7 @@ def goal_table(ppl: list[dict], retrieval: list[dict], pretrain_len: int | None 
     measures = _measures(ppl, retrieval)
     groups = {"perplexity": [m for m in measures if m.startswith("test ppl")],
               "multi-key": [m for m in measures if m.startswith("multi-key")]}
-    test = defaultdict(dict)  # (arm, length) -> {seed: perplexity}, continual, test split
-    for r in ppl:
-        if r["stage"] == "continual" and r["data"] == "test":
-            test[(r["arm"], r["length"])][r["seed"]] = r["perplexity"]
+    test = _continual_test(ppl)
     lines = [f"Issue 37's goal, for each TAPA arm with {GOAL_SEEDS}+ seeds against each NoPE arm "
              f"with {GOAL_SEEDS}+ seeds (NoPE under the same lever first; the goal asks TAPA to beat "
              "the best NoPE configuration, so an arm meets it only against every one): TAPA better "
@@ -495,17 +502,14 @@ def goal_table(ppl: list[dict], retrieval: list[dict], pretrain_len: int | None 
             if r["task"] == "single-key" and r["length"] == target and r["far_trials"]:
                 scores[r["arm"]].append((100 * r["far_accuracy"], 100 * r["accuracy"]))
         if scores:
-            mean = lambda arm, i: sum(v[i] for v in scores[arm]) / len(scores[arm])
-            best = max(scores, key=lambda arm: mean(arm, 0))
+            average = lambda arm, i: sum(v[i] for v in scores[arm]) / len(scores[arm])
+            best = max(scores, key=lambda arm: average(arm, 0))
             lines += ["", f"Single-key retrieval at 8x the pretraining length ({length_label(target)}): "
-                      f"the best arm, {best}, {mean(best, 0):.0f}% with the needle beyond the local "
-                      f"window ({mean(best, 1):.0f}% over every depth), the mean of "
+                      f"the best arm, {best}, {average(best, 0):.0f}% with the needle beyond the local "
+                      f"window ({average(best, 1):.0f}% over every depth), the mean of "
                       f"{len(scores[best])} seed(s) (goal {GOAL_SINGLE_KEY:.0f}%: "
-                      f"{'met' if mean(best, 0) >= GOAL_SINGLE_KEY else 'not met'})."]
+                      f"{'met' if average(best, 0) >= GOAL_SINGLE_KEY else 'not met'})."]
     return "\n".join(lines)
-
-
-SUMMARY_TASKS = ("passkey", "single-key", "multi-key")
 
 
 def summary_table(ppl: list[dict], retrieval: list[dict], pretrain_len: int | None = None) -> str:
@@ -515,10 +519,7 @@ def summary_table(ppl: list[dict], retrieval: list[dict], pretrain_len: int | No
     seeds' standard deviation and the ratio to RoPE + YaRN of the same scale at the longest length,
     then each retrieval task at 8x the pretraining length with the needle beyond the local window
     (% of the trials, the seeds pooled). Empty without RoPE + YaRN or a TAPA arm to read."""
-    test = defaultdict(dict)  # (arm, length) -> {seed: perplexity}
-    for r in ppl:
-        if r["stage"] == "continual" and r["data"] == "test":
-            test[(r["arm"], r["length"])][r["seed"]] = r["perplexity"]
+    test = _continual_test(ppl)
     if not test:
         return ""
     lengths = sorted({n for _, n in test})
@@ -532,10 +533,9 @@ def summary_table(ppl: list[dict], retrieval: list[dict], pretrain_len: int | No
     if not any(global_kind(a) == "tapa" for a in arms) or not any(
             _split_tag(a)[0] == ANCHOR for a in arms):
         return ""
-    mean = lambda values: sum(values) / len(values)
     target = 8 * pretrain_len if pretrain_len else None
-    counts = {task: pooled(retrieval, task) for task in SUMMARY_TASKS}
-    tasks = [t for t in SUMMARY_TASKS if any(n == target for _, n in counts[t])]
+    counts = {task: pooled(retrieval, task) for task in RETRIEVAL_COLUMNS}
+    tasks = [t for t in RETRIEVAL_COLUMNS if any(n == target for _, n in counts[t])]
     lines = ["The answer at a glance: every arm with "
              f"{GOAL_SEEDS}+ seeds, each kind's base and RoPE + YaRN, after the continual stage, "
              "by scale and then by test perplexity at the longest length. Perplexity: the test "
@@ -550,7 +550,7 @@ def summary_table(ppl: list[dict], retrieval: list[dict], pretrain_len: int | No
     scales = sorted({_scale(a) for a in arms}, key=lambda tag: (tag == "", tag))
     for scale in scales:
         group = [a for a in arms if _scale(a) == scale and test.get((a, far))]
-        group.sort(key=lambda a: mean(list(test[(a, far)].values())))
+        group.sort(key=lambda a: mean(test[(a, far)].values()))
         rope = test.get((ANCHOR + scale, far), {})
         for arm in group:
             cells = []
@@ -558,10 +558,8 @@ def summary_table(ppl: list[dict], retrieval: list[dict], pretrain_len: int | No
                 values = list(test.get((arm, n), {}).values())
                 cells.append(f"{mean(values):.2f}" if values else "")
             values = list(test[(arm, far)].values())
-            sd = (sum((v - mean(values)) ** 2 for v in values) / (len(values) - 1)) ** 0.5 \
-                if len(values) > 1 else None
-            cells.append("" if sd is None else f"{sd:.2f}")
-            cells.append(f"x{mean(values) / mean(list(rope.values())):.3f}" if rope else "")
+            cells.append(f"{stdev(values):.2f}" if len(values) > 1 else "")
+            cells.append(f"x{mean(values) / mean(rope.values()):.3f}" if rope else "")
             for task in tasks:
                 correct, trials = counts[task].get((arm, target), (0, 0))
                 cells.append(f"{100 * correct / trials:.0f}%" if trials else "")

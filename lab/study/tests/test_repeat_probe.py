@@ -68,3 +68,14 @@ def test_arm_flags_are_the_study_runners_and_unknown_arms_are_refused(capsys):
     # the protocol's model comes first, as in the runner's pretraining command (the tiny protocol's
     # 4 layers, which the hybrids' LLLG needs)
     assert arm_flags("hybrid-nope", 1e-3, "tiny-cpu")[:6] == ["--dim", "32", "--n-layers", "4", "--n-heads", "2"]
+
+
+def test_protocol_field_gives_the_recipe_and_the_data_flags(capsys):
+    from lab.study.arms import PROTOCOLS
+    from lab.study.repeat_probe import protocol_field
+    assert protocol_field("toy-gpu", "recipe") == PROTOCOLS["toy-gpu"].recipe
+    assert protocol_field("toy-gpu", "data") == "--max-train-bytes 400000000 --tokenizer-train-bytes 50000000"
+    assert main(["protocol", "tiny-cpu", "recipe"]) == 0
+    assert capsys.readouterr().out.strip() == PROTOCOLS["tiny-cpu"].recipe
+    with pytest.raises(ValueError, match="recipe or data"):
+        protocol_field("toy-gpu", "model")
