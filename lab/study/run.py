@@ -132,8 +132,7 @@ def configure(args):
         protocol = dataclasses.replace(protocol, name=f"{protocol.name}-steps{args.pretrain_steps}",
                                        pretrain_steps=args.pretrain_steps)
     # A bigger model is slower per token in every stage that runs it, evaluations included
-    # (Estimates.MODEL_TIMES; the retrieval suite's per-prompt time joined them on 2026-12-07, when
-    # the 91M TAPA base's suite took 154 s against an estimate of 92 s, now 150 s)
+    # (Estimates.MODEL_TIMES)
     base = TINY_ESTIMATES if protocol.device == "cpu" else Estimates()
     estimates = base.for_model_rate(protocol.rate_scale)
     if args.est_tokens_per_s:

@@ -502,7 +502,7 @@ def goal_table(ppl: list[dict], retrieval: list[dict], pretrain_len: int | None 
             if r["task"] == "single-key" and r["length"] == target and r["far_trials"]:
                 scores[r["arm"]].append((100 * r["far_accuracy"], 100 * r["accuracy"]))
         if scores:
-            average = lambda arm, i: sum(v[i] for v in scores[arm]) / len(scores[arm])
+            average = lambda arm, i: mean(v[i] for v in scores[arm])
             best = max(scores, key=lambda arm: average(arm, 0))
             lines += ["", f"Single-key retrieval at 8x the pretraining length ({length_label(target)}): "
                       f"the best arm, {best}, {average(best, 0):.0f}% with the needle beyond the local "
