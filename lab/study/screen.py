@@ -829,6 +829,23 @@ def plot_seeds(ppl: list[dict], retrieval: list[dict], path: Path) -> Path | Non
                         "continual stage", path)
 
 
+def label_spots(points: list[tuple[float, float]], width: float = 0.16, height: float = 0.03,
+                top: float = 0.95) -> list[tuple[float, float]]:
+    """Where to write a name beside each point (axes fractions, in the given order): at the
+    point's height if free, else the nearest free step of `height` below or above it within the
+    axes, where free means no name already placed within `width` across and `height` up or down.
+    Crowded points keep the spot least far off when no step is free."""
+    placed = []
+    for u, v in points:
+        steps = [0.0] + [sign * k * height for k in range(1, int(1 / height) + 1) for sign in (-1, 1)]
+        inside = [v + d for d in steps if 0.0 <= v + d <= top] or [min(max(v, 0.0), top)]
+        spot = next((w for w in inside
+                     if not any(abs(u - pu) < width and abs(w - pv) < height for pu, pv in placed)),
+                    inside[0])
+        placed.append((u, spot))
+    return placed
+
+
 def plot_tradeoff(ppl: list[dict], retrieval: list[dict], path: Path) -> Path | None:
     """The screen's two deciding measures against each other: test perplexity at the longest
     length (x) and retrieval beyond the window at the second-longest prompt (y; multi-key, else
@@ -861,17 +878,15 @@ def plot_tradeoff(ppl: list[dict], retrieval: list[dict], path: Path) -> Path | 
                       len(seeds))
         ax.scatter(*means[arm][:2], color=colours[arm], marker=marker, s=70, edgecolors="black",
                    linewidths=0.6, zorder=3)
-    # names beside the means, each moved down past any name already placed close to it
     (x0, x1), (y0, y1) = ax.get_xlim(), ax.get_ylim()
-    placed = []
-    for arm, (x, y, n) in sorted(means.items(), key=lambda item: -item[1][1]):
-        u, v = (x - x0) / (x1 - x0), (y - y0) / (y1 - y0)
-        shift = 0
-        while any(abs(u - pu) < 0.16 and abs(v - shift - pv) < 0.03 for pu, pv in placed):
-            shift += 0.03
-        placed.append((u, v - shift))
-        ax.annotate(f"{arm.removeprefix('hybrid-')} ({n})", (x, y), xytext=(u + 0.008, v - shift + 0.008),
-                    textcoords="axes fraction", fontsize=7)
+    order = sorted(means, key=lambda arm: -means[arm][1])
+    spots = label_spots([((means[a][0] - x0) / (x1 - x0), (means[a][1] - y0) / (y1 - y0)) for a in order])
+    for arm, (u, v) in zip(order, spots):
+        x, y, n = means[arm]
+        moved = abs(v - (y - y0) / (y1 - y0)) > 1e-9  # a name moved off its mark's height points at it
+        ax.annotate(f"{arm.removeprefix('hybrid-')} ({n})", (x, y), xytext=(u + 0.008, v + 0.008),
+                    textcoords="axes fraction", fontsize=7,
+                    arrowprops=dict(arrowstyle="-", lw=0.4, color="grey", shrinkA=0) if moved else None)
     ax.set(xlabel=f"{x_measure.replace('test ppl', 'test perplexity at')} (lower is better)",
            ylabel=f"{y_measure}: % correct beyond the window (higher is better)")
     ax.grid(True, alpha=0.3)

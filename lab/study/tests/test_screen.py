@@ -686,6 +686,18 @@ def test_tradeoff_plot_sets_far_perplexity_against_multi_key(tmp_path):
     assert screen.plot_tradeoff([], retrieval, tmp_path / "none.png") is None
 
 
+def test_tradeoff_names_stay_inside_the_axes_and_apart():
+    # three means close together at the bottom edge: the names move up, not below the axes
+    spots = screen.label_spots([(0.5, 0.01), (0.52, 0.0), (0.55, 0.005)])
+    assert spots[0] == (0.5, 0.01)
+    assert all(0.0 <= v <= 0.95 for _, v in spots)
+    assert all(abs(a[1] - b[1]) >= 0.03 - 1e-9 for i, a in enumerate(spots) for b in spots[i + 1:])
+    # a name far across from the others keeps its own height
+    assert screen.label_spots([(0.1, 0.5), (0.9, 0.5)]) == [(0.1, 0.5), (0.9, 0.5)]
+    # near the top a name moves down
+    assert screen.label_spots([(0.5, 0.99)]) == [(0.5, pytest.approx(0.93))]
+
+
 def test_anchors_bring_only_the_rope_yarn_jobs_and_the_goal_reads_them(tmp_path):
     grid = {"multi-key": [[5, 5], [5, 5]]}
     main, other = tmp_path / "main", tmp_path / "other"
