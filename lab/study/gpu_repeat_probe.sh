@@ -4,8 +4,9 @@
 # re-run on another card type parted from its first run at the first logged step, while a TAPA
 # hybrid's rerun agreed to the fourth digit.) On one GPU, each arm in ARMS (study arms, with the
 # study's pretraining flags: lab/study/arms.py) trains twice with the same command and seed, in each
-# of MODES: `default`, and `deterministic` (`--deterministic`: torch's deterministic algorithms,
-# TAPA's dQ by its ordered kernel, not float atomics). For each pair: the first logged step at which
+# of MODES: `default`, `deterministic` (`--deterministic`: torch's deterministic algorithms,
+# warn_only, TAPA's dQ by its ordered kernel, not float atomics) and `strict` (the same without
+# warn_only: an op with no deterministic version raises). For each pair: the first logged step at which
 # the two losses differ, the largest difference, and the steady tokens/s. The NoPE hybrid's global
 # layers and RoPE attend through PyTorch's SDPA, the TAPA hybrid's through the fused kernel, the
 # hybrids' local layers through FlexAttention.
@@ -13,6 +14,8 @@
 #   short (270 s on one H100 on 2026-12-07, corpus included; the summary's last line gives the card,
 #   date and seconds; it fits what is left after a study job):
 #     STEPS=150 DATA="--max-train-bytes 20000000 --tokenizer-train-bytes 5000000" bash lab/study/gpu_repeat_probe.sh
+#   strict mode against the default on one card (does every arm train in it; at what speed):
+#     STEPS=100 DATA="..." MODES="default strict" bash lab/study/gpu_repeat_probe.sh
 # PROTOCOL (default toy-gpu) gives the recipe, the corpus and the model; RECIPE and DATA replace the
 # first two. A CPU dry run on the tiny study protocol:
 #   PROTOCOL=tiny-cpu STEPS=20 bash lab/study/gpu_repeat_probe.sh
@@ -22,21 +25,28 @@ export PYTHONPATH=$PWD/src:$PWD PYTHONUNBUFFERED=1 MPLBACKEND=Agg TAPA_CACHE=/tm
 OUT=${OUT:-/tmp/repeat_probe_out}
 RUNS=/tmp/repeat_probe
 LOGS=$RUNS/logs  # tarred into $OUT at the end (the device tool brings back 8 files)
+protocol=${PROTOCOL:-toy-gpu} steps=${STEPS:-300} modes=${MODES:-default}
+for mode in $modes; do
+    case $mode in default|deterministic|strict) ;; *) echo "gpu_repeat_probe.sh: unknown mode '$mode' in MODES (default, deterministic, strict)" >&2; exit 2 ;; esac
+done
 rm -rf "$RUNS" && mkdir -p "$OUT" "$LOGS"
-protocol=${PROTOCOL:-toy-gpu} steps=${STEPS:-300}
 data=${DATA:-$(python3 -m lab.study.repeat_probe protocol "$protocol" data)}
 recipe=${RECIPE:-$(python3 -m lab.study.repeat_probe protocol "$protocol" recipe)}
-arms=${ARMS:-hybrid-nope hybrid-tapa rope} modes=${MODES:-default} lr=${LR:-1e-3}
+arms=${ARMS:-hybrid-nope hybrid-tapa rope} lr=${LR:-1e-3}
 echo "| arm | mode | logged steps | first differing step | max abs loss difference | steady tokens/s |" > "$OUT/summary.md"
 echo "|---|---|---|---|---|---|" >> "$OUT/summary.md"
 for name in $arms; do
     flags=$(python3 -m lab.study.repeat_probe flags "$name" "$lr" --protocol "$protocol") || exit 2
     for mode in $modes; do
-        extra=$([ "$mode" = deterministic ] && echo --deterministic)
+        extra=$([ "$mode" != default ] && echo --deterministic)
+        # strict: torch's deterministic mode without warn_only, set before tapa train (which keeps it):
+        # an op with no deterministic version raises, and SDPA takes only its deterministic backends
+        cli=(-m tapa.cli)
+        [ "$mode" = strict ] && cli=(-c "import sys, torch; torch.use_deterministic_algorithms(True); from tapa.cli import main; sys.exit(main())")
         for copy in 1 2; do
             run="$RUNS/$name-$mode-$copy"
             # shellcheck disable=SC2086
-            python3 -m tapa.cli train --recipe "$recipe" $data --cache-dir /tmp/study/cache/data $flags $extra \
+            python3 "${cli[@]}" train --recipe "$recipe" $data --cache-dir /tmp/study/cache/data $flags $extra \
                 --seed 4 --steps "$steps" --warmup-steps 20 --eval-every 0 --save-every 0 --log-every 10 \
                 --no-progress --no-plot --run-dir "$run" > "$LOGS/$name-$mode-$copy.log" 2>&1
             echo "$name $mode copy $copy: rc $? ($(tail -n 1 "$LOGS/$name-$mode-$copy.log"))"

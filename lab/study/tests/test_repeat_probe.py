@@ -1,6 +1,10 @@
 """lab/study/repeat_probe.py: gpu_repeat_probe.sh's arm flags and its comparison of two runs."""
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -79,3 +83,30 @@ def test_protocol_field_gives_the_recipe_and_the_data_flags(capsys):
     assert capsys.readouterr().out.strip() == PROTOCOLS["tiny-cpu"].recipe
     with pytest.raises(ValueError, match="recipe or data"):
         protocol_field("toy-gpu", "model")
+
+
+@pytest.mark.slow  # trains a tiny NoPE hybrid four times on CPU (~40 s)
+def test_the_probe_script_runs_each_mode_twice(tmp_path):
+    """gpu_repeat_probe.sh end to end on the tiny CPU protocol: `deterministic` passes
+    --deterministic, `strict` also turns torch's strict mode on before tapa train (which keeps it;
+    tests/train/test_train_deterministic.py checks that it does), and each pair's row lands in the
+    summary."""
+    root = Path(__file__).resolve().parents[3]
+    env = dict(os.environ, PROTOCOL="tiny-cpu", STEPS="2", ARMS="hybrid-nope", MODES="deterministic strict",
+               OUT=str(tmp_path / "out"), PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    done = subprocess.run(["bash", "lab/study/gpu_repeat_probe.sh"], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    rows = [line for line in (tmp_path / "out" / "summary.md").read_text().splitlines()
+            if line.startswith("| hybrid-nope |")]
+    assert [row.split(" | ")[1] for row in rows] == ["deterministic", "strict"]
+    assert all("bitwise equal" in row for row in rows), rows
+    assert "copy 2: rc 0" in done.stdout and "rc 1" not in done.stdout
+
+
+def test_the_probe_script_refuses_an_unknown_mode_before_any_work(tmp_path):
+    root = Path(__file__).resolve().parents[3]
+    done = subprocess.run(["bash", "lab/study/gpu_repeat_probe.sh"], cwd=root, capture_output=True, text=True,
+                          env=dict(os.environ, MODES="default strictt", OUT=str(tmp_path / "out")), timeout=60)
+    assert done.returncode == 2 and "unknown mode 'strictt'" in done.stderr
+    assert not (tmp_path / "out" / "summary.md").exists()
