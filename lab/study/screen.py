@@ -835,9 +835,9 @@ def label_spots(points: list[tuple[float, float]], width: float = 0.16, height: 
     point's height if free, else the nearest free step of `height` below or above it within the
     axes, where free means no name already placed within `width` across and `height` up or down.
     Crowded points keep the spot least far off when no step is free."""
+    steps = [0.0] + [sign * k * height for k in range(1, int(1 / height) + 1) for sign in (-1, 1)]
     placed = []
     for u, v in points:
-        steps = [0.0] + [sign * k * height for k in range(1, int(1 / height) + 1) for sign in (-1, 1)]
         inside = [v + d for d in steps if 0.0 <= v + d <= top] or [min(max(v, 0.0), top)]
         spot = next((w for w in inside
                      if not any(abs(u - pu) < width and abs(w - pv) < height for pu, pv in placed)),
