@@ -874,19 +874,17 @@ def plot_tradeoff(ppl: list[dict], retrieval: list[dict], path: Path) -> Path | 
         marker = {"tapa": "o", "nope": "s"}.get(global_kind(arm), "^")
         points = [(xs[k], ys[k]) for k in seeds]
         ax.scatter(*zip(*points), color=colours[arm], marker=marker, s=14, alpha=0.45)
-        means[arm] = (sum(x for x, _ in points) / len(points), sum(y for _, y in points) / len(points),
-                      len(seeds))
+        means[arm] = (mean(x for x, _ in points), mean(y for _, y in points), len(seeds))
         ax.scatter(*means[arm][:2], color=colours[arm], marker=marker, s=70, edgecolors="black",
                    linewidths=0.6, zorder=3)
     (x0, x1), (y0, y1) = ax.get_xlim(), ax.get_ylim()
     order = sorted(means, key=lambda arm: -means[arm][1])
-    spots = label_spots([((means[a][0] - x0) / (x1 - x0), (means[a][1] - y0) / (y1 - y0)) for a in order])
-    for arm, (u, v) in zip(order, spots):
+    marks = [((means[a][0] - x0) / (x1 - x0), (means[a][1] - y0) / (y1 - y0)) for a in order]
+    for arm, mark, (u, v) in zip(order, marks, label_spots(marks)):
         x, y, n = means[arm]
-        moved = abs(v - (y - y0) / (y1 - y0)) > 1e-9  # a name moved off its mark's height points at it
         ax.annotate(f"{arm.removeprefix('hybrid-')} ({n})", (x, y), xytext=(u + 0.008, v + 0.008),
-                    textcoords="axes fraction", fontsize=7,
-                    arrowprops=dict(arrowstyle="-", lw=0.4, color="grey", shrinkA=0) if moved else None)
+                    textcoords="axes fraction", fontsize=7,  # a name moved off its mark points at it
+                    arrowprops=dict(arrowstyle="-", lw=0.4, color="grey", shrinkA=0) if (u, v) != mark else None)
     ax.set(xlabel=f"{x_measure.replace('test ppl', 'test perplexity at')} (lower is better)",
            ylabel=f"{y_measure}: % correct beyond the window (higher is better)")
     ax.grid(True, alpha=0.3)

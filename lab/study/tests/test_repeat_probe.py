@@ -85,17 +85,22 @@ def test_protocol_field_gives_the_recipe_and_the_data_flags(capsys):
         protocol_field("toy-gpu", "model")
 
 
+def _probe(tmp_path, **env):
+    """gpu_repeat_probe.sh run from the repository root with this Python first on PATH (the script
+    calls python3) and its summary under tmp_path/out."""
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+    return subprocess.run(["bash", "lab/study/gpu_repeat_probe.sh"], cwd=Path(__file__).resolve().parents[3],
+                          env=dict(os.environ, PATH=path, OUT=str(tmp_path / "out"), **env),
+                          capture_output=True, text=True, timeout=600)
+
+
 @pytest.mark.slow  # trains a tiny NoPE hybrid four times on CPU (~40 s)
 def test_the_probe_script_runs_each_mode_twice(tmp_path):
     """gpu_repeat_probe.sh end to end on the tiny CPU protocol: `deterministic` passes
     --deterministic, `strict` also turns torch's strict mode on before tapa train (which keeps it;
     tests/train/test_train_deterministic.py checks that it does), and each pair's row lands in the
     summary."""
-    root = Path(__file__).resolve().parents[3]
-    env = dict(os.environ, PROTOCOL="tiny-cpu", STEPS="2", ARMS="hybrid-nope", MODES="deterministic strict",
-               OUT=str(tmp_path / "out"), PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
-    done = subprocess.run(["bash", "lab/study/gpu_repeat_probe.sh"], cwd=root, env=env,
-                          capture_output=True, text=True, timeout=600)
+    done = _probe(tmp_path, PROTOCOL="tiny-cpu", STEPS="2", ARMS="hybrid-nope", MODES="deterministic strict")
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     rows = [line for line in (tmp_path / "out" / "summary.md").read_text().splitlines()
             if line.startswith("| hybrid-nope |")]
@@ -105,8 +110,6 @@ def test_the_probe_script_runs_each_mode_twice(tmp_path):
 
 
 def test_the_probe_script_refuses_an_unknown_mode_before_any_work(tmp_path):
-    root = Path(__file__).resolve().parents[3]
-    done = subprocess.run(["bash", "lab/study/gpu_repeat_probe.sh"], cwd=root, capture_output=True, text=True,
-                          env=dict(os.environ, MODES="default strictt", OUT=str(tmp_path / "out")), timeout=60)
+    done = _probe(tmp_path, MODES="default strictt")
     assert done.returncode == 2 and "unknown mode 'strictt'" in done.stderr
     assert not (tmp_path / "out" / "summary.md").exists()
