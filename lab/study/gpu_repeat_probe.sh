@@ -4,9 +4,10 @@
 # re-run on another card type parted from its first run at the first logged step, while a TAPA
 # hybrid's rerun agreed to the fourth digit.) On one GPU, each arm in ARMS (study arms, with the
 # study's pretraining flags: lab/study/arms.py) trains twice with the same command and seed, in each
-# of MODES: `default`, `deterministic` (`--deterministic`: torch's deterministic algorithms,
-# warn_only, TAPA's dQ by its ordered kernel, not float atomics) and `strict` (the same without
-# warn_only: an op with no deterministic version raises). For each pair: the first logged step at which
+# of MODES: `default`, `deterministic` (`--deterministic`: torch's strict deterministic algorithms,
+# TAPA's dQ by its ordered kernel, not float atomics, SDPA by its deterministic backends) and
+# `warn-only` (torch's warn-only mode set before the run, which `--deterministic` keeps: what
+# `--deterministic` was until 2026-12-07). For each pair: the first logged step at which
 # the two losses differ, the largest difference, and the steady tokens/s. The NoPE hybrid's global
 # layers and RoPE attend through PyTorch's SDPA, the TAPA hybrid's through the fused kernel, the
 # hybrids' local layers through FlexAttention.
@@ -14,8 +15,8 @@
 #   short (270 s on one H100 on 2026-12-07, corpus included; the summary's last line gives the card,
 #   date and seconds; it fits what is left after a study job):
 #     STEPS=150 DATA="--max-train-bytes 20000000 --tokenizer-train-bytes 5000000" bash lab/study/gpu_repeat_probe.sh
-#   strict mode against the default on one card (does every arm train in it; at what speed):
-#     STEPS=100 DATA="..." MODES="default strict" bash lab/study/gpu_repeat_probe.sh
+#   --deterministic against the default on one card (does every arm train in it; at what speed):
+#     STEPS=100 DATA="..." MODES="default deterministic" bash lab/study/gpu_repeat_probe.sh
 # PROTOCOL (default toy-gpu) gives the recipe, the corpus and the model; RECIPE and DATA replace the
 # first two. A CPU dry run on the tiny study protocol:
 #   PROTOCOL=tiny-cpu STEPS=20 bash lab/study/gpu_repeat_probe.sh
@@ -27,7 +28,7 @@ RUNS=/tmp/repeat_probe
 LOGS=$RUNS/logs  # tarred into $OUT at the end (the device tool brings back 8 files)
 protocol=${PROTOCOL:-toy-gpu} steps=${STEPS:-300} modes=${MODES:-default}
 for mode in $modes; do
-    case $mode in default|deterministic|strict) ;; *) echo "gpu_repeat_probe.sh: unknown mode '$mode' in MODES (default, deterministic, strict)" >&2; exit 2 ;; esac
+    case $mode in default|deterministic|warn-only) ;; *) echo "gpu_repeat_probe.sh: unknown mode '$mode' in MODES (default, deterministic, warn-only)" >&2; exit 2 ;; esac
 done
 rm -rf "$RUNS" && mkdir -p "$OUT" "$LOGS"
 data=${DATA:-$(python3 -m lab.study.repeat_probe protocol "$protocol" data)}
@@ -39,10 +40,10 @@ for name in $arms; do
     flags=$(python3 -m lab.study.repeat_probe flags "$name" "$lr" --protocol "$protocol") || exit 2
     for mode in $modes; do
         extra=$([ "$mode" != default ] && echo --deterministic)
-        # strict: torch's deterministic mode without warn_only, set before tapa train (which keeps it):
-        # an op with no deterministic version raises, and SDPA takes only its deterministic backends
+        # warn-only: torch's warn-only deterministic mode, set before tapa train (which keeps it): an
+        # op with no deterministic version warns and runs, SDPA's backward keeps its default
         cli=(-m tapa.cli)
-        [ "$mode" = strict ] && cli=(-c "import sys, torch; torch.use_deterministic_algorithms(True); from tapa.cli import main; sys.exit(main())")
+        [ "$mode" = warn-only ] && cli=(-c "import sys, torch; torch.use_deterministic_algorithms(True, warn_only=True); from tapa.cli import main; sys.exit(main())")
         for copy in 1 2; do
             run="$RUNS/$name-$mode-$copy"
             # shellcheck disable=SC2086

@@ -97,19 +97,19 @@ def _probe(tmp_path, **env):
 @pytest.mark.slow  # trains a tiny NoPE hybrid four times on CPU (~40 s)
 def test_the_probe_script_runs_each_mode_twice(tmp_path):
     """gpu_repeat_probe.sh end to end on the tiny CPU protocol: `deterministic` passes
-    --deterministic, `strict` also turns torch's strict mode on before tapa train (which keeps it;
-    tests/train/test_train_deterministic.py checks that it does), and each pair's row lands in the
-    summary."""
-    done = _probe(tmp_path, PROTOCOL="tiny-cpu", STEPS="2", ARMS="hybrid-nope", MODES="deterministic strict")
+    --deterministic, `warn-only` also turns torch's warn-only mode on before tapa train (which keeps
+    it; tests/train/test_train_deterministic.py checks that it does), and each pair's row lands in
+    the summary."""
+    done = _probe(tmp_path, PROTOCOL="tiny-cpu", STEPS="2", ARMS="hybrid-nope", MODES="deterministic warn-only")
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     rows = [line for line in (tmp_path / "out" / "summary.md").read_text().splitlines()
             if line.startswith("| hybrid-nope |")]
-    assert [row.split(" | ")[1] for row in rows] == ["deterministic", "strict"]
+    assert [row.split(" | ")[1] for row in rows] == ["deterministic", "warn-only"]
     assert all("bitwise equal" in row for row in rows), rows
     assert "copy 2: rc 0" in done.stdout and "rc 1" not in done.stdout
 
 
 def test_the_probe_script_refuses_an_unknown_mode_before_any_work(tmp_path):
-    done = _probe(tmp_path, MODES="default strictt")
-    assert done.returncode == 2 and "unknown mode 'strictt'" in done.stderr
+    done = _probe(tmp_path, MODES="default strict")
+    assert done.returncode == 2 and "unknown mode 'strict'" in done.stderr
     assert not (tmp_path / "out" / "summary.md").exists()

@@ -285,7 +285,7 @@ def _human(count: int) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tapa.train.trainer import NonFiniteError
+    from tapa.train.trainer import NonFiniteError, NotDeterministicError
 
     if args.list_recipes:
         print(list_recipes())
@@ -338,7 +338,8 @@ def run(args: argparse.Namespace) -> int:
                           f"--steps {train_cfg.steps}; nothing to resume (a larger --steps trains it further)")
                 return 0
         run_dir = train(train_cfg, model_cfg, data_cfg)  # the lock held throughout
-    except (ValueError, NonFiniteError) as err:  # bad input, CheckpointError, divergence: a message
+    except (ValueError, NonFiniteError, NotDeterministicError) as err:  # bad input, CheckpointError,
+        # divergence, an op --deterministic can't run: a message
         raise SystemExit(f"tapa train: error: {err}") from err
     finally:
         lock.release()

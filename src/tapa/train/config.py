@@ -86,11 +86,12 @@ class TrainConfig:
     seed: int = documented(0, "seed of the initial weights and of the data order")
     precision: str = documented("auto", "auto: bf16 autocast on CUDA, fp32 on CPU")
     compile: bool = documented(False, "torch.compile each decoder block")
-    deterministic: bool = documented(False, "torch's deterministic algorithms for the run "
-                                     "(torch.use_deterministic_algorithms, warn_only): TAPA's dQ by "
-                                     "its ordered kernel instead of float atomics, cuBLAS with a "
-                                     "fixed workspace (CUBLAS_WORKSPACE_CONFIG); an op with no "
-                                     "deterministic version warns")
+    deterministic: bool = documented(False, "torch's strict deterministic algorithms for the run "
+                                     "(torch.use_deterministic_algorithms): TAPA's dQ by its "
+                                     "ordered kernel instead of float atomics, SDPA by its "
+                                     "deterministic backends, cuBLAS with a fixed workspace "
+                                     "(CUBLAS_WORKSPACE_CONFIG); an op with no deterministic "
+                                     "version stops the run, naming itself")
     parallel: str = documented("auto", "data parallelism under torchrun; auto: ddp with more than "
                                    "one process, else none")
     cp: int = documented(1, "context parallelism: each row is cut over this many processes (of "

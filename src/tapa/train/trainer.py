@@ -59,6 +59,13 @@ class NonFiniteError(RuntimeError):
     """The training loss or gradient norm became inf or nan."""
 
 
+class NotDeterministicError(RuntimeError):
+    """--deterministic, and the run reached an op with no deterministic version."""
+
+
+_NO_DETERMINISTIC = " does not have a deterministic implementation"  # torch's message for it
+
+
 def lr_at(step: int, cfg: TrainConfig) -> float:
     """Learning rate for optimizer step `step` (0-based), before a group's lr_scale."""
     if step < cfg.warmup_steps:
@@ -164,10 +171,18 @@ def train(train_cfg: TrainConfig, model_cfg: ModelConfig | None, data_cfg: DataC
     if train_cfg.deterministic:
         # cuBLAS reads its workspace setting when it sets up a handle: before the first matmul
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        strict = before[0] and not before[1]  # a caller's strict mode stays strict
-        torch.use_deterministic_algorithms(True, warn_only=not strict)
+        if not before[0]:  # strict; a caller's own mode, warn-only included, is kept
+            torch.use_deterministic_algorithms(True)
     try:
         return _train(train_cfg, model_cfg, data_cfg, info)
+    except RuntimeError as err:
+        if not (train_cfg.deterministic and _NO_DETERMINISTIC in str(err)):
+            raise
+        op = str(err).split(_NO_DETERMINISTIC)[0]
+        raise NotDeterministicError(
+            f"--deterministic: {op} has no deterministic version here, so the run could not promise "
+            "to repeat. Train without --deterministic, or call torch.use_deterministic_algorithms("
+            "True, warn_only=True) before tapa.train.train for a run that warns instead") from err
     finally:
         torch.use_deterministic_algorithms(before[0], warn_only=before[1])
         if workspace is None:
