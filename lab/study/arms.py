@@ -223,6 +223,11 @@ def screen_queue() -> list[tuple[str, str, int]]:
     # lifted NoPE's single-key retrieval at 4k from 26% to 76%, the most of any lever: is it real?
     # (Run the same day: the perplexity held on every seed; the retrieval, 49% on the mean, less.)
     first = [(screen, f"hybrid-{kind}-temp", seed) for seed in (1, 2) for kind in kinds]
+    # 2026-12-07, seed 0: the temperature at the LLG ratio kept TAPA's perplexity under the
+    # temperature and more than doubled its multi-key retrieval beyond the window (41% at 8k against
+    # 17%), past NoPE with the temperature (27%): NoPE under the same levers, then both kinds' seeds
+    first += [(screen, "hybrid-nope-temp-llg", 0)]
+    first += [(screen, f"hybrid-{kind}-temp-llg", seed) for seed in (1, 2) for kind in kinds]
     seed0 = [(protocol, arm, 0) for protocol, arm in screen_plan()]
     # window 128 (NoPE's best multi-key on seed 0) and theta 0.75 at LLG (TAPA's best multi-key)
     later = [(screen, f"hybrid-{kind}-w128", seed) for seed in (1, 2) for kind in kinds]

@@ -621,6 +621,8 @@ def test_screen_reports_its_progress_and_the_next_call(tmp_path):
     assert len(set(queue)) == len(queue) and {(p, a) for p, a, _ in queue} == set(plan)
     assert {(p, a) for p, a, s in queue if s == 0} == set(plan)
     assert queue[:2] == [("toy-gpu-screen", "hybrid-tapa-temp", 1), ("toy-gpu-screen", "hybrid-nope-temp", 1)]
+    assert queue[4:7] == [("toy-gpu-screen", "hybrid-nope-temp-llg", 0), ("toy-gpu-screen", "hybrid-tapa-temp-llg", 1),
+                          ("toy-gpu-screen", "hybrid-nope-temp-llg", 1)]
     grid = {"single-key": [[5, 5], [5, 5]]}
     jobs = [screen_job("hybrid-tapa", seed, [10.0, 20.0], [30.0, 40.0], grid) for seed in (0, 1, 2)]
     jobs += [screen_job("hybrid-nope", 0, [10.0, 20.0], [30.0, 40.0], grid),
