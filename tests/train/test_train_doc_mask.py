@@ -1,5 +1,6 @@
 """`tapa train --doc-mask`: trains inside documents, and the run records the flag; under context
-parallelism (`--cp 2`, torchrun) it trains as one process does."""
+parallelism (`--cp 2`, torchrun) it trains as one process does, in torch's strict deterministic
+mode (`--deterministic`) too."""
 
 import json
 import random
@@ -47,10 +48,13 @@ def test_doc_mask_changes_what_the_model_sees_and_is_recorded(tmp_path):
 def test_doc_mask_under_context_parallelism_trains_as_one_process(tmp_path):
     """Rows of 128 tokens over documents of 10-60 words, cut into 4 chunks of 32 over 2 processes:
     documents cross the chunks, and the losses are the one-process run's (float32 sums in another
-    order: 1e-5)."""
+    order: 1e-5). Both runs in strict deterministic mode: no op on their path lacks a deterministic
+    version on CPU (one that did would stop the run)."""
     data = _short_documents(tmp_path / "docs.jsonl")
-    assert _train(data, tmp_path / "cache", tmp_path / "one", "--doc-mask") == 0
-    torchrun_train(2, _args(data, tmp_path / "cache", tmp_path / "cp2", "--doc-mask", "--cp", "2"))
+    assert _train(data, tmp_path / "cache", tmp_path / "one", "--doc-mask", "--deterministic") == 0
+    torchrun_train(2, _args(data, tmp_path / "cache", tmp_path / "cp2", "--doc-mask", "--cp", "2",
+                            "--deterministic"))
     one, cp2 = losses(tmp_path / "one"), losses(tmp_path / "cp2")
     assert len(one) == len(cp2) == 2 and all(abs(a - b) <= 1e-5 for a, b in zip(one, cp2)), (one, cp2)
-    assert json.loads((tmp_path / "cp2" / "config.json").read_text())["context_parallel"] == 2
+    config = json.loads((tmp_path / "cp2" / "config.json").read_text())
+    assert config["context_parallel"] == 2 and config["train"]["deterministic"] is True
