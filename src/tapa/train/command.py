@@ -338,8 +338,8 @@ def run(args: argparse.Namespace) -> int:
                           f"--steps {train_cfg.steps}; nothing to resume (a larger --steps trains it further)")
                 return 0
         run_dir = train(train_cfg, model_cfg, data_cfg)  # the lock held throughout
-    except (ValueError, NonFiniteError, NotDeterministicError) as err:  # bad input, CheckpointError,
-        # divergence, an op --deterministic can't run: a message
+    except (ValueError, NonFiniteError, NotDeterministicError) as err:
+        # bad input, CheckpointError, divergence, an op --deterministic can't run: a message
         raise SystemExit(f"tapa train: error: {err}") from err
     finally:
         lock.release()
