@@ -15,7 +15,7 @@ from tapa.ops.tapa import configs, launch
 from tapa.train import trainer
 
 
-def _record_mode(monkeypatch, seen: list, fail: bool = False, op=None):
+def _record_mode(monkeypatch, seen: list, op=None):
     """Wrap make_optimizer (called once the model is built) to note the mode the run trains in,
     then run `op` there if given."""
     real = trainer.make_optimizer
@@ -25,8 +25,6 @@ def _record_mode(monkeypatch, seen: list, fail: bool = False, op=None):
         seen.append((torch.are_deterministic_algorithms_enabled(),
                      torch.is_deterministic_algorithms_warn_only_enabled(),
                      launch.dq_by_atomics(atomic)))
-        if fail:
-            raise RuntimeError("stop here")
         if op is not None:
             op()
         return real(*args, **kwargs)
@@ -48,9 +46,13 @@ def test_the_mode_holds_for_the_run_only(cache_dir, tmp_path, monkeypatch, deter
     assert json.loads((run_dir / "config.json").read_text())["train"]["deterministic"] is deterministic
 
 
+def _stop():
+    raise RuntimeError("stop here")
+
+
 def test_the_mode_is_restored_when_the_run_fails(cache_dir, tmp_path, monkeypatch):
     seen = []
-    _record_mode(monkeypatch, seen, fail=True)
+    _record_mode(monkeypatch, seen, op=_stop)
     train_cfg, model_cfg, data_cfg = small_configs(tmp_path / "run", cache_dir, steps=2, deterministic=True)
     with pytest.raises(RuntimeError, match="stop here"):
         trainer.train(train_cfg, model_cfg, data_cfg)
