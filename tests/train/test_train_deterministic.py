@@ -59,38 +59,26 @@ def test_the_mode_is_restored_when_the_run_fails(cache_dir, tmp_path, monkeypatc
     assert seen[0][0] and not torch.are_deterministic_algorithms_enabled()
 
 
+@pytest.mark.parametrize("warn_only", [False, True])
 @pytest.mark.parametrize("deterministic", [True, False])
-def test_an_earlier_strict_mode_is_kept(cache_dir, tmp_path, monkeypatch, deterministic):
-    """A caller already in strict deterministic mode trains in it, and stays in it after the run,
-    whether the run asked for the mode or not; the cuBLAS setting the run made is taken back."""
+def test_a_callers_own_mode_is_kept(cache_dir, tmp_path, monkeypatch, deterministic, warn_only):
+    """A caller already in torch's deterministic mode, strict or warn-only, trains in it and stays
+    in it after the run, whether the run asked for the mode or not; the cuBLAS setting the run made
+    is taken back."""
     seen = []
     _record_mode(monkeypatch, seen)
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
     train_cfg, model_cfg, data_cfg = small_configs(tmp_path / "run", cache_dir, steps=1,
                                                    deterministic=deterministic)
-    torch.use_deterministic_algorithms(True)
+    torch.use_deterministic_algorithms(True, warn_only=warn_only)
     try:
         trainer.train(train_cfg, model_cfg, data_cfg)
-        assert seen == [(True, False, False)]
+        assert seen == [(True, warn_only, False)]
         assert torch.are_deterministic_algorithms_enabled()
-        assert not torch.is_deterministic_algorithms_warn_only_enabled()
+        assert torch.is_deterministic_algorithms_warn_only_enabled() is warn_only
     finally:
         torch.use_deterministic_algorithms(False)
     assert "CUBLAS_WORKSPACE_CONFIG" not in os.environ
-
-
-def test_a_callers_warn_only_mode_is_kept(cache_dir, tmp_path, monkeypatch):
-    """A caller who turned on torch's warn-only mode trains in it with --deterministic."""
-    seen = []
-    _record_mode(monkeypatch, seen)
-    train_cfg, model_cfg, data_cfg = small_configs(tmp_path / "run", cache_dir, steps=1, deterministic=True)
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    try:
-        trainer.train(train_cfg, model_cfg, data_cfg)
-        assert seen == [(True, True, False)]
-        assert torch.is_deterministic_algorithms_warn_only_enabled()
-    finally:
-        torch.use_deterministic_algorithms(False)
 
 
 def _put():  # Tensor.put_ has no deterministic version, on CPU too
