@@ -229,17 +229,21 @@ def screen_queue() -> list[tuple[str, str, int]]:
     first += [(screen, "hybrid-nope-temp-llg", 0)]
     first += [(screen, f"hybrid-{kind}-temp-llg", seed) for seed in (1, 2) for kind in kinds]
     seed0 = [(protocol, arm, 0) for protocol, arm in screen_plan()]
-    # window 128 (NoPE's best multi-key on seed 0) and theta 0.75 at LLG (TAPA's best multi-key)
-    later = [(screen, f"hybrid-{kind}-w128", seed) for seed in (1, 2) for kind in kinds]
+    # 2026-12-07, seed 0: the temperature with window 128 gave NoPE the screen's best multi-key
+    # (53% at 8k); then window 128 alone and theta 0.75 at LLG (their seed 0's multi-key led theirs)
+    later = [(screen, f"hybrid-{kind}-temp-w128", seed) for seed in (1, 2) for kind in kinds]
+    later += [(screen, f"hybrid-{kind}-w128", seed) for seed in (1, 2) for kind in kinds]
     later += [(screen, "hybrid-tapa-theta75-llg", seed) for seed in (1, 2)]
     return list(dict.fromkeys(first + seed0 + later))
 
 
 # issue 37's confirmation at the scale step: the screen's best configurations of each global kind
 # (reordered by hand as the screen's seeds come in; results/toy-study/globals/README.md says why),
-# then the anchors the issue names
-CONFIRM_CANDIDATES = ("hybrid-nope-temp", "hybrid-tapa-temp", "hybrid-tapa-llg", "hybrid-tapa-theta75",
-                      "hybrid-nope-llg")
+# then the anchors the issue names. Two a kind: the temperature, and the temperature at the LLG
+# ratio (2026-12-07, three TAPA seeds: TAPA's best retrieval with three seeds, at the temperature's
+# perplexity within the spread); at 30M they are lower on the means than LLG and theta 0.75 at 16k
+# and retrieve more, so those two left the confirmation before it ran them
+CONFIRM_CANDIDATES = ("hybrid-nope-temp", "hybrid-tapa-temp", "hybrid-tapa-temp-llg", "hybrid-nope-temp-llg")
 CONFIRM_ANCHORS = ("hybrid-tapa", "hybrid-nope", "rope-yarn")
 
 

@@ -623,6 +623,8 @@ def test_screen_reports_its_progress_and_the_next_call(tmp_path):
     assert queue[:2] == [("toy-gpu-screen", "hybrid-tapa-temp", 1), ("toy-gpu-screen", "hybrid-nope-temp", 1)]
     assert queue[4:7] == [("toy-gpu-screen", "hybrid-nope-temp-llg", 0), ("toy-gpu-screen", "hybrid-tapa-temp-llg", 1),
                           ("toy-gpu-screen", "hybrid-nope-temp-llg", 1)]
+    # the later seeds: both levers of NoPE's best multi-key (temperature, window 128) before window 128 alone
+    assert queue.index(("toy-gpu-screen", "hybrid-nope-temp-w128", 2)) < queue.index(("toy-gpu-screen", "hybrid-tapa-w128", 1))
     grid = {"single-key": [[5, 5], [5, 5]]}
     jobs = [screen_job("hybrid-tapa", seed, [10.0, 20.0], [30.0, 40.0], grid) for seed in (0, 1, 2)]
     jobs += [screen_job("hybrid-nope", 0, [10.0, 20.0], [30.0, 40.0], grid),
@@ -642,7 +644,7 @@ def test_screen_reports_its_progress_and_the_next_call(tmp_path):
     left = len(queue) - 5  # five of the jobs above are queued ones (hybrid-tapa seeds 1-2 are not)
     assert f"Run: 5 of {len(plan)} arms, 1 with 3+ seeds. A partial job's tables" in text
     assert f"Queued: {left} jobs, in order: hybrid-nope-temp seed 1, hybrid-tapa-temp seed 2," in text
-    assert "hybrid-tapa (toy-gpu-c4096) seed 0, hybrid-tapa-w128 seed 1," in text  # seed 0 before the other seeds
+    assert "hybrid-tapa (toy-gpu-c4096) seed 0, hybrid-tapa-temp-w128 seed 1," in text  # seed 0 before the other seeds
     assert ("--protocol toy-gpu-screen --concurrent 1 --time-budget 560 --allow-partial "
             "--jobs hybrid-nope-temp:0.001:1,hybrid-tapa-temp:0.001:2`") in text
     # the confirmation: one job a call, seed 0 of every arm before the seeds 1 and 2
@@ -656,8 +658,8 @@ def test_screen_reports_its_progress_and_the_next_call(tmp_path):
     # no job twice
     assert ("hybrid-tapa-temp seed 0, hybrid-nope-temp seed 1, hybrid-tapa-temp seed 1, "
             "hybrid-nope-temp seed 2, hybrid-tapa-temp seed 2, rope-yarn seed 0, hybrid-nope seed 0, "
-            "hybrid-tapa seed 0, hybrid-tapa-llg seed 0,") in confirm
-    assert "hybrid-nope-llg seed 0, rope-yarn seed 1, hybrid-nope seed 1, hybrid-tapa seed 1," in confirm
+            "hybrid-tapa seed 0, hybrid-tapa-temp-llg seed 0,") in confirm
+    assert "hybrid-nope-temp-llg seed 0, rope-yarn seed 1, hybrid-nope seed 1, hybrid-tapa seed 1," in confirm
     assert len(arms.confirm_queue()) == len(set(arms.confirm_queue()))
     assert sorted(arms.confirm_queue()) == sorted((p, a, s) for s in (0, 1, 2) for p, a in arms.confirm_plan())
     assert all(arm in arms.ARMS for _, arm in arms.confirm_plan())
