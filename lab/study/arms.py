@@ -241,8 +241,9 @@ def screen_queue() -> list[tuple[str, str, int]]:
 # (reordered by hand as the screen's seeds come in; results/toy-study/globals/README.md says why),
 # then the anchors the issue names. Two a kind: the temperature, and the temperature at the LLG
 # ratio (2026-12-07, three TAPA seeds: TAPA's best retrieval with three seeds, at the temperature's
-# perplexity within the spread); at 30M they are lower on the means than LLG and theta 0.75 at 16k
-# and retrieve more, so those two left the confirmation before it ran them
+# perplexity within the spread). At 30M these are lower at 16k on the means than the LLG ratio
+# alone (both kinds) and theta 0.75, and retrieve more, so those three left the confirmation
+# before it ran them
 CONFIRM_CANDIDATES = ("hybrid-nope-temp", "hybrid-tapa-temp", "hybrid-tapa-temp-llg", "hybrid-nope-temp-llg")
 CONFIRM_ANCHORS = ("hybrid-tapa", "hybrid-nope", "rope-yarn")
 
