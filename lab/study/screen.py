@@ -591,17 +591,17 @@ def progress_table(jobs: list[dict]) -> str:
         for seed in done:
             partial[key].pop(seed, None)
     screen_part = _progress(seeds, partial, lr, "Screen progress", "screen_plan", "screen_queue",
-                            screen_plan(), screen_queue(), per_call=2)
+                            screen_plan(), screen_queue())
     confirm_part = _progress(seeds, partial, lr, "Confirmation progress (91M, scale-768-confirm)",
-                             "confirm_plan", "confirm_queue", confirm_plan(), confirm_queue(), per_call=1)
+                             "confirm_plan", "confirm_queue", confirm_plan(), confirm_queue())
     return screen_part + "\n\n" + confirm_part
 
 
 def _progress(seeds: dict, partial: dict, lr: float, title: str, plan_name: str, queue_name: str,
-              plan: list, queue: list, per_call: int) -> str:
+              plan: list, queue: list) -> str:
     """One part of `progress_table`: the plan's arms with the seeds run (complete), the partial
-    ones (seed -> the stages they lack) and the seeds queued, and the queue's next call of
-    `per_call` jobs."""
+    ones (seed -> the stages they lack) and the seeds queued, and the queue's next call: its first
+    job alone (a screen job takes 300-420 s of the call's 600, a confirmation job more)."""
     queue = [(p, arm, seed) for p, arm, seed in queue if seed not in seeds.get((p, arm), ())]
     queued = defaultdict(list)
     for protocol, arm, seed in queue:
@@ -622,14 +622,12 @@ def _progress(seeds: dict, partial: dict, lr: float, title: str, plan_name: str,
         lines[-1] += (" A partial job's tables hold the stages it finished; it stays queued and runs"
                       " again from the start (its checkpoints went back with the machine).")
     if queue:
-        protocol = queue[0][0]
-        first = [(arm, seed) for p, arm, seed in queue if p == protocol][:per_call]
+        protocol, first_arm, first_seed = queue[0]
         lines[-1] += (f" Queued: {len(queue)} jobs, in order: "
                       + ", ".join(f"{arm}{'' if p == plan[0][0] else f' ({p})'} seed {seed}"
                                   for p, arm, seed in queue)
                       + f". The next call: `bash scripts/gpu_study.sh batch --protocol {protocol} "
-                      f"--concurrent 1 --time-budget 560 --allow-partial --jobs "
-                      + ",".join(f"{arm}:{lr:g}:{seed}" for arm, seed in first) + "`.")
+                      f"--concurrent 1 --time-budget 560 --allow-partial --jobs {first_arm}:{lr:g}:{first_seed}`.")
     return "\n".join(lines)
 
 
