@@ -466,7 +466,7 @@ def goal_table(ppl: list[dict], retrieval: list[dict], pretrain_len: int | None 
                 if len(a) >= GOAL_SEEDS and len(b) >= GOAL_SEEDS:
                     ps.append(goal_p([a[k] for k in sorted(a)], [b[k] for k in sorted(b)], "ppl" in measure))
             if len(ps) < len(measure_group) or not ps:
-                cells.append("not measured")
+                cells.append(f"not measured (fewer than {GOAL_SEEDS} seeds)")
                 met.append(False)
             else:
                 ok = max(ps) <= GOAL_P
@@ -518,7 +518,8 @@ def summary_table(ppl: list[dict], retrieval: list[dict], pretrain_len: int | No
     perplexity: the continual stage's test perplexity at each length (the mean over seeds), the
     seeds' standard deviation and the ratio to RoPE + YaRN of the same scale at the longest length,
     then each retrieval task at 8x the pretraining length with the needle beyond the local window
-    (% of the trials, the seeds pooled). Empty without RoPE + YaRN or a TAPA arm to read."""
+    (% of the trials, the seeds pooled; a cell names its seeds where fewer than the perplexity's,
+    as after a partial job). Empty without RoPE + YaRN or a TAPA arm to read."""
     test = _continual_test(ppl)
     if not test:
         return ""
@@ -536,6 +537,10 @@ def summary_table(ppl: list[dict], retrieval: list[dict], pretrain_len: int | No
     target = 8 * pretrain_len if pretrain_len else None
     counts = {task: pooled(retrieval, task) for task in RETRIEVAL_COLUMNS}
     tasks = [t for t in RETRIEVAL_COLUMNS if any(n == target for _, n in counts[t])]
+    measured = defaultdict(set)  # (arm, task) -> the seeds with that task at the target length
+    for r in retrieval:
+        if r["length"] == target and r["far_trials"]:
+            measured[(r["arm"], r["task"])].add(r["seed"])
     lines = ["The answer at a glance: every arm with "
              f"{GOAL_SEEDS}+ seeds, each kind's base and RoPE + YaRN, after the continual stage, "
              "by scale and then by test perplexity at the longest length. Perplexity: the test "
@@ -562,7 +567,9 @@ def summary_table(ppl: list[dict], retrieval: list[dict], pretrain_len: int | No
             cells.append(f"x{mean(values) / mean(rope.values()):.3f}" if rope else "")
             for task in tasks:
                 correct, trials = counts[task].get((arm, target), (0, 0))
-                cells.append(f"{100 * correct / trials:.0f}%" if trials else "")
+                fewer = len(measured[(arm, task)]) < len(seeds[arm])  # a partial job: no retrieval
+                cells.append(f"{100 * correct / trials:.0f}%"
+                             + (f" ({len(measured[(arm, task)])} seeds)" if fewer else "") if trials else "")
             lines.append(f"| {arm} | {len(seeds[arm])} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -837,3 +837,24 @@ def test_summary_table_gives_each_arms_means_ratio_to_rope_and_pooled_retrieval(
     assert rows[3][5] == "x0.553" and rows[0][5] == "x0.500"
     assert tapa[6].startswith("10%") and rows[3][6].startswith("90%")
     assert rows[4][6].strip("| ") == ""  # no retrieval run: an empty cell, not 0%
+
+
+def test_summary_table_names_the_seeds_of_a_retrieval_cell_a_partial_job_left_short(tmp_path):
+    """An arm with three seeds of perplexity, one of them a partial job that stopped before the
+    retrieval suite: its retrieval cell pools two seeds and says so; a full arm's cell does not."""
+    hits = lambda h: [[h, h], [h, h]]
+    jobs = [screen_job("rope-yarn", 0, [10.0, 38.0], [30.0, 40.0], {})]
+    for seed in range(3):
+        jobs.append(screen_job("hybrid-tapa", seed, [10.0, 18.0], [30.0, 40.0], {"multi-key": hits(2)}))
+        lacking = ("passkey-hybrid-nope",) if seed == 2 else ()
+        jobs.append(screen_job("hybrid-nope", seed, [10.0, 20.0], [30.0, 40.0],
+                               {} if lacking else {"multi-key": hits(4)}, lacking=lacking))
+    for job in jobs:
+        job["protocol"]["pretrain_len"] = 1024
+    text = screen_text(tmp_path, jobs)
+    table = next(part for part in text.split("\n\n") if part.startswith("| arm | seeds | ppl 4k"))
+    rows = {r[0].strip("| "): r for r in (line.split(" | ") for line in table.splitlines()[2:])}
+    assert rows["hybrid-nope"][1] == "3" and rows["hybrid-nope"][6].strip("| ") == "40% (2 seeds)"
+    assert rows["hybrid-tapa"][6].strip("| ") == "20%"
+    goal = next(line for line in text.splitlines() if line.startswith("| hybrid-tapa | hybrid-nope |"))
+    assert "not measured (fewer than 3 seeds)" in goal  # multi-key: two NoPE seeds, no verdict
