@@ -623,8 +623,12 @@ def test_screen_reports_its_progress_and_the_next_call(tmp_path):
     assert queue[:2] == [("toy-gpu-screen", "hybrid-tapa-temp", 1), ("toy-gpu-screen", "hybrid-nope-temp", 1)]
     assert queue[4:7] == [("toy-gpu-screen", "hybrid-nope-temp-llg", 0), ("toy-gpu-screen", "hybrid-tapa-temp-llg", 1),
                           ("toy-gpu-screen", "hybrid-nope-temp-llg", 1)]
-    # the later seeds: both levers of NoPE's best multi-key (temperature, window 128) before window 128 alone
-    assert queue.index(("toy-gpu-screen", "hybrid-nope-temp-w128", 2)) < queue.index(("toy-gpu-screen", "hybrid-tapa-w128", 1))
+    # the later seeds: both levers of NoPE's best multi-key (temperature, window 128) last; window
+    # 128 alone and theta 0.75 at LLG, each beaten on seed 0 by its kind's arm with the temperature
+    # added, get no more seeds
+    assert queue[-4:] == [("toy-gpu-screen", f"hybrid-{kind}-temp-w128", seed) for seed in (1, 2)
+                          for kind in ("tapa", "nope")]
+    assert not any(s for _, a, s in queue if a in ("hybrid-tapa-w128", "hybrid-nope-w128", "hybrid-tapa-theta75-llg"))
     grid = {"single-key": [[5, 5], [5, 5]]}
     jobs = [screen_job("hybrid-tapa", seed, [10.0, 20.0], [30.0, 40.0], grid) for seed in (0, 1, 2)]
     jobs += [screen_job("hybrid-nope", 0, [10.0, 20.0], [30.0, 40.0], grid),
