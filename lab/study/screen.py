@@ -567,9 +567,9 @@ def summary_table(ppl: list[dict], retrieval: list[dict], pretrain_len: int | No
             cells.append(f"x{mean(values) / mean(rope.values()):.3f}" if rope else "")
             for task in tasks:
                 correct, trials = counts[task].get((arm, target), (0, 0))
-                fewer = len(measured[(arm, task)]) < len(seeds[arm])  # a partial job: no retrieval
-                cells.append(f"{100 * correct / trials:.0f}%"
-                             + (f" ({len(measured[(arm, task)])} seeds)" if fewer else "") if trials else "")
+                n = len(measured[(arm, task)])
+                note = f" ({n} seeds)" if n < len(seeds[arm]) else ""  # a partial job left fewer
+                cells.append(f"{100 * correct / trials:.0f}%{note}" if trials else "")
             lines.append(f"| {arm} | {len(seeds[arm])} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
