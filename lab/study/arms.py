@@ -229,12 +229,10 @@ def screen_queue() -> list[tuple[str, str, int]]:
     first += [(screen, "hybrid-nope-temp-llg", 0)]
     first += [(screen, f"hybrid-{kind}-temp-llg", seed) for seed in (1, 2) for kind in kinds]
     seed0 = [(protocol, arm, 0) for protocol, arm in screen_plan()]
-    # 2026-12-07, seed 0: the temperature with window 128 gave NoPE the screen's best multi-key
-    # (53% at 8k). Window 128 alone and theta 0.75 at LLG get no more seeds (dropped 2026-12-07): on
-    # seed 0 each is above its kind's arm with the temperature added in 16k perplexity and below it
-    # in multi-key retrieval (TAPA-w128 8.10 and 4%, NoPE-w128 8.24 and 34%, against 7.62 and 16%,
-    # 7.78 and 53% with the temperature; TAPA theta 0.75 at LLG 8.03 and 22%, against the
-    # temperature at LLG's three seeds, 7.60 and 25%), so neither can be a kind's best configuration
+    # 2026-12-07, seed 0: the temperature with window 128 gave NoPE the screen's best multi-key.
+    # Window 128 alone and theta 0.75 at LLG get no more seeds: each is worse in 16k perplexity and
+    # in multi-key retrieval than its kind's arm with the temperature added (the numbers:
+    # results/toy-study/globals/README.md, What remains, item 1)
     later = [(screen, f"hybrid-{kind}-temp-w128", seed) for seed in (1, 2) for kind in kinds]
     return list(dict.fromkeys(first + seed0 + later))
 
