@@ -36,7 +36,12 @@ def test_decode_bench_smoke_writes_results(tmp_path):
     for row in rows:
         best = float(row[f"sdpa_{row['best_sdpa']}_ms"])
         assert float(row["ratio"]) == pytest.approx(float(row["tapa_ms"]) / best)
+        assert float(row["tapa_first_ms"]) > 0
     report = (out / "decode.md").read_text()
+    firsts = sorted(float(r["tapa_first_ms"]) for r in rows)
+    slowest = max(rows, key=lambda r: float(r["tapa_first_ms"]))
+    assert (f"median {(firsts[1] + firsts[2]) / 2:.1f} ms, most {firsts[-1]:.1f} ms at batch "
+            f"{slowest['batch']}, cache {slowest['cache']}.") in report
     assert "SMOKE RUN" in report and "command: `tapa bench decode --smoke" in report
     assert "4 q heads, 2 kv heads, head dim 32" in report
 
@@ -79,9 +84,9 @@ def test_graph_columns_compare_replays_with_replays(tmp_path):
     assert bench.graph_columns({"sdpa_auto": 0.02})["graph_ratio"] is None
     assert bench.graph_columns({"tapa": 0.1})["graph_ratio"] is None
     rows = [{"batch": 1, "cache": 4096, "tapa_ms": 0.12, "sdpa_auto_ms": 0.017, "best_sdpa": "auto",
-             "ratio": 0.12 / 0.017, "tapa_gbps": 100.0, **columns},
+             "ratio": 0.12 / 0.017, "tapa_gbps": 100.0, "tapa_first_ms": 900.0, **columns},
             {"batch": 8, "cache": 4096, "tapa_ms": 0.2, "sdpa_auto_ms": 0.05, "best_sdpa": "auto",
-             "ratio": 4.0, "tapa_gbps": 200.0, **bench.graph_columns({})}]
+             "ratio": 4.0, "tapa_gbps": 200.0, "tapa_first_ms": 40.0, **bench.graph_columns({})}]
     bench.write_results(tmp_path, rows, errors={"kernel": 1e-3, "reference": 1e-3}, command="test",
                         device_name="test", smoke=False, shapes=dict(heads=4, kv_heads=2, head_dim=32),
                         dtype=torch.bfloat16)
@@ -90,6 +95,8 @@ def test_graph_columns_compare_replays_with_replays(tmp_path):
     assert "| 8 | 4096 | n/a | n/a | n/a | n/a (no capture) |" in report
     assert "As graphs: 0 of 1 captured shapes within 1.2x." in report
     assert "graph_ratio" in open(tmp_path / "decode.csv").readline()
+    assert "| 100 | 900.0 |" in report
+    assert "median 470.0 ms, most 900.0 ms at batch 1, cache 4096." in report
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU path of the split sweep")
