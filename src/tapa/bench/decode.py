@@ -206,7 +206,6 @@ def bench_shape(kernel, timer, *, batch, cache, heads, kv_heads, head_dim, theta
             graph_ms = _graph_ms(step, timer)
             if graph_ms is not None:
                 graph_times[name] = graph_ms
-    del q, k_cache, v_cache
     return times, graph_times
 
 
