@@ -44,6 +44,8 @@ def test_decode_bench_smoke_writes_results(tmp_path):
             f"{slowest['batch']}, cache {slowest['cache']}.") in report
     assert "SMOKE RUN" in report and "command: `tapa bench decode --smoke" in report
     assert "4 q heads, 2 kv heads, head dim 32" in report
+    assert "No autotuning ran in the timed shapes" in report  # the interpreter runs one fixed tile
+    assert not (out / "decode_tiles.csv").exists()
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU refusal")
@@ -147,3 +149,36 @@ def test_split_sweep_with_a_failed_capture_times_every_count_eagerly(monkeypatch
                               splits=[1, 2, 4], graphs=True)
     assert len(calls) == len(sweep["times"]) >= 3 and sweep["mode"] == "eager"
     assert all(ms > 0 for ms in sweep["times"].values())
+
+
+def test_tile_section_says_what_tuning_buys(tmp_path):
+    """decode_tiles.csv and decode.md's autotuning table: each tile over the picked one per tuned
+    shape, each tile's worst ratio, and the best fixed tile."""
+    from tapa.bench import decode as bench
+
+    tiles = (bench.tile_rows(1, 4096, [{"key": (1,), "best": "64x4",
+                                        "tiles_ms": {"128x8": 0.03, "32x4": 0.02, "64x4": 0.01}}])
+             + bench.tile_rows(8, 4096, []) + bench.tile_rows(8, 8192, [{"key": (2,), "best": "128x8",
+                                        "tiles_ms": {"32x4": 0.05, "64x4": 0.06, "128x8": 0.04}}]))
+    rows = [{"batch": b, "cache": c, "tapa_ms": 0.1, "sdpa_auto_ms": 0.1, "best_sdpa": "auto", "ratio": 1.0,
+             "tapa_gbps": 1.0, "tapa_first_ms": 1.0} for b, c in ((1, 4096), (8, 4096), (8, 8192))]
+    bench.write_results(tmp_path, rows, errors={"kernel": 1e-3, "reference": 1e-3}, command="test",
+                        device_name="test", smoke=False, shapes=dict(heads=4, kv_heads=2, head_dim=32),
+                        dtype=torch.bfloat16, tiles=tiles)
+    report = (tmp_path / "decode.md").read_text()
+    assert "(2 of the shapes' first calls tuned a new bucket)" in report
+    assert "| batch | cache | picked | 32x4 | 64x4 | 128x8 |" in report
+    assert "| 1 | 4096 | 64x4 | 2.00 | 1.00 | 3.00 |" in report
+    assert "| 8 | 8192 | 128x8 | 1.25 | 1.50 | 1.00 |" in report
+    assert ("Worst over the tuned shapes: 32x4 2.00x, 64x4 1.50x, 128x8 3.00x. The best fixed tile, 64x4, "
+            "is at most 1.50x the tuned choice.") in report
+    csv_rows = list(csv.DictReader(open(tmp_path / "decode_tiles.csv")))
+    assert [(r["batch"], r["cache"], r["picked"]) for r in csv_rows] == [("1", "4096", "64x4"),
+                                                                          ("8", "8192", "128x8")]
+    assert float(csv_rows[1]["tile_64x4_ms"]) == pytest.approx(0.06)
+
+    bench.write_results(tmp_path / "none", rows, errors={"kernel": 1e-3, "reference": 1e-3}, command="test",
+                        device_name="test", smoke=False, shapes=dict(heads=4, kv_heads=2, head_dim=32),
+                        dtype=torch.bfloat16)
+    assert "No autotuning ran in the timed shapes" in (tmp_path / "none" / "decode.md").read_text()
+    assert not (tmp_path / "none" / "decode_tiles.csv").exists()

@@ -236,3 +236,44 @@ def test_the_tuned_tile_depends_on_the_program_count():
         args = dict(zip(decode_kernel._split_kernel.arg_names[7:], plan.split_tail))  # after 7 tensors
         buckets.append((args["split_bucket"], args["program_bucket"]))
     assert buckets[0][0] == buckets[1][0] and buckets[0][1] != buckets[1][1], buckets
+
+
+def test_each_autotuning_is_kept_with_every_tiles_time(monkeypatch):
+    """`tile_trials`: per tuned key, every tile's median time (do_bench's first quantile; inf kept
+    for a tile that failed) and the tile picked; none where the tuner timed nothing new."""
+    monkeypatch.setattr(decode_kernel, "_TRIALS", [])
+    configs = decode_kernel._TUNED_CONFIGS
+    names = [f"{c.kwargs['BLOCK_N']}x{c.num_warps}" for c in configs]
+
+    class Tuner:  # the two fields of triton's Autotuner the record reads
+        cache = {("old",): configs[0]}
+        configs_timings = {configs[0]: [1.0, 0.9, 1.1]}
+
+    tuner = Tuner()
+    before = tuner.configs_timings
+    tuner.configs_timings = {c: [0.5 + i, 0.4 + i, 0.6 + i] for i, c in enumerate(configs)}
+    tuner.configs_timings[configs[-1]] = [float("inf")] * 3
+    tuner.cache = {**tuner.cache, ("new",): configs[2]}
+    decode_kernel._record_trial(tuner, before)
+    (trial,) = decode_kernel.tile_trials()
+    assert trial["key"] == ("new",) and trial["best"] == names[2]
+    assert trial["tiles_ms"] == {**{n: 0.5 + i for i, n in enumerate(names[:-1])}, names[-1]: float("inf")}
+    trial["tiles_ms"].clear()  # a copy: the record stays
+    assert len(decode_kernel.tile_trials()[0]["tiles_ms"]) == len(configs)
+
+    # a key tuned without timing (one config left): no stale times from the tuning before
+    tuner.cache = {**tuner.cache, ("single",): configs[1]}
+    decode_kernel._record_trial(tuner, tuner.configs_timings)
+    assert decode_kernel.tile_trials()[1] == {"key": ("single",), "tiles_ms": {}, "best": names[1]}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the autotuner runs on a GPU only")
+def test_a_new_bucket_records_its_tuning_on_the_gpu():
+    decode_kernel._PLANS.clear()
+    seen = len(decode_kernel.tile_trials())
+    q, k, v, lengths, _ = random_case(3, 1, 4, 2, 64, 777, torch.bfloat16, seed=11)
+    decode_kernel.tapa_decode_attention(q, k, v, lengths, num_splits=5)
+    trials = decode_kernel.tile_trials()[seen:]
+    if trials:  # this bucket may have been tuned by an earlier test
+        assert len(trials[-1]["tiles_ms"]) == len(decode_kernel._TUNED_CONFIGS)
+        assert trials[-1]["best"] == min(trials[-1]["tiles_ms"], key=trials[-1]["tiles_ms"].get)

@@ -9,11 +9,14 @@ TAPA kernel through a transposed view. SDPA is timed with each backend that acce
 rotation of the new q and k is left out on both sides (TAPA needs none; it is tiny for RoPE). Times are triton.testing.do_bench medians
 (L2 flushed between runs). Before its timed runs each shape's first TAPA call is timed by the
 wall clock (tapa_first_ms: the plan, and the autotuning where the shape's bucket is new). First
-the kernel is checked against the float64 reference on the GPU (which compiles it).
+the kernel is checked against the float64 reference on the GPU (which compiles it). Where a
+shape's first call autotuned, the autotuner's time for each tile is kept (decode_tiles.csv, and a
+table in decode.md): how far each fixed tile is from the one picked, i.e. what the tuning buys.
 
 Writes to --out: decode.csv (every timing), decode.md (table of ratios + command, date, GPU),
-decode.png (ratio vs cache length). --smoke runs tiny shapes on CPU through the Triton
-interpreter (wall-clock timing; numbers meaningless) to test this script's logic.
+decode.png (ratio vs cache length), decode_tiles.csv (the tiles' times, where tuning ran).
+--smoke runs tiny shapes on CPU through the Triton interpreter (wall-clock timing; numbers
+meaningless) to test this script's logic.
 
 --profile looks for the per-step floor at one shape (--profile-batch, --profile-cache): launches
 and allocations per step (torch.profiler), host time per call against device time (eager, and a
@@ -409,11 +412,53 @@ def graph_columns(graph_times: dict) -> dict:
             "graph_ratio": tapa / graph_times[best]}
 
 
+def tile_rows(batch: int, cache: int, trials: list[dict]) -> list[dict]:
+    """Rows of decode_tiles.csv for the autotunings a shape's first call ran (`tile_trials`
+    records): the tile picked and each tile's median ms of the split kernel."""
+    return [{"batch": batch, "cache": cache, "picked": trial["best"],
+             **{f"tile_{name}_ms": ms for name, ms in trial["tiles_ms"].items()}} for trial in trials]
+
+
+def tile_lines(tiles: list[dict]) -> list[str]:
+    """decode.md's autotuning section: per tuned shape each tile's time over the picked tile's,
+    then each tile's worst such ratio over the shapes (1.00: that one fixed tile would have done
+    as well as the tuning everywhere here)."""
+    if not tiles:
+        return ["", "No autotuning ran in the timed shapes (their buckets were tuned before them, or the "
+                "Triton interpreter ran its one fixed tile)."]
+    names = sorted({key[5:-3] for row in tiles for key in row if key.startswith("tile_")},
+                   key=lambda name: tuple(int(part) for part in name.split("x")))
+
+    def ratio(row, name):
+        ms, best = row.get(f"tile_{name}_ms"), row.get(f"tile_{row['picked']}_ms")
+        return None if ms is None or not best else ms / best
+
+    lines = ["", f"**Autotuning** ({len(tiles)} of the shapes' first calls tuned a new bucket): each "
+             "tile's split-kernel time over the picked tile's, as the autotuner timed them (do_bench "
+             "medians).", "",
+             "| batch | cache | picked | " + " | ".join(names) + " |", "|---|---|---|" + "---|" * len(names)]
+    for row in tiles:
+        cells = [ratio(row, name) for name in names]
+        lines.append(f"| {row['batch']} | {row['cache']} | {row['picked']} | "
+                     + " | ".join("n/a" if c is None else f"{c:.2f}" for c in cells) + " |")
+    worst = {name: max((r for r in (ratio(row, name) for row in tiles) if r is not None), default=None)
+             for name in names}
+    timed = {name: w for name, w in worst.items() if w is not None}
+    if timed:
+        fixed = min(timed, key=timed.get)
+        lines += ["", "Worst over the tuned shapes: " + ", ".join(
+            f"{name} {w:.2f}x" for name, w in timed.items()) + f". The best fixed tile, {fixed}, is at "
+            f"most {timed[fixed]:.2f}x the tuned choice."]
+    return lines
+
+
 def write_results(out: Path, rows: list[dict], *, errors: dict, command: str, device_name: str,
-                  smoke: bool, shapes: dict, dtype: torch.dtype) -> None:
+                  smoke: bool, shapes: dict, dtype: torch.dtype, tiles: list[dict] = ()) -> None:
     out.mkdir(parents=True, exist_ok=True)
     sdpa_columns = sorted({key for row in rows for key in row if key.startswith("sdpa_")})
     write_csv(out / "decode.csv", rows)
+    if tiles:
+        write_csv(out / "decode_tiles.csv", list(tiles))
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
         "# TAPA split-KV decode step vs SDPA (same shapes)", "",
@@ -446,6 +491,7 @@ def write_results(out: Path, rows: list[dict], *, errors: dict, command: str, de
               "accuracy check before them compiled the kernels): median "
               f"{statistics.median(r['tapa_first_ms'] for r in rows):.1f} ms, most "
               f"{slowest['tapa_first_ms']:.1f} ms at batch {slowest['batch']}, cache {slowest['cache']}."]
+    lines += tile_lines(list(tiles))
     if any("graph_ratio" in row for row in rows):
         lines += ["", "**As CUDA-graph replays** (`--graphs`: each step captured once and replayed, as "
                   "serving stacks run decode steps; no launch or Python cost on either side):", "",
@@ -516,7 +562,7 @@ def run(args) -> int:
     print(f"accuracy vs float64: kernel {errors['kernel']:.2e}, same-dtype reference {errors['reference']:.2e}")
     if errors["kernel"] > 2 * errors["reference"] + 1e-6:
         raise SystemExit("tapa bench decode: the kernel's error exceeds 2x the reference's; not timing")
-    rows = []
+    rows, tiles = [], []
     from tqdm import tqdm
 
     argv = sys.argv[3:] if sys.argv[1:3] == ["bench", "decode"] else sys.argv[1:]
@@ -524,8 +570,10 @@ def run(args) -> int:
 
     for batch in batches:
         for cache in tqdm(caches, desc=f"batch {batch}", disable=None):
+            tuned = len(kernel.tile_trials())
             times, graph_times = bench_shape(kernel, timer, batch=batch, cache=cache, theta=args.theta,
                                              dtype=dtype, device=device, graphs=args.graphs, **shapes)
+            tiles += tile_rows(batch, cache, kernel.tile_trials()[tuned:])
             best = fastest_sdpa(times)
             if best is None:
                 raise SystemExit(f"no SDPA backend ran batch {batch}, cache {cache}")
@@ -548,7 +596,7 @@ def run(args) -> int:
                 torch.cuda.empty_cache()
             # after every shape, so that a run cut short keeps what it measured
             write_results(args.out, rows, errors=errors, command=command, device_name=_gpu_name(device),
-                          smoke=args.smoke, shapes=shapes, dtype=dtype)
+                          smoke=args.smoke, shapes=shapes, dtype=dtype, tiles=tiles)
     print(f"wrote {args.out}/decode.csv, decode.md, decode.png")
     if args.splits:
         sweeps = []

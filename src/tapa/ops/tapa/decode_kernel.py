@@ -188,6 +188,38 @@ _tuned_split_kernel = triton.autotune(
 )(_split_kernel)
 SPLIT_ALIGN = DECODE.split_align  # split lengths are multiples of every BLOCK_N above
 
+# Every autotuning of the split kernel in this process, oldest first (`tile_trials`). It grows as
+# Triton's own cache of tuned keys does: once per key, and keys are buckets, so a few dozen at most.
+_TRIALS: list[dict] = []
+
+
+def tile_trials() -> list[dict]:
+    """The decode kernel's autotunings so far in this process, oldest first. Each is a dict:
+    "key" (the autotuner's key: q_len, group, head dim, v dim, split and program buckets, then
+    the tensors' dtypes), "tiles_ms" ({"BLOCK_Nxwarps": median ms of one split-kernel launch,
+    inf where the tile failed}) and "best" (the tile picked). Empty under the Triton interpreter,
+    which runs one fixed tile. Where Triton answered from its disk cache
+    (TRITON_CACHE_AUTOTUNING=1), the times are the ones stored there."""
+    return [dict(trial, tiles_ms=dict(trial["tiles_ms"])) for trial in _TRIALS]
+
+
+def _tile_name(config) -> str:
+    return f"{config.kwargs['BLOCK_N']}x{config.num_warps}"
+
+
+def _record_trial(tuner, timings_before) -> None:
+    """Append the autotuning `tuner` just did (its newest key) to the trials `tile_trials` reads;
+    timings_before: its `configs_timings` before the call (the same object: no tile was timed)."""
+    key = next(reversed(tuner.cache))  # dicts keep insertion order: the key tuned last
+    timings = getattr(tuner, "configs_timings", None)
+    if timings is None or timings is timings_before:
+        timings = {}
+    # do_bench returned (median, p20, p80) per tile; a failed tile, inf
+    tiles = {_tile_name(config): float(t[0] if isinstance(t, (list, tuple)) else t)
+             for config, t in timings.items()}
+    _TRIALS.append({"key": key, "tiles_ms": tiles, "best": _tile_name(tuner.cache[key])})
+
+
 def _pow2(n: int, minimum: int = 16) -> int:
     return max(minimum, triton.next_power_of_2(n))
 
@@ -414,8 +446,12 @@ def tapa_decode_attention(
     if plan.split_config is not None:
         split = _split_kernel[plan.split_grid](*args, **plan.split_flags, **plan.split_config)
     elif q.is_cuda:  # tuned once per query shape, split and program bucket (the autotuner's key)
+        tuned = len(_tuned_split_kernel.cache)
+        timings = getattr(_tuned_split_kernel, "configs_timings", None)
         _tuned_split_kernel[plan.split_grid](*args, **plan.split_flags)
         plan.split_config = _tuned_split_kernel.best_config.all_kwargs()
+        if len(_tuned_split_kernel.cache) > tuned:
+            _record_trial(_tuned_split_kernel, timings)
         split = None
     else:  # the Triton interpreter: one fixed configuration
         plan.split_config = {"BLOCK_N": 64}
