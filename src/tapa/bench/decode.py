@@ -429,26 +429,24 @@ def tile_lines(tiles: list[dict]) -> list[str]:
     names = sorted({key[5:-3] for row in tiles for key in row if key.startswith("tile_")},
                    key=lambda name: tuple(int(part) for part in name.split("x")))
 
-    def ratio(row, name):
-        ms, best = row.get(f"tile_{name}_ms"), row.get(f"tile_{row['picked']}_ms")
-        return None if ms is None or not best else ms / best
-
+    ratios = []  # per tuned shape: {tile: its time over the picked tile's}
+    for row in tiles:
+        picked = row.get(f"tile_{row['picked']}_ms")
+        ratios.append({name: row[f"tile_{name}_ms"] / picked for name in names
+                       if picked and f"tile_{name}_ms" in row})
     lines = ["", f"**Autotuning** ({len(tiles)} of the shapes' first calls tuned a new bucket): each "
              "tile's split-kernel time over the picked tile's, as the autotuner timed them (do_bench "
              "medians).", "",
              "| batch | cache | picked | " + " | ".join(names) + " |", "|---|---|---|" + "---|" * len(names)]
-    for row in tiles:
-        cells = [ratio(row, name) for name in names]
+    for row, ratio in zip(tiles, ratios):
         lines.append(f"| {row['batch']} | {row['cache']} | {row['picked']} | "
-                     + " | ".join("n/a" if c is None else f"{c:.2f}" for c in cells) + " |")
-    worst = {name: max((r for r in (ratio(row, name) for row in tiles) if r is not None), default=None)
-             for name in names}
-    timed = {name: w for name, w in worst.items() if w is not None}
-    if timed:
-        fixed = min(timed, key=timed.get)
+                     + " | ".join(f"{ratio[name]:.2f}" if name in ratio else "n/a" for name in names) + " |")
+    worst = {name: max(r[name] for r in ratios if name in r) for name in names if any(name in r for r in ratios)}
+    if worst:
+        fixed = min(worst, key=worst.get)
         lines += ["", "Worst over the tuned shapes: " + ", ".join(
-            f"{name} {w:.2f}x" for name, w in timed.items()) + f". The best fixed tile, {fixed}, is at "
-            f"most {timed[fixed]:.2f}x the tuned choice."]
+            f"{name} {w:.2f}x" for name, w in worst.items()) + f". The best fixed tile, {fixed}, is at "
+            f"most {worst[fixed]:.2f}x the tuned choice."]
     return lines
 
 
