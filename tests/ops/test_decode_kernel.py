@@ -253,10 +253,10 @@ def test_each_autotuning_is_kept_with_every_tiles_time(monkeypatch):
     before = tuner.configs_timings
     tuner.configs_timings = {c: [0.5 + i, 0.4 + i, 0.6 + i] for i, c in enumerate(configs)}
     tuner.configs_timings[configs[-1]] = [float("inf")] * 3
-    tuner.cache = {**tuner.cache, ("new",): configs[2]}
+    tuner.cache = {**tuner.cache, ("new",): configs[0]}
     decode_kernel._record_trial(tuner, before)
     (trial,) = decode_kernel.tile_trials()
-    assert trial["key"] == ("new",) and trial["best"] == names[2]
+    assert trial["key"] == ("new",) and trial["best"] == names[0]
     assert trial["tiles_ms"] == {**{n: 0.5 + i for i, n in enumerate(names[:-1])}, names[-1]: float("inf")}
     trial["tiles_ms"].clear()  # a copy: the record stays
     assert len(decode_kernel.tile_trials()[0]["tiles_ms"]) == len(configs)
@@ -269,7 +269,7 @@ def test_each_autotuning_is_kept_with_every_tiles_time(monkeypatch):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the autotuner runs on a GPU only")
 def test_a_new_bucket_records_its_tuning_on_the_gpu(monkeypatch):
-    """A first call in an untuned bucket records one tuning: all six tiles timed, the fastest
+    """A first call in an untuned bucket records one tuning: every tile timed, the fastest
     picked; a second call of the same signature records nothing more."""
     monkeypatch.setattr(decode_kernel._tuned_split_kernel, "cache", {})  # every bucket untuned
     monkeypatch.setattr(decode_kernel, "_TRIALS", [])
