@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import replace
 
 import pytest
@@ -236,6 +237,23 @@ def test_the_tuned_tile_depends_on_the_program_count():
         args = dict(zip(decode_kernel._split_kernel.arg_names[7:], plan.split_tail))  # after 7 tensors
         buckets.append((args["split_bucket"], args["program_bucket"]))
     assert buckets[0][0] == buckets[1][0] and buckets[0][1] != buckets[1][1], buckets
+
+
+def test_the_tuning_buckets_do_not_specialize_the_kernel():
+    """The buckets are only the autotuner's key: Triton must not compile a kernel per bucket value
+    (a bucket of 16 is divisible by 16, which Triton specializes on), and the kernel body must not
+    read them, or not specializing them could change its code."""
+    kernel = decode_kernel._split_kernel
+    body = inspect.getsource(kernel.fn).split('"""', 2)[2]  # after the signature and docstring
+    assert "split_bucket" not in body and "program_bucket" not in body
+    assert "keys_per_split" in body  # the loop bounds: this one stays specialized
+    if hasattr(kernel, "params"):  # a JITFunction (a GPU)
+        unspecialized = {p.name for p in kernel.params if p.do_not_specialize}
+    elif "do_not_specialize" in getattr(kernel, "kwargs", {}):  # the interpreter keeps the decorator's
+        unspecialized = set(kernel.kwargs["do_not_specialize"] or ())
+    else:
+        pytest.skip("this Triton's interpreter does not keep the decorator's arguments")
+    assert unspecialized == {"split_bucket", "program_bucket"}
 
 
 def test_each_autotuning_is_kept_with_every_tiles_time(monkeypatch):
