@@ -33,7 +33,7 @@ FLOATS = {"amp_scale", "logit_scale", "phase_scale", "alpha", "taylor_rho", "b1"
 
 
 def compile_for_hopper(kernel, constexprs, dtype, num_warps, num_stages=2, out_dtype=None,
-                       descriptors=None):
+                       descriptors=None, arch=90):
     # descriptors: {name: 'tensordesc<...>'} of a TMA kernel's descriptor arguments; a kernel
     # with such arguments and without TMA takes them as None
     signature = dict(descriptors or {})
@@ -57,8 +57,8 @@ def compile_for_hopper(kernel, constexprs, dtype, num_warps, num_stages=2, out_d
         else:
             signature[name] = "fp32" if name in FLOATS else "i32"
     source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
-    triton.compile(source, target=GPUTarget("cuda", 90, 32),
-                   options={"num_warps": num_warps, "num_stages": num_stages})
+    return triton.compile(source, target=GPUTarget("cuda", arch, 32),
+                          options={"num_warps": num_warps, "num_stages": num_stages})
 
 
 def logit_flags(dtype, power, quadratic, trig_poly, long_phase, taylor_order=6):
@@ -118,6 +118,39 @@ def test_kernels_compile_for_hopper():
                             env=env, timeout=300)
     assert result.returncode == 0, result.stderr[-4000:]
     assert "compiled for sm_90" in result.stdout
+
+
+# The widest decode tiles on the GPU with the least shared memory per block among those the kernels
+# target (A100: 163 KB): at head dim 256 each dtype needs one tile of DECODE's that fits.
+DECODE_SHARED_SCRIPT = COMPILE_SCRIPT.split("decode_variants = [")[0] + """
+from tapa.ops.tapa.configs import DECODE
+for dtype in ("fp16", "bf16", "fp32"):
+    flags = logit_flags(dtype, True, True, True, False)
+    shared = {}
+    for block_n, warps in DECODE.tiles:
+        constexprs = dict(HAS_STARTS=False, FINAL=False, **flags, BLOCK_M=16, BLOCK_N=block_n, BLOCK_D=256,
+                          BLOCK_DV=256)
+        compiled = compile_for_hopper(decode_kernel._split_kernel, constexprs, dtype, warps, DECODE.num_stages,
+                                      out_dtype="fp32", arch=80)
+        shared[f"{block_n}x{warps}"] = compiled.metadata.shared
+    print(dtype, min(shared.values()), shared)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available() or not _ptxas_available(),
+                    reason="CPU-only check with triton's bundled ptxas")
+def test_every_decode_dtype_has_a_tile_that_fits_an_a100_at_head_dim_256():
+    """The autotuner drops a tile that does not fit the GPU's shared memory; if none fits, the call
+    fails. Float32 at head dim 256 needs the 32-key tile on an A100 (64 keys: 168,000 bytes)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    result = subprocess.run([sys.executable, "-c", DECODE_SHARED_SCRIPT], capture_output=True, text=True,
+                            env=env, timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+    smallest = {line.split()[0]: int(line.split()[1]) for line in result.stdout.splitlines()[-3:]}
+    assert set(smallest) == {"fp16", "bf16", "fp32"}, result.stdout
+    a100_max = 163 * 1024  # bytes of shared memory one block may use on an A100 (sm_80)
+    assert all(size <= a100_max for size in smallest.values()), result.stdout
 
 
 LONG_PHASE_SCRIPT = """

@@ -260,9 +260,12 @@ class DecodeConfigs:
     split_align: int
 
 
-# Two tiles: of the six (32, 64, 128 keys x 4, 8 warps) the autotuner once chose from, 64x4 and
+# Three tiles of the six (32, 64, 128 keys x 4, 8 warps) the autotuner once chose from: 64x4 and
 # 128x4 were each within 1.03x of the tuned pick in every bucket `tapa bench decode` tuned on an
-# H100 (2026-12-07), and the four others never won by more than 2%. Each tile tried costs the
-# first call of a new bucket its timing (about 0.1 s) and, in a new process, its compile.
+# H100 (bf16, head dim 128; 2026-12-07), and the 8-warp tiles never won by more than 2%. 32x4 stays
+# for the widest tiles: compiled for an A100 (sm_80) at head dim 256 in float32, a 64-key tile
+# asks 168,000 bytes of shared memory, over the 163 KB a block may have, and 32 keys 100,416
+# (tests/ops/test_compile.py). Each tile tried costs the first call of a new bucket its timing
+# (about 0.1 s) and, in a new process, its compile.
 DECODE = DecodeConfigs(trig_poly=True, taylor_order=6, taylor_tolerance=1e-8,
-                       tiles=((64, 4), (128, 4)), num_stages=2, split_align=128)
+                       tiles=((32, 4), (64, 4), (128, 4)), num_stages=2, split_align=128)
