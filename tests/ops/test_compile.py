@@ -120,8 +120,8 @@ def test_kernels_compile_for_hopper():
     assert "compiled for sm_90" in result.stdout
 
 
-# The widest decode tiles on the GPU with the least shared memory per block among those the kernels
-# target (A100: 163 KB): at head dim 256 each dtype needs one tile of DECODE's that fits.
+# The widest decode tiles against an A100's shared memory (163 KB a block): at head dim 256 each
+# dtype needs one tile of DECODE's that fits.
 DECODE_SHARED_SCRIPT = COMPILE_SCRIPT.split("decode_variants = [")[0] + """
 from tapa.ops.tapa.configs import DECODE
 for dtype in ("fp16", "bf16", "fp32"):
