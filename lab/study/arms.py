@@ -253,21 +253,22 @@ def confirm_plan() -> list[tuple[str, str]]:
     return [("scale-768-confirm", arm) for arm in (*CONFIRM_CANDIDATES, *CONFIRM_ANCHORS)]
 
 
-# the confirmation's first jobs: every seed of the two kinds under the query temperature (the
-# screen's best of each, three seeds there). Their seed 0 at 91M split them widely, on the seed where
-# the TAPA base already failed to retrieve at 91M (2026-12-02), so their seeds 1-2 say more than the
-# other arms' seed 0 (results/toy-study/globals/README.md)
-CONFIRM_FIRST = ("hybrid-nope-temp", "hybrid-tapa-temp")
-# then the first jobs of each seed: RoPE + YaRN, the goal's length anchor, and the two bases, so the
-# temperature's gain at 91M is read within this protocol (RoPE + YaRN's seed 0 here moved 0.8-2.7%
-# from its 2026-12-02 run, the size of that gain against the 12-02 bases)
+# the confirmation's first jobs: every seed of every candidate, seed by seed. The goal's table reads
+# only arms with three seeds, so the candidates' seeds come before the anchors' seeds 1-2 (2026-12-07,
+# after the temperature's three seeds of each kind and the anchors' seed 0 had run: the anchors'
+# seed 0 already reads RoPE + YaRN's length and the temperature's gain within this protocol, and
+# their 2026-12-02 runs have seeds 1-2 under the plain scale step)
+CONFIRM_FIRST = CONFIRM_CANDIDATES
+# then the anchors' seeds, each seed led by RoPE + YaRN, the goal's length anchor, then the two bases
+# (RoPE + YaRN's seed 0 here moved 0.8-2.7% from its 2026-12-02 run, the size of the temperature's
+# gain against the 12-02 bases)
 CONFIRM_LEAD = ("rope-yarn", "hybrid-nope", "hybrid-tapa")
 
 
 def confirm_queue() -> list[tuple[str, str, int]]:
     """The confirmation's jobs as (protocol, arm, seed) in run order: seeds 0-2 of CONFIRM_FIRST,
-    then seed 0 of every other arm (a first reading of each at the scale step; CONFIRM_LEAD's before
-    the others), then seeds 1, then seeds 2."""
+    seed by seed, then seed 0 of every other arm (CONFIRM_LEAD's before the others), then seeds 1,
+    then seeds 2."""
     plan = {arm: protocol for protocol, arm in confirm_plan()}
     first = [(plan[arm], arm, seed) for seed in (0, 1, 2) for arm in CONFIRM_FIRST]
     order = [(plan[arm], arm) for arm in dict.fromkeys((*CONFIRM_LEAD, *plan))]
