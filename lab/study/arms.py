@@ -257,7 +257,7 @@ def confirm_plan() -> list[tuple[str, str]]:
 # only arms with three seeds, so the candidates' seeds come before the anchors' seeds 1-2 (2026-12-07,
 # after the temperature's three seeds of each kind and the anchors' seed 0 had run: the anchors'
 # seed 0 already reads RoPE + YaRN's length and the temperature's gain within this protocol, and
-# their 2026-12-02 runs have seeds 1-2 under the plain scale step)
+# their 2026-12-02 runs under the plain scale step have more seeds: the bases 3, RoPE + YaRN 2)
 CONFIRM_FIRST = CONFIRM_CANDIDATES
 # then the anchors' seeds, each seed led by RoPE + YaRN, the goal's length anchor, then the two bases
 # (RoPE + YaRN's seed 0 here moved 0.8-2.7% from its 2026-12-02 run, the size of the temperature's
