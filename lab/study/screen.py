@@ -32,6 +32,7 @@ stage 20% of pretraining") and writes to --out:
     seeds.png             each seed's value of each deciding measure, for the arms with 2+ seeds
     tradeoff.png          far perplexity against multi-key retrieval beyond the window, per seed
                           and per arm's mean: where each arm sits on the length-retrieval trade
+    tradeoff_seeds3.png   the same for the arms with 3+ seeds, beside RoPE + YaRN and the bases
 Every number comes from the job JSONs; an arm missing a stage shows an empty cell.
 With --keep-jobs FOLDER, the job JSONs of each runner archive among --in are first copied to
 FOLDER/jobs-CALL.tar.gz (results/toy-study/globals/jobs), so that the screen's later sessions
@@ -851,35 +852,54 @@ def label_spots(points: list[tuple[float, float]], width: float = 0.16, height: 
     return placed
 
 
-def plot_tradeoff(ppl: list[dict], retrieval: list[dict], path: Path) -> Path | None:
-    """The screen's two deciding measures against each other: test perplexity at the longest
-    length (x) and retrieval beyond the window at the second-longest prompt (y; multi-key, else
-    the first suite task run), after the continual stage. A small mark per seed, a large one at
-    each arm's mean, named; one colour a lever, TAPA circles, NoPE squares, anchors triangles.
-    None when no arm has both measures."""
+def _is_reference(arm: str) -> bool:
+    """RoPE + YaRN or a global kind's base arm, at any scale (not under a protocol lever)."""
+    name, tag = _split_tag(arm)
+    return name in (ANCHOR, *BASES.values()) and tag == _scale(arm)
+
+
+def tradeoff_points(ppl: list[dict], retrieval: list[dict], min_seeds: int = 1) -> tuple:
+    """(x measure, y measure, {arm: [(x, y) per seed]}) for the tradeoff plot: test perplexity at
+    the longest length and retrieval beyond the window at the second-longest prompt (multi-key,
+    else the first suite task run), after the continual stage, for each arm with both measures on
+    at least min_seeds seeds; RoPE + YaRN and the two bases with any. No arms when none has both,
+    or when a min_seeds above 1 leaves only those references."""
     measures = _measures(ppl, retrieval)
     x_measure = next((m for m in reversed(measures) if m.startswith("test ppl")), None)
     tasks = [m.rsplit(" ", 1)[0] for m in measures if " ppl " not in m]
     task = "multi-key" if "multi-key" in tasks else next(iter(tasks), None)
     y_measure = next((m for m in measures if m.startswith(f"{task} ")), None) if task else None
+    if not x_measure or not y_measure:
+        return x_measure, y_measure, {}
     values = _per_seed(ppl, retrieval)
-    arms = [a for a in _arms(ppl + retrieval)
-            if values.get((a, x_measure)) and values.get((a, y_measure))] if y_measure else []
-    if not x_measure or not arms:
+    points = {}
+    for arm in _arms(ppl + retrieval):
+        xs, ys = values.get((arm, x_measure), {}), values.get((arm, y_measure), {})
+        seeds = sorted(set(xs) & set(ys))
+        if seeds and (len(seeds) >= min_seeds or _is_reference(arm)):
+            points[arm] = [(xs[k], ys[k]) for k in seeds]
+    if min_seeds > 1 and not any(len(p) >= min_seeds and not _is_reference(a) for a, p in points.items()):
+        points = {}  # no lever has the seeds yet: nothing to set beside the references
+    return x_measure, y_measure, points
+
+
+def plot_tradeoff(ppl: list[dict], retrieval: list[dict], path: Path, min_seeds: int = 1) -> Path | None:
+    """The screen's two deciding measures against each other (`tradeoff_points`). A small mark
+    per seed, a large one at each arm's mean, named; one colour a lever, TAPA circles, NoPE
+    squares, anchors triangles. With min_seeds, only the arms with that many seeds, beside RoPE +
+    YaRN and the two bases. None when there are no arms to show."""
+    x_measure, y_measure, per_arm = tradeoff_points(ppl, retrieval, min_seeds)
+    if not per_arm:
         return None
+    arms = list(per_arm)
     plt = _pyplot()
     colours = _lever_colours(plt, arms)
     fig, ax = plt.subplots(figsize=(8.5, 6))
     means = {}
-    for arm in arms:
-        xs, ys = values[(arm, x_measure)], values[(arm, y_measure)]
-        seeds = sorted(set(xs) & set(ys))
-        if not seeds:
-            continue
+    for arm, points in per_arm.items():
         marker = {"tapa": "o", "nope": "s"}.get(global_kind(arm), "^")
-        points = [(xs[k], ys[k]) for k in seeds]
         ax.scatter(*zip(*points), color=colours[arm], marker=marker, s=14, alpha=0.45)
-        means[arm] = (mean(x for x, _ in points), mean(y for _, y in points), len(seeds))
+        means[arm] = (mean(x for x, _ in points), mean(y for _, y in points), len(points))
         ax.scatter(*means[arm][:2], color=colours[arm], marker=marker, s=70, edgecolors="black",
                    linewidths=0.6, zorder=3)
     (x0, x1), (y0, y1) = ax.get_xlim(), ax.get_ylim()
@@ -893,9 +913,10 @@ def plot_tradeoff(ppl: list[dict], retrieval: list[dict], path: Path) -> Path | 
     ax.set(xlabel=f"{x_measure.replace('test ppl', 'test perplexity at')} (lower is better)",
            ylabel=f"{y_measure}: % correct beyond the window (higher is better)")
     ax.grid(True, alpha=0.3)
+    which = (f"the arms with {min_seeds}+ seeds, beside RoPE + YaRN and the bases\n" if min_seeds > 1 else "")
     ax.set_title("Length against retrieval after the continual stage: up and to the left is better\n"
-                 "(large mark: the mean over the seeds in brackets, small: each seed; TAPA circles, "
-                 "NoPE squares, a colour a lever)", fontsize=9)
+                 f"{which}(large mark: the mean over the seeds in brackets, small: each seed; TAPA "
+                 "circles, NoPE squares, a colour a lever)", fontsize=9)
     fig.tight_layout()
     save_png(fig, path, dpi=120)
     plt.close(fig)
@@ -994,7 +1015,8 @@ def screen(paths, out_dir: str | Path, command: str, arms: list[str] | None = No
     plots = [plot_perplexity(ppl, out / "perplexity.png"), plot_retrieval(retrieval, out / "retrieval.png"),
              plot_heatmap(retrieval, out / "retrieval_heatmap.png"),
              plot_seeds(ppl, retrieval, out / "seeds.png"),
-             plot_tradeoff(ppl, retrieval, out / "tradeoff.png")]
+             plot_tradeoff(ppl, retrieval, out / "tradeoff.png"),
+             plot_tradeoff(ppl, retrieval, out / "tradeoff_seeds3.png", min_seeds=3)]
     sections += [f"![{p.stem}]({p.name})" for p in plots if p]
     (out / "screen.md").write_text("\n\n".join(s for s in sections if s) + "\n")
     return written + [out / "screen.md"] + [p for p in plots if p]

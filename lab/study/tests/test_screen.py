@@ -695,6 +695,34 @@ def test_tradeoff_plot_sets_far_perplexity_against_multi_key(tmp_path):
     assert screen.plot_tradeoff([], retrieval, tmp_path / "none.png") is None
 
 
+def test_the_three_seed_tradeoff_keeps_the_levers_with_three_seeds_beside_the_references(tmp_path):
+    grid = lambda hits: {"multi-key": [[hits, hits], [hits, hits]]}
+    jobs = [screen_job(arm, seed, [10.0, 20.0 + seed], [30.0, 40.0], grid(2 + seed), protocol)
+            for arm, seeds, protocol in (("hybrid-tapa-temp", 3, "toy-gpu-screen"),
+                                         ("hybrid-nope-w64", 2, "toy-gpu-screen"),
+                                         ("hybrid-tapa", 1, "toy-gpu-screen"),
+                                         ("hybrid-nope", 1, "toy-gpu-screen"),
+                                         ("hybrid-tapa-temp", 3, "scale-768-confirm"),
+                                         ("hybrid-nope", 1, "scale-768-confirm"))
+            for seed in range(seeds)]
+    ppl, retrieval = screen.perplexity_rows(jobs), screen.retrieval_rows(jobs)[0]
+    x, y, points = screen.tradeoff_points(ppl, retrieval, min_seeds=3)
+    assert (x, y) == ("test ppl 16k", "multi-key 8k")
+    # the two-seed lever leaves; the one-seed bases stay, at each scale
+    assert sorted(points) == ["hybrid-nope", "hybrid-nope@768", "hybrid-tapa", "hybrid-tapa-temp",
+                              "hybrid-tapa-temp@768"]
+    assert points["hybrid-tapa-temp"] == [(20.0, 20.0), (21.0, 30.0), (22.0, 40.0)]
+    assert sorted(screen.tradeoff_points(ppl, retrieval)[2]) == sorted(set(points) | {"hybrid-nope-w64"})
+    # a protocol lever on a base is a lever, not a reference
+    assert not screen._is_reference("hybrid-tapa@c4096") and screen._is_reference("rope-yarn@768")
+    # with no lever at three seeds the plot is not drawn; the every-arm plot still is
+    few = [j for j in jobs if "temp" not in j["arm"]]
+    few_ppl, few_retrieval = screen.perplexity_rows(few), screen.retrieval_rows(few)[0]
+    assert screen.plot_tradeoff(few_ppl, few_retrieval, tmp_path / "three.png", min_seeds=3) is None
+    assert screen.plot_tradeoff(few_ppl, few_retrieval, tmp_path / "all.png") == tmp_path / "all.png"
+    assert screen.plot_tradeoff(ppl, retrieval, tmp_path / "three.png", min_seeds=3) == tmp_path / "three.png"
+
+
 def test_tradeoff_names_stay_inside_the_axes_and_apart():
     # three means close together at the bottom edge: the names move up, not below the axes
     spots = screen.label_spots([(0.5, 0.01), (0.52, 0.0), (0.55, 0.005)])
