@@ -891,9 +891,8 @@ def plot_tradeoff(ppl: list[dict], retrieval: list[dict], path: Path, min_seeds:
     x_measure, y_measure, per_arm = tradeoff_points(ppl, retrieval, min_seeds)
     if not per_arm:
         return None
-    arms = list(per_arm)
     plt = _pyplot()
-    colours = _lever_colours(plt, arms)
+    colours = _lever_colours(plt, _arms(ppl + retrieval))  # an arm's colour is the same in every plot
     fig, ax = plt.subplots(figsize=(8.5, 6))
     means = {}
     for arm, points in per_arm.items():
