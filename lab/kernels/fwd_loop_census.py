@@ -142,7 +142,7 @@ def census(ins: list[dict], scores: int) -> str:
                 lines.append(f"| {name} | " + " | ".join(str(c[name]) for c in counts.values())
                              + f" | {far[name]} | {far[name] / scores:.2f} |")
         total = sum(far.values())
-        lines.append(f"| total | " + " | ".join(str(sum(c.values())) for c in counts.values())
+        lines.append("| total | " + " | ".join(str(sum(c.values())) for c in counts.values())
                      + f" | {total} | {total / scores:.2f} |")
         ops = collections.Counter(i["op"] + (i["mods"] if i["op"] == "MUFU" else "")
                                   for name, part in parts.items() if name != "near arm" for i in part)
