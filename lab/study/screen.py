@@ -77,6 +77,7 @@ PROTOCOL_LABELS = {"@c4096": ", continual at 4096", "@cl20": ", continual stage 
 STAGES = {"eval0": ("zero-shot", "test"), "eval1": ("continual", "test"),
           "domain0": ("zero-shot", "domain"), "domain1": ("continual", "domain")}
 BASES = {"tapa": "hybrid-tapa", "nope": "hybrid-nope"}  # each global kind's base arm
+ANCHOR = "rope-yarn"  # the goal's length anchor: RoPE continued with YaRN
 PLAIN = "-plain"  # an eval-time lever's job read without it: its own arm, "ARM-plain"
 OUTPUTS = ("perplexity.csv", "retrieval.csv", "retrieval_cells.csv", "screen.md",
            "perplexity.png", "retrieval.png", "retrieval_heatmap.png", "tradeoff.png")
@@ -107,6 +108,12 @@ def _scale(arm: str) -> str:
     @c4096 is read beside the toy arms)."""
     tag = _split_tag(arm)[1]
     return tag if tag in SCALE_TAGS else ""
+
+
+def _is_reference(arm: str) -> bool:
+    """RoPE + YaRN or a global kind's base arm, at any scale (not under a protocol lever)."""
+    name, tag = _split_tag(arm)
+    return name in (ANCHOR, *BASES.values()) and tag == _scale(arm)
 
 
 def base_of(arm: str) -> str | None:
@@ -529,9 +536,8 @@ def summary_table(ppl: list[dict], retrieval: list[dict], pretrain_len: int | No
     seeds = defaultdict(set)
     for (arm, _), by_seed in test.items():
         seeds[arm] |= set(by_seed)
-    anchors = set(BASES.values()) | {ANCHOR}
     arms = [a for a in _arms(ppl) if not a.startswith("retrofit-") and not a.endswith(PLAIN)
-            and (len(seeds[a]) >= GOAL_SEEDS or a in {name + _scale(a) for name in anchors})]
+            and (len(seeds[a]) >= GOAL_SEEDS or _is_reference(a))]
     if not any(global_kind(a) == "tapa" for a in arms) or not any(
             _split_tag(a)[0] == ANCHOR for a in arms):
         return ""
@@ -852,12 +858,6 @@ def label_spots(points: list[tuple[float, float]], width: float = 0.16, height: 
     return placed
 
 
-def _is_reference(arm: str) -> bool:
-    """RoPE + YaRN or a global kind's base arm, at any scale (not under a protocol lever)."""
-    name, tag = _split_tag(arm)
-    return name in (ANCHOR, *BASES.values()) and tag == _scale(arm)
-
-
 def tradeoff_points(ppl: list[dict], retrieval: list[dict], min_seeds: int = 1) -> tuple:
     """(x measure, y measure, {arm: [(x, y) per seed]}) for the tradeoff plot: test perplexity at
     the longest length and retrieval beyond the window at the second-longest prompt (multi-key,
@@ -952,9 +952,6 @@ def plot_heatmap(rows: list[dict], path: Path) -> Path | None:
     return path
 
 
-ANCHOR = "rope-yarn"  # the goal's length anchor: RoPE continued with YaRN
-
-
 def screen(paths, out_dir: str | Path, command: str, arms: list[str] | None = None,
            seeds: list[int] | None = None, anchors=()) -> list[Path]:
     """The screen's tables and plots from the jobs in `paths`, with the RoPE + YaRN anchor's jobs
@@ -1015,7 +1012,7 @@ def screen(paths, out_dir: str | Path, command: str, arms: list[str] | None = No
              plot_heatmap(retrieval, out / "retrieval_heatmap.png"),
              plot_seeds(ppl, retrieval, out / "seeds.png"),
              plot_tradeoff(ppl, retrieval, out / "tradeoff.png"),
-             plot_tradeoff(ppl, retrieval, out / "tradeoff_seeds3.png", min_seeds=3)]
+             plot_tradeoff(ppl, retrieval, out / f"tradeoff_seeds{GOAL_SEEDS}.png", min_seeds=GOAL_SEEDS)]
     sections += [f"![{p.stem}]({p.name})" for p in plots if p]
     (out / "screen.md").write_text("\n\n".join(s for s in sections if s) + "\n")
     return written + [out / "screen.md"] + [p for p in plots if p]

@@ -33,7 +33,7 @@ FLOATS = {"amp_scale", "logit_scale", "phase_scale", "alpha", "taylor_rho", "b1"
 
 
 def compile_for_gpu(kernel, constexprs, dtype, num_warps, num_stages=2, out_dtype=None,
-                       descriptors=None, arch=90):
+                    descriptors=None, arch=90):
     # descriptors: {name: 'tensordesc<...>'} of a TMA kernel's descriptor arguments; a kernel
     # with such arguments and without TMA takes them as None
     signature = dict(descriptors or {})
@@ -79,27 +79,27 @@ for (dtype, final, power, quadratic, trig_poly, long_phase, starts, block_n, war
     constexprs = dict(HAS_STARTS=starts, FINAL=final, **flags,
                       BLOCK_M=16, BLOCK_N=block_n, BLOCK_D=128, BLOCK_DV=128)
     compile_for_gpu(decode_kernel._split_kernel, constexprs, dtype, warps, stages,
-                       out_dtype=dtype if final else "fp32")
+                    out_dtype=dtype if final else "fp32")
 compile_for_gpu(decode_kernel._merge_kernel, dict(BLOCK_S=128, BLOCK_DV=128), "bf16", 8)
 
 fused = dict(AMP_DIM=32, HEAD_DIM=64, V_DIM=64, BLOCK_DA=32, BLOCK_DP=32, BLOCK_DV=64, CAUSAL=True)
 compile_for_gpu(kernels._bwd_dkdv_kernel,
-                   dict(fused, **logit_flags("bf16", True, False, True, False, 3), BLOCK_M=32, BLOCK_N=128,
-                        DQ_ATOMIC=True, DQ_TRANSPOSE=False, COS_RADIANS=False, FAST_SCALARS=False),
-                   "bf16", 8, 2)
+                dict(fused, **logit_flags("bf16", True, False, True, False, 3), BLOCK_M=32, BLOCK_N=128,
+                     DQ_ATOMIC=True, DQ_TRANSPOSE=False, COS_RADIANS=False, FAST_SCALARS=False),
+                "bf16", 8, 2)
 compile_for_gpu(kernels._bwd_dkdv_kernel,  # dQ^T = K^T dS (wgmma with M = the columns)
-                   dict(fused, **logit_flags("bf16", True, True, False, False), BLOCK_M=32, BLOCK_N=128,
-                        DQ_ATOMIC=True, DQ_TRANSPOSE=True, COS_RADIANS=True, FAST_SCALARS=True),
-                   "bf16", 8, 2)
+                dict(fused, **logit_flags("bf16", True, True, False, False), BLOCK_M=32, BLOCK_N=128,
+                     DQ_ATOMIC=True, DQ_TRANSPOSE=True, COS_RADIANS=True, FAST_SCALARS=True),
+                "bf16", 8, 2)
 compile_for_gpu(kernels._bwd_dq_kernel,  # the dQ kernel's MUFU paths (PTX, GPU only)
-                   dict(fused, **logit_flags("bf16", True, True, False, False, 2), BLOCK_M=64, BLOCK_N=32,
-                        SPLIT_S=1, COS_RADIANS=True, FAST_SCALARS=True), "bf16", 4, 2)
+                dict(fused, **logit_flags("bf16", True, True, False, False, 2), BLOCK_M=64, BLOCK_N=32,
+                     SPLIT_S=1, COS_RADIANS=True, FAST_SCALARS=True), "bf16", 4, 2)
 compile_for_gpu(kernels._fwd_kernel,  # the forward's bands, column-term series and TMA tiles
-                   dict(fused, **logit_flags("bf16", True, True, False, False, 2), BLOCK_M=64, BLOCK_N=64,
-                        SPLIT_S=2, FAST_SCALARS=True, COS_RADIANS=True, TMA=True, BANDS=True),
-                   "bf16", 4, 2, descriptors=dict(KDescA="tensordesc<bf16[1,64,1,32]>",
-                                                  KDescP="tensordesc<bf16[1,64,1,32]>",
-                                                  VDesc="tensordesc<bf16[1,64,1,64]>"))
+                dict(fused, **logit_flags("bf16", True, True, False, False, 2), BLOCK_M=64, BLOCK_N=64,
+                     SPLIT_S=2, FAST_SCALARS=True, COS_RADIANS=True, TMA=True, BANDS=True),
+                "bf16", 4, 2, descriptors=dict(KDescA="tensordesc<bf16[1,64,1,32]>",
+                                               KDescP="tensordesc<bf16[1,64,1,32]>",
+                                               VDesc="tensordesc<bf16[1,64,1,64]>"))
 print("compiled for sm_90")
 """
 
@@ -131,7 +131,7 @@ for dtype in ("fp16", "bf16", "fp32"):
         constexprs = dict(HAS_STARTS=False, FINAL=False, **flags, BLOCK_M=16, BLOCK_N=block_n, BLOCK_D=256,
                           BLOCK_DV=256)
         compiled = compile_for_gpu(decode_kernel._split_kernel, constexprs, dtype, warps, DECODE.num_stages,
-                                      out_dtype="fp32", arch=80)
+                                   out_dtype="fp32", arch=80)
         shared[f"{block_n}x{warps}"] = compiled.metadata.shared
     print(dtype, min(shared.values()), shared)
 """
