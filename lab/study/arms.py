@@ -239,12 +239,14 @@ def screen_queue() -> list[tuple[str, str, int]]:
 
 # issue 37's confirmation at the scale step: the screen's best configurations of each global kind
 # (reordered by hand as the screen's seeds come in; results/toy-study/globals/README.md says why),
-# then the anchors the issue names. Two a kind: the temperature, and the temperature at the LLG
-# ratio (2026-12-07, three TAPA seeds: TAPA's best retrieval with three seeds, at the temperature's
-# perplexity within the spread). At 30M these are lower at 16k on the means than the LLG ratio
-# alone (both kinds) and theta 0.75, and retrieve more, so those three left the confirmation
-# before it ran them
-CONFIRM_CANDIDATES = ("hybrid-nope-temp", "hybrid-tapa-temp", "hybrid-tapa-temp-llg", "hybrid-nope-temp-llg")
+# then the anchors the issue names. Two a kind: the temperature, and the temperature with window
+# 128 (2026-12-07, three seeds of each kind: at the temperature's perplexity within the spread, it
+# retrieves more on the means for both kinds at every length, and TAPA's worst seed no longer
+# retrieves nothing). It replaced the temperature at the LLG ratio before the confirmation ran it:
+# at 30M that pair is within the spread of window 128's, higher at 16k on TAPA's mean and lower in
+# every retrieval task on NoPE's. The LLG ratio alone (both kinds) and theta 0.75 left earlier, for
+# the same reasons against the temperature
+CONFIRM_CANDIDATES = ("hybrid-nope-temp", "hybrid-tapa-temp", "hybrid-tapa-temp-w128", "hybrid-nope-temp-w128")
 CONFIRM_ANCHORS = ("hybrid-tapa", "hybrid-nope", "rope-yarn")
 
 

@@ -660,10 +660,10 @@ def test_screen_reports_its_progress_and_the_next_call(tmp_path):
             "--jobs hybrid-tapa-temp:0.001:0`") in confirm
     # every candidate's three seeds first, seed by seed, then the anchors, RoPE + YaRN leading each
     # seed; no job twice
-    assert ("hybrid-tapa-temp seed 0, hybrid-tapa-temp-llg seed 0, hybrid-nope-temp-llg seed 0, "
-            "hybrid-nope-temp seed 1, hybrid-tapa-temp seed 1, hybrid-tapa-temp-llg seed 1, "
-            "hybrid-nope-temp-llg seed 1, hybrid-nope-temp seed 2,") in confirm
-    assert ("hybrid-nope-temp-llg seed 2, rope-yarn seed 0, hybrid-nope seed 0, hybrid-tapa seed 0, "
+    assert ("hybrid-tapa-temp seed 0, hybrid-tapa-temp-w128 seed 0, hybrid-nope-temp-w128 seed 0, "
+            "hybrid-nope-temp seed 1, hybrid-tapa-temp seed 1, hybrid-tapa-temp-w128 seed 1, "
+            "hybrid-nope-temp-w128 seed 1, hybrid-nope-temp seed 2,") in confirm
+    assert ("hybrid-nope-temp-w128 seed 2, rope-yarn seed 0, hybrid-nope seed 0, hybrid-tapa seed 0, "
             "rope-yarn seed 1, hybrid-nope seed 1, hybrid-tapa seed 1, rope-yarn seed 2,") in confirm
     assert len(arms.confirm_queue()) == len(set(arms.confirm_queue()))
     assert sorted(arms.confirm_queue()) == sorted((p, a, s) for s in (0, 1, 2) for p, a in arms.confirm_plan())
