@@ -66,10 +66,11 @@ def test_profile_step_writes_the_floor_report(tmp_path):
                                 head_dim=16, theta=0.5, dtype=torch.float16, device=torch.device("cpu"),
                                 smoke=True)
     assert result["graph_ms"] is None and set(result["splits_ms"]) == {1, 2}
-    assert result["host_ms"] > 0 and all(v > 0 for v in result["pieces_ms"].values())
+    assert result["host_ms"] > 0 and result["sdpa_host_ms"] > 0 and all(v > 0 for v in result["pieces_ms"].values())
     bench.write_profile(tmp_path, result, sdpa={"sdpa_math": 0.5}, command="test", device_name="CPU")
     report = (tmp_path / "decode_profile.md").read_text()
-    for part in ("host time per call", "CUDA-graph replay of the step | n/a", "best SDPA (math) | 0.5000",
+    for part in ("host time per call", f"SDPA's host time per call (torch's choice of backend, the same tensors) | "
+                 f"{result['sdpa_host_ms']:.4f} |", "CUDA-graph replay of the step | n/a", "best SDPA (math) | 0.5000",
                  "GPU kernels", "| 1 |", "Profiler, top CPU ops"):
         assert part in report, part
     assert "tapa_decode_attention" in (tmp_path / "decode_profile_cprofile.txt").read_text()

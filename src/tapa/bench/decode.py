@@ -20,8 +20,9 @@ meaningless) to test this script's logic.
 
 --profile looks for the per-step floor at one shape (--profile-batch, --profile-cache): launches
 and allocations per step (torch.profiler), host time per call against device time (eager, and a
-CUDA-graph replay of the same step), the host pieces (the launch plan lookup, allocations), a
-cProfile of the Python wrapper, and the step time by number of splits (1 = one launch).
+CUDA-graph replay of the same step), SDPA's host time per call on the same tensors, the host
+pieces (the launch plan lookup, allocations), a cProfile of the Python wrapper, and the step time
+by number of splits (1 = one launch).
 Writes decode_profile.md and decode_profile_cprofile.txt.
 
 --splits N ... times TAPA's step at each number of splits (as the kernel rounds it: whole
@@ -346,6 +347,14 @@ def profile_step(kernel, timer, *, batch, cache, heads, kv_heads, head_dim, thet
     step()  # compile and autotune
     calls = 3 if smoke else 300
     result = dict(batch=batch, cache=cache, host_ms=_host_ms(step, calls), eager_ms=timer(step))
+    # the anchor's host path at the same shapes: whether TAPA's launch path costs more than SDPA's
+    q_sdpa = q.transpose(1, 2)
+
+    def sdpa_step():
+        return F.scaled_dot_product_attention(q_sdpa, k_cache, v_cache, enable_gqa=True)
+
+    sdpa_step()
+    result["sdpa_host_ms"] = _host_ms(sdpa_step, calls)
     result["graph_ms"] = _graph_ms(step, timer)
     pieces = {  # the checks and launch arithmetic run once per call signature; a step looks them up
         "launch plan lookup (checks, launch arguments)": lambda: kernel._plan(
@@ -381,6 +390,8 @@ def write_profile(out: Path, result: dict, *, sdpa: dict, command: str, device_n
              f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}", "",
              "| measure | ms |", "|---|---|",
              f"| host time per call (enqueue, no sync) | {ms(result['host_ms'])} |",
+             f"| SDPA's host time per call (torch's choice of backend, the same tensors) | "
+             f"{ms(result['sdpa_host_ms'])} |",
              f"| eager step (do_bench median; wall clock in --smoke) | {ms(result['eager_ms'])} |",
              f"| CUDA-graph replay of the step | {ms(result['graph_ms'])} |",
              f"| GPU kernel time per step (profiler) | {ms(prof['device_us'] / 1e3)} |"]
