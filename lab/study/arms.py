@@ -255,12 +255,11 @@ def confirm_plan() -> list[tuple[str, str]]:
     return [("scale-768-confirm", arm) for arm in (*CONFIRM_CANDIDATES, *CONFIRM_ANCHORS)]
 
 
-# the confirmation's first jobs: every seed of every candidate, seed by seed. The goal's table reads
+# The confirmation runs every seed of every candidate first, seed by seed. The goal's table reads
 # only arms with three seeds, so the candidates' seeds come before the anchors' seeds 1-2 (2026-12-07,
 # after the temperature's three seeds of each kind and the anchors' seed 0 had run: the anchors'
 # seed 0 already reads RoPE + YaRN's length and the temperature's gain within this protocol, and
-# their 2026-12-02 runs under the plain scale step have more seeds: the bases 3, RoPE + YaRN 2)
-CONFIRM_FIRST = CONFIRM_CANDIDATES
+# their 2026-12-02 runs under the plain scale step have more seeds: the bases 3, RoPE + YaRN 2);
 # then the anchors' seeds, each seed led by RoPE + YaRN, the goal's length anchor, then the two bases
 # (RoPE + YaRN's seed 0 here moved 0.8-2.7% from its 2026-12-02 run, the size of the temperature's
 # gain against the 12-02 bases)
@@ -268,11 +267,11 @@ CONFIRM_LEAD = ("rope-yarn", "hybrid-nope", "hybrid-tapa")
 
 
 def confirm_queue() -> list[tuple[str, str, int]]:
-    """The confirmation's jobs as (protocol, arm, seed) in run order: seeds 0-2 of CONFIRM_FIRST,
+    """The confirmation's jobs as (protocol, arm, seed) in run order: seeds 0-2 of CONFIRM_CANDIDATES,
     seed by seed, then seed 0 of every other arm (CONFIRM_LEAD's before the others), then seeds 1,
     then seeds 2."""
     plan = {arm: protocol for protocol, arm in confirm_plan()}
-    first = [(plan[arm], arm, seed) for seed in (0, 1, 2) for arm in CONFIRM_FIRST]
+    first = [(plan[arm], arm, seed) for seed in (0, 1, 2) for arm in CONFIRM_CANDIDATES]
     order = [(plan[arm], arm) for arm in dict.fromkeys((*CONFIRM_LEAD, *plan))]
     rest = [(protocol, arm, seed) for seed in (0, 1, 2) for protocol, arm in order]
     return list(dict.fromkeys(first + rest))

@@ -174,6 +174,21 @@ def first_call_ms(step, device: torch.device) -> float:
     return (time.perf_counter() - start) * 1e3
 
 
+def sdpa_step(q, k_cache, v_cache, backend=None):
+    """The anchor's step on the same tensors: SDPA of q (B, 1, H, D) against the (B, Hk, S, D)
+    cache (enable_gqa, no repeat), with one backend, or torch's own choice (backend None)."""
+    from torch.nn.attention import sdpa_kernel
+
+    q_sdpa = q.transpose(1, 2)  # (B, H, 1, D)
+
+    def step():
+        if backend is None:
+            return F.scaled_dot_product_attention(q_sdpa, k_cache, v_cache, enable_gqa=True)
+        with sdpa_kernel([backend]):
+            return F.scaled_dot_product_attention(q_sdpa, k_cache, v_cache, enable_gqa=True)
+    return step
+
+
 def bench_shape(kernel, timer, *, batch, cache, heads, kv_heads, head_dim, theta, dtype, device,
                 graphs=False):
     """({variant: ms}, {variant: ms}) for one step at (batch, cache): the eager step (and TAPA's
@@ -185,14 +200,9 @@ def bench_shape(kernel, timer, *, batch, cache, heads, kv_heads, head_dim, theta
     steps = {"tapa": tapa_step}
     first = first_call_ms(tapa_step, device)
     times = {"tapa": timer(tapa_step), "tapa_first": first}
-    q_sdpa = q.transpose(1, 2)  # (B, H, 1, D)
-    from torch.nn.attention import sdpa_kernel
-
     backends = SDPA_BACKENDS if device.type == "cuda" else ("math",)
     for name in backends:
-        def step(backend=_sdpa_backend(name)):
-            with sdpa_kernel([backend]):
-                return F.scaled_dot_product_attention(q_sdpa, k_cache, v_cache, enable_gqa=True)
+        step = sdpa_step(q, k_cache, v_cache, _sdpa_backend(name))
         try:
             step()
         except RuntimeError as err:  # this backend does not take these shapes / this GPU
@@ -202,7 +212,7 @@ def bench_shape(kernel, timer, *, batch, cache, heads, kv_heads, head_dim, theta
         times[f"sdpa_{name}"] = timer(step)
         steps[f"sdpa_{name}"] = step
     if device.type == "cuda":  # whatever torch picks by itself (an anchor even if none above runs)
-        steps["sdpa_auto"] = lambda: F.scaled_dot_product_attention(q_sdpa, k_cache, v_cache, enable_gqa=True)
+        steps["sdpa_auto"] = sdpa_step(q, k_cache, v_cache)
         times["sdpa_auto"] = timer(steps["sdpa_auto"])
     graph_times = {}
     if graphs:
@@ -348,13 +358,9 @@ def profile_step(kernel, timer, *, batch, cache, heads, kv_heads, head_dim, thet
     calls = 3 if smoke else 300
     result = dict(batch=batch, cache=cache, host_ms=_host_ms(step, calls), eager_ms=timer(step))
     # the anchor's host path at the same shapes: whether TAPA's launch path costs more than SDPA's
-    q_sdpa = q.transpose(1, 2)
-
-    def sdpa_step():
-        return F.scaled_dot_product_attention(q_sdpa, k_cache, v_cache, enable_gqa=True)
-
-    sdpa_step()
-    result["sdpa_host_ms"] = _host_ms(sdpa_step, calls)
+    anchor = sdpa_step(q, k_cache, v_cache)
+    anchor()
+    result["sdpa_host_ms"] = _host_ms(anchor, calls)
     result["graph_ms"] = _graph_ms(step, timer)
     pieces = {  # the checks and launch arithmetic run once per call signature; a step looks them up
         "launch plan lookup (checks, launch arguments)": lambda: kernel._plan(
