@@ -84,7 +84,12 @@ OUTPUTS = ("perplexity.csv", "retrieval.csv", "retrieval_cells.csv", "screen.md"
 
 
 def arm_id(job: dict) -> str:
-    return job["arm"] + PROTOCOL_TAGS.get(job["protocol"]["name"], f"@{job['protocol']['name']}")
+    return tagged(job["arm"], job["protocol"]["name"])
+
+
+def tagged(arm: str, protocol: str) -> str:
+    """The name the tables give an arm run under a protocol: hybrid-nope@768 for scale-768-confirm."""
+    return arm + PROTOCOL_TAGS.get(protocol, f"@{protocol}")
 
 
 def global_kind(arm: str) -> str:
@@ -436,6 +441,75 @@ def _continual_test(ppl: list[dict]) -> dict:
     return test
 
 
+def _goal_groups(measures: list[str]) -> dict:
+    """The goal's two criteria of TAPA against NoPE and the measures each reads."""
+    return {"perplexity": [m for m in measures if m.startswith("test ppl")],
+            "multi-key": [m for m in measures if m.startswith("multi-key")]}
+
+
+def _pending(seeds: dict, arms: list[str]) -> tuple[list[str], dict]:
+    """The TAPA arms with 1 to GOAL_SEEDS - 1 seeds, and {scale: its NoPE arms with GOAL_SEEDS+}."""
+    nopes = defaultdict(list)
+    for arm in arms:
+        if global_kind(arm) == "nope" and not arm.startswith("retrofit-") and len(seeds[arm]) >= GOAL_SEEDS:
+            nopes[_scale(arm)].append(arm)
+    pending = [a for a in arms if global_kind(a) == "tapa" and not a.startswith("retrofit-")
+               and 0 < len(seeds[a]) < GOAL_SEEDS and nopes.get(_scale(a))]
+    return pending, nopes
+
+
+def out_of_reach(ppl: list[dict], retrieval: list[dict]) -> dict[str, str]:
+    """{TAPA arm: why} for each TAPA arm with 1 to GOAL_SEEDS - 1 seeds that can no longer meet the
+    goal, whatever its remaining seeds score: against some NoPE arm of its scale with GOAL_SEEDS+
+    seeds, on some deciding measure, the exact Mann-Whitney p stays above GOAL_P even with every
+    missing seed better than every seed of both arms. With 3 seeds against 3 that p reaches 0.05
+    (1 in 20) only when every TAPA seed beats every NoPE seed, so one TAPA seed that does not
+    settles it. (Welch's t, the goal's other test, can only raise the p the goal reads: it is not
+    needed here.) Such an arm's remaining seeds cannot change the answer; `progress_table` runs
+    them last."""
+    values = _per_seed(ppl, retrieval)
+    seeds, _ = _seeded(values, ppl, retrieval, 1)
+    pending, nopes = _pending(seeds, _arms(ppl + retrieval))
+    measures = [m for group in _goal_groups(_measures(ppl, retrieval)).values() for m in group]
+    found = {}
+    for tapa in pending:
+        for nope, measure in ((b, m) for b in nopes[_scale(tapa)] for m in measures):
+            mine, theirs = values.get((tapa, measure), {}), values.get((nope, measure), {})
+            if not mine or len(theirs) < GOAL_SEEDS:
+                continue
+            lower = "ppl" in measure
+            sign = 1.0 if lower else -1.0  # as lower-is-better values
+            a, b = [sign * v for v in mine.values()], [sign * v for v in theirs.values()]
+            best = min(a + b) - 1.0  # a missing seed at its best: better than every seed
+            p = mann_whitney_exact(a + [best] * (GOAL_SEEDS - len(a)), b)[1]
+            if p > GOAL_P:
+                show = (lambda v: f"{v:.2f}") if lower else (lambda v: f"{v:.0f}%")
+                found[tapa] = (f"against {nope}, {measure}: {' / '.join(show(mine[k]) for k in sorted(mine))} "
+                               f"against {' / '.join(show(theirs[k]) for k in sorted(theirs))}, "
+                               f"{'lower' if lower else 'higher'} is better; p {p:.2f} at best")
+                break
+    return found
+
+
+def reach_table(ppl: list[dict], retrieval: list[dict]) -> str:
+    """Whether each TAPA arm still short of GOAL_SEEDS seeds can still meet the goal (`out_of_reach`)."""
+    seeds, _ = _seeded(_per_seed(ppl, retrieval), ppl, retrieval, 1)
+    pending, _ = _pending(seeds, _arms(ppl + retrieval))
+    if not pending:
+        return ""
+    gone = out_of_reach(ppl, retrieval)
+    lines = [f"Still within the goal's reach? Each TAPA arm with fewer than {GOAL_SEEDS} seeds, against "
+             f"every NoPE arm of its scale with {GOAL_SEEDS}+ seeds: with {GOAL_SEEDS} seeds against "
+             f"{GOAL_SEEDS} the exact Mann-Whitney p reaches {GOAL_P} only when every TAPA seed beats every "
+             "NoPE seed on a deciding measure, so one seed that does not puts the goal out of reach, "
+             "whatever the seeds still to come score. Such an arm's remaining seeds run last.", "",
+             "| arm | seeds | the goal |", "|---|---|---|"]
+    for arm in pending:
+        verdict = f"out of reach ({gone[arm]})" if arm in gone else "within reach"
+        lines.append(f"| {arm} | {len(seeds[arm])} | {verdict} |")
+    return "\n".join(lines)
+
+
 def goal_table(ppl: list[dict], retrieval: list[dict], pretrain_len: int | None = None) -> str:
     """The issue's goal, criterion by criterion, for each TAPA arm with 3+ seeds against NoPE
     globals under its lever and against every other NoPE arm of its scale with 3+ seeds (the goal
@@ -451,8 +525,7 @@ def goal_table(ppl: list[dict], retrieval: list[dict], pretrain_len: int | None 
     if not pairs:
         return ""
     measures = _measures(ppl, retrieval)
-    groups = {"perplexity": [m for m in measures if m.startswith("test ppl")],
-              "multi-key": [m for m in measures if m.startswith("multi-key")]}
+    groups = _goal_groups(measures)
     test = _continual_test(ppl)
     lines = [f"Issue 37's goal, for each TAPA arm with {GOAL_SEEDS}+ seeds against each NoPE arm "
              f"with {GOAL_SEEDS}+ seeds (NoPE under the same lever first; the goal asks TAPA to beat "
@@ -581,13 +654,15 @@ def summary_table(ppl: list[dict], retrieval: list[dict], pretrain_len: int | No
     return "\n".join(lines)
 
 
-def progress_table(jobs: list[dict]) -> str:
+def progress_table(jobs: list[dict], deferred: dict[str, str] | None = None) -> str:
     """Issue 37's study arm by arm (lab/study/arms.py): the screen (`screen_plan`, `screen_queue`)
     and the confirmation at the scale step (`confirm_plan`, `confirm_queue`), each with the seeds
     its arms have run and those queued, the queue in order and the next runner call. A job that
     stopped before its last stage (a call's budget ran out and the machine that held its
     checkpoints went back) is listed as partial and stays queued: it has to run again from the
-    start. Empty when none of the jobs is of the screen's protocols."""
+    start. `deferred` ({arm as the tables name it: why}, `out_of_reach`): arms whose remaining
+    seeds cannot change the answer; their jobs move to the end of the queue. Empty when none of
+    the jobs is of the screen's protocols."""
     screen_protocols = {protocol for protocol, _ in screen_plan()}
     mine = [j for j in jobs if j["protocol"]["name"] in screen_protocols]
     if not mine:
@@ -604,19 +679,23 @@ def progress_table(jobs: list[dict]) -> str:
     for key, done in seeds.items():  # a seed run whole elsewhere (another protocol id) is not partial
         for seed in done:
             partial[key].pop(seed, None)
+    deferred = deferred or {}
     screen_part = _progress(seeds, partial, lr, "Screen progress", "screen_plan", "screen_queue",
-                            screen_plan(), screen_queue())
+                            screen_plan(), screen_queue(), deferred)
     confirm_part = _progress(seeds, partial, lr, "Confirmation progress (91M, scale-768-confirm)",
-                             "confirm_plan", "confirm_queue", confirm_plan(), confirm_queue())
+                             "confirm_plan", "confirm_queue", confirm_plan(), confirm_queue(), deferred)
     return screen_part + "\n\n" + confirm_part
 
 
 def _progress(seeds: dict, partial: dict, lr: float, title: str, plan_name: str, queue_name: str,
-              plan: list, queue: list) -> str:
+              plan: list, queue: list, deferred: dict[str, str]) -> str:
     """One part of `progress_table`: the plan's arms with the seeds run (complete), the partial
-    ones (seed -> the stages they lack) and the seeds queued, and the queue's next call: its first
-    job alone (a screen job takes 300-420 s of the call's 600, a confirmation job more)."""
+    ones (seed -> the stages they lack) and the seeds queued, the deferred arms' last, and the
+    queue's next call: its first job alone (a screen job takes 300-420 s of the call's 600, a
+    confirmation job more)."""
     queue = [(p, arm, seed) for p, arm, seed in queue if seed not in seeds.get((p, arm), ())]
+    late = {(p, arm) for p, arm, _ in queue if tagged(arm, p) in deferred}
+    queue = [job for job in queue if job[:2] not in late] + [job for job in queue if job[:2] in late]
     queued = defaultdict(list)
     for protocol, arm, seed in queue:
         queued[(protocol, arm)].append(seed)
@@ -627,14 +706,18 @@ def _progress(seeds: dict, partial: dict, lr: float, title: str, plan_name: str,
         done = ", ".join(map(str, sorted(seeds.get(key, ())))) or "not run"
         part = ", ".join(f"{seed} (no {', '.join(stage.split('-')[0] for stage in lacking)})"
                          for seed, lacking in sorted(partial.get(key, {}).items()))
+        waiting = ", ".join(map(str, sorted(queued.get(key, ())))) or "-"
         lines.append(f"| {key[1]} | {key[0]} | {done} | {part or '-'} "
-                     f"| {', '.join(map(str, sorted(queued.get(key, ())))) or '-'} |")
+                     f"| {waiting}{' (last: the goal is out of reach)' if key in late else ''} |")
     run = sum(key in seeds for key in plan)
     three = sum(len(seeds.get(key, ())) >= 3 for key in plan)
     lines += ["", f"Run: {run} of {len(plan)} arms, {three} with 3+ seeds."]
     if any(partial.get(key) for key in plan):
         lines[-1] += (" A partial job's tables hold the stages it finished; it stays queued and runs"
                       " again from the start (its checkpoints went back with the machine).")
+    for protocol, arm in sorted(late):
+        lines[-1] += (f" {arm}'s seeds run last: its goal is out of reach ({deferred[tagged(arm, protocol)]}),"
+                      " so they describe the arm but cannot change the answer.")
     if queue:
         protocol, first_arm, first_seed = queue[0]
         lines[-1] += (f" Queued: {len(queue)} jobs, in order: "
@@ -998,8 +1081,10 @@ def screen(paths, out_dir: str | Path, command: str, arms: list[str] | None = No
                 f"({', '.join(sorted({j['protocol']['name'] for j in jobs}))}); hardware: "
                 f"{'; '.join(hardware) or 'unknown'}; jobs dated {dates[0][:10]} to "
                 f"{dates[-1][:10]}" + (f"; {domain_line}." if domain_line else "."),
-                goal_table(ppl, retrieval, pretrain_len), summary_table(ppl, retrieval, pretrain_len),
-                "" if arms or seeds is not None else progress_table(jobs),  # the whole screen's only
+                goal_table(ppl, retrieval, pretrain_len), reach_table(ppl, retrieval),
+                summary_table(ppl, retrieval, pretrain_len),
+                # the whole screen's only
+                "" if arms or seeds is not None else progress_table(jobs, out_of_reach(ppl, retrieval)),
                 lever_table(ppl, retrieval), kind_table(ppl, retrieval), seed_table(ppl, retrieval)]
     sections += [perplexity_table(ppl, s, d) for s in ("continual", "zero-shot") for d in ("test", "domain")]
     for task in dict.fromkeys(r["task"] for r in retrieval):  # empty sections are left out below

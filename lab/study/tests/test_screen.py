@@ -673,6 +673,45 @@ def test_screen_reports_its_progress_and_the_next_call(tmp_path):
     assert "Screen progress" not in (tmp_path / "some" / "screen.md").read_text()
 
 
+
+def test_an_arm_whose_goal_is_out_of_reach_runs_its_remaining_seeds_last(tmp_path):
+    """With 3 seeds against 3 the goal's Mann-Whitney p reaches 0.05 only when every TAPA seed
+    beats every NoPE seed, so one TAPA seed that does not, on one deciding measure, settles the
+    goal: the arm's other seeds move to the end of the confirmation's queue. A seed that beats
+    every NoPE seed on every measure leaves the queue as it is."""
+    hits = lambda h: [[h, h], [h, h]]
+    confirm = "scale-768-confirm"
+
+    def confirmation(folder, tapa_16k, tapa_keys):
+        folder.mkdir()
+        jobs = [screen_job("hybrid-nope-temp", seed, [10.0, 20.0 + 0.1 * seed], [30.0, 40.0],
+                           {"multi-key": hits(3 + seed)}, protocol=confirm) for seed in range(3)]
+        jobs.append(screen_job("hybrid-tapa-temp-w128", 0, [9.0, tapa_16k], [30.0, 40.0],
+                               {"multi-key": hits(tapa_keys)}, protocol=confirm))
+        jobs.append(screen_job("hybrid-tapa", 0, [10.0, 20.0], [30.0, 40.0], {}))  # the progress reads the screen's lr
+        text = screen_text(folder, jobs)
+        return text, text[text.index("Confirmation progress"):]
+
+    text, progress = confirmation(tmp_path / "within", 19.0, 6)  # better than every NoPE seed on both
+    assert "| hybrid-tapa-temp-w128@768 | 1 | within reach |" in text
+    assert "| hybrid-tapa-temp-w128 | scale-768-confirm | 0 | - | 1, 2 |" in progress
+    assert "hybrid-tapa-temp seed 1, hybrid-tapa-temp-w128 seed 1, hybrid-nope-temp-w128 seed 1," in progress
+    assert progress.split(". The next call")[0].endswith("hybrid-tapa seed 2")
+    assert "(last: the goal is out of reach)" not in progress and "seeds run last: its goal" not in progress
+
+    # its multi-key 50% does not beat NoPE's seed 2 (50%): whatever seeds 1-2 score, p >= 0.10
+    text, progress = confirmation(tmp_path / "keys", 19.0, 5)
+    row = next(line for line in text.splitlines() if line.startswith("| hybrid-tapa-temp-w128@768 |"))
+    assert row.startswith("| hybrid-tapa-temp-w128@768 | 1 | out of reach (against hybrid-nope-temp@768, multi-key")
+    assert "50% against 30% / 40% / 50%, higher is better; p 0.10 at best" in row
+    assert "| hybrid-tapa-temp-w128 | scale-768-confirm | 0 | - | 1, 2 (last: the goal is out of reach) |" in progress
+    assert "hybrid-tapa-temp seed 1, hybrid-nope-temp-w128 seed 1, hybrid-tapa-temp seed 2," in progress
+    assert "hybrid-tapa seed 2, hybrid-tapa-temp-w128 seed 1, hybrid-tapa-temp-w128 seed 2. The next call" in progress
+
+    # perplexity: 20.15 at 16k is above NoPE's seed 0 (20.0)
+    text, _ = confirmation(tmp_path / "ppl", 20.15, 9)
+    assert "out of reach (against hybrid-nope-temp@768, test ppl 16k: 20.15 against 20.00 / 20.10 / 20.20" in text
+
 def test_tradeoff_plot_sets_far_perplexity_against_multi_key(tmp_path):
     grid = lambda hits: {"multi-key": [[hits, hits], [hits, hits]]}
     jobs = [screen_job("hybrid-tapa", seed, [10.0, 20.0 + seed], [30.0, 40.0], grid(2 + seed)) for seed in (0, 1)]
