@@ -673,7 +673,6 @@ def test_screen_reports_its_progress_and_the_next_call(tmp_path):
     assert "Screen progress" not in (tmp_path / "some" / "screen.md").read_text()
 
 
-
 def test_an_arm_whose_goal_is_out_of_reach_runs_its_remaining_seeds_last(tmp_path):
     """With 3 seeds against 3 the goal's Mann-Whitney p reaches 0.05 only when every TAPA seed
     beats every NoPE seed, so one TAPA seed that does not, on one deciding measure, settles the
@@ -688,7 +687,7 @@ def test_an_arm_whose_goal_is_out_of_reach_runs_its_remaining_seeds_last(tmp_pat
                            {"multi-key": hits(3 + seed)}, protocol=confirm) for seed in range(3)]
         jobs.append(screen_job("hybrid-tapa-temp-w128", 0, [9.0, tapa_16k], [30.0, 40.0],
                                {"multi-key": hits(tapa_keys)}, protocol=confirm))
-        jobs.append(screen_job("hybrid-tapa", 0, [10.0, 20.0], [30.0, 40.0], {}))  # the progress reads the screen's lr
+        jobs.append(screen_job("hybrid-tapa", 0, [10.0, 20.0], [30.0, 40.0], {}))  # progress is reported only beside a screen job
         text = screen_text(folder, jobs)
         return text, text[text.index("Confirmation progress"):]
 
@@ -711,6 +710,7 @@ def test_an_arm_whose_goal_is_out_of_reach_runs_its_remaining_seeds_last(tmp_pat
     # perplexity: 20.15 at 16k is above NoPE's seed 0 (20.0)
     text, _ = confirmation(tmp_path / "ppl", 20.15, 9)
     assert "out of reach (against hybrid-nope-temp@768, test ppl 16k: 20.15 against 20.00 / 20.10 / 20.20" in text
+
 
 def test_tradeoff_plot_sets_far_perplexity_against_multi_key(tmp_path):
     grid = lambda hits: {"multi-key": [[hits, hits], [hits, hits]]}
