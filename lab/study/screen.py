@@ -447,21 +447,10 @@ def _goal_groups(measures: list[str]) -> dict:
             "multi-key": [m for m in measures if m.startswith("multi-key")]}
 
 
-def _pending(seeds: dict, arms: list[str]) -> tuple[list[str], dict]:
-    """The TAPA arms with 1 to GOAL_SEEDS - 1 seeds, and {scale: its NoPE arms with GOAL_SEEDS+}."""
-    nopes = defaultdict(list)
-    for arm in arms:
-        if global_kind(arm) == "nope" and not arm.startswith("retrofit-") and len(seeds[arm]) >= GOAL_SEEDS:
-            nopes[_scale(arm)].append(arm)
-    pending = [a for a in arms if global_kind(a) == "tapa" and not a.startswith("retrofit-")
-               and 0 < len(seeds[a]) < GOAL_SEEDS and nopes.get(_scale(a))]
-    return pending, nopes
-
-
-def out_of_reach(ppl: list[dict], retrieval: list[dict]) -> dict[str, str]:
-    """{TAPA arm: why} for each TAPA arm with 1 to GOAL_SEEDS - 1 seeds that can no longer meet the
-    goal, whatever its remaining seeds score: against some NoPE arm of its scale with GOAL_SEEDS+
-    seeds, on some deciding measure, the exact Mann-Whitney p stays above GOAL_P even with every
+def reach(ppl: list[dict], retrieval: list[dict]) -> dict[str, tuple[int, str | None]]:
+    """{TAPA arm: (its seeds, why its goal is out of reach, or None)} for each TAPA arm with 1 to
+    GOAL_SEEDS - 1 seeds at a scale with a NoPE arm of GOAL_SEEDS+ seeds. Out of reach: against some such NoPE
+    arm, on some deciding measure, the exact Mann-Whitney p stays above GOAL_P even with every
     missing seed better than every seed of both arms. With 3 seeds against 3 that p reaches 0.05
     (1 in 20) only when every TAPA seed beats every NoPE seed, so one TAPA seed that does not
     settles it. (Welch's t, the goal's other test, can only raise the p the goal reads: it is not
@@ -469,44 +458,47 @@ def out_of_reach(ppl: list[dict], retrieval: list[dict]) -> dict[str, str]:
     them last."""
     values = _per_seed(ppl, retrieval)
     seeds, _ = _seeded(values, ppl, retrieval, 1)
-    pending, nopes = _pending(seeds, _arms(ppl + retrieval))
+    arms = _arms(ppl + retrieval)
+    nopes = defaultdict(list)
+    for arm in arms:
+        if global_kind(arm) == "nope" and not arm.startswith("retrofit-") and len(seeds[arm]) >= GOAL_SEEDS:
+            nopes[_scale(arm)].append(arm)
     measures = [m for group in _goal_groups(_measures(ppl, retrieval)).values() for m in group]
     found = {}
-    for tapa in pending:
+    for tapa in arms:
+        if (global_kind(tapa) != "tapa" or tapa.startswith("retrofit-") or not 0 < len(seeds[tapa]) < GOAL_SEEDS
+                or not nopes.get(_scale(tapa))):
+            continue
+        found[tapa] = (len(seeds[tapa]), None)
         for nope, measure in ((b, m) for b in nopes[_scale(tapa)] for m in measures):
             mine, theirs = values.get((tapa, measure), {}), values.get((nope, measure), {})
             if not mine or len(theirs) < GOAL_SEEDS:
                 continue
             lower = "ppl" in measure
-            sign = 1.0 if lower else -1.0  # as lower-is-better values
-            a, b = [sign * v for v in mine.values()], [sign * v for v in theirs.values()]
-            best = min(a + b) - 1.0  # a missing seed at its best: better than every seed
-            p = mann_whitney_exact(a + [best] * (GOAL_SEEDS - len(a)), b)[1]
+            every = [*mine.values(), *theirs.values()]
+            best = min(every) - 1.0 if lower else max(every) + 1.0  # a missing seed better than every seed
+            p = _one_sided([*mine.values()] + [best] * (GOAL_SEEDS - len(mine)), list(theirs.values()), lower)[1]
             if p > GOAL_P:
-                show = (lambda v: f"{v:.2f}") if lower else (lambda v: f"{v:.0f}%")
-                found[tapa] = (f"against {nope}, {measure}: {' / '.join(show(mine[k]) for k in sorted(mine))} "
-                               f"against {' / '.join(show(theirs[k]) for k in sorted(theirs))}, "
-                               f"{'lower' if lower else 'higher'} is better; p {p:.2f} at best")
+                show = lambda by_seed: " / ".join(("{:.2f}" if lower else "{:.0f}%").format(by_seed[k])
+                                                  for k in sorted(by_seed))
+                found[tapa] = (len(seeds[tapa]), f"against {nope}, {measure}: {show(mine)} against "
+                               f"{show(theirs)}, {'lower' if lower else 'higher'} is better; p {p:.2f} at best")
                 break
     return found
 
 
-def reach_table(ppl: list[dict], retrieval: list[dict]) -> str:
-    """Whether each TAPA arm still short of GOAL_SEEDS seeds can still meet the goal (`out_of_reach`)."""
-    seeds, _ = _seeded(_per_seed(ppl, retrieval), ppl, retrieval, 1)
-    pending, _ = _pending(seeds, _arms(ppl + retrieval))
-    if not pending:
+def reach_table(reached: dict[str, tuple[int, str | None]]) -> str:
+    """`reach`'s verdicts as a table."""
+    if not reached:
         return ""
-    gone = out_of_reach(ppl, retrieval)
     lines = [f"Still within the goal's reach? Each TAPA arm with fewer than {GOAL_SEEDS} seeds, against "
              f"every NoPE arm of its scale with {GOAL_SEEDS}+ seeds: with {GOAL_SEEDS} seeds against "
              f"{GOAL_SEEDS} the exact Mann-Whitney p reaches {GOAL_P} only when every TAPA seed beats every "
              "NoPE seed on a deciding measure, so one seed that does not puts the goal out of reach, "
              "whatever the seeds still to come score. Such an arm's remaining seeds run last.", "",
              "| arm | seeds | the goal |", "|---|---|---|"]
-    for arm in pending:
-        verdict = f"out of reach ({gone[arm]})" if arm in gone else "within reach"
-        lines.append(f"| {arm} | {len(seeds[arm])} | {verdict} |")
+    for arm, (count, why) in reached.items():
+        lines.append(f"| {arm} | {count} | {f'out of reach ({why})' if why else 'within reach'} |")
     return "\n".join(lines)
 
 
@@ -660,7 +652,7 @@ def progress_table(jobs: list[dict], deferred: dict[str, str] | None = None) -> 
     its arms have run and those queued, the queue in order and the next runner call. A job that
     stopped before its last stage (a call's budget ran out and the machine that held its
     checkpoints went back) is listed as partial and stays queued: it has to run again from the
-    start. `deferred` ({arm as the tables name it: why}, `out_of_reach`): arms whose remaining
+    start. `deferred` ({arm as the tables name it: why}, from `reach`): arms whose remaining
     seeds cannot change the answer; their jobs move to the end of the queue. Empty when none of
     the jobs is of the screen's protocols."""
     screen_protocols = {protocol for protocol, _ in screen_plan()}
@@ -1077,14 +1069,17 @@ def screen(paths, out_dir: str | Path, command: str, arms: list[str] | None = No
                for j in jobs if (d := (j.get("corpus") or {}).get("domain"))}
     domain_line = "; ".join(f"second domain {name}: {files} files, {size:,} bytes, sha256 {sha}"
                             for name, files, size, sha in sorted(domains))
+    reached = reach(ppl, retrieval)  # the TAPA arms short of three seeds: can they still meet the goal
     sections = [f"Generated by `{command}` from {len(jobs)} job JSONs "
                 f"({', '.join(sorted({j['protocol']['name'] for j in jobs}))}); hardware: "
                 f"{'; '.join(hardware) or 'unknown'}; jobs dated {dates[0][:10]} to "
                 f"{dates[-1][:10]}" + (f"; {domain_line}." if domain_line else "."),
-                goal_table(ppl, retrieval, pretrain_len), reach_table(ppl, retrieval),
+                goal_table(ppl, retrieval, pretrain_len),
+                reach_table(reached),
                 summary_table(ppl, retrieval, pretrain_len),
                 # the whole screen's only
-                "" if arms or seeds is not None else progress_table(jobs, out_of_reach(ppl, retrieval)),
+                "" if arms or seeds is not None else progress_table(
+                    jobs, {arm: why for arm, (_, why) in reached.items() if why}),
                 lever_table(ppl, retrieval), kind_table(ppl, retrieval), seed_table(ppl, retrieval)]
     sections += [perplexity_table(ppl, s, d) for s in ("continual", "zero-shot") for d in ("test", "domain")]
     for task in dict.fromkeys(r["task"] for r in retrieval):  # empty sections are left out below
