@@ -30,7 +30,7 @@ COMMANDS = {
     "report": ("tapa.eval.report", "merge several evaluated runs into one table and plot"),
     "bench": ("tapa.bench.command", "GPU benchmarks: attention kernel, varlen, local attention, model throughput, context parallelism, decoding, generation"),
     "export": ("tapa.hf.export", "export a tapa training checkpoint to a transformers model directory"),
-    "convert": ("tapa.hf.convert", "convert a Llama, Mistral or Qwen2 directory, or a tapa RoPE run, to TAPA attention (or a TAPA hybrid)"),
+    "convert": ("tapa.hf.convert", "convert a Llama, Mistral, Qwen2 or Qwen3 directory, or a tapa RoPE run, to TAPA attention (or a TAPA hybrid)"),
 }
 
 # What a user's mistake raises: ValueError (bad arguments and configs; CheckpointError is one) and

@@ -103,8 +103,8 @@ def test_convert_refuses_what_tapa_cannot_represent(llama_dir, tmp_path):
     config = json.loads((llama_dir / "config.json").read_text())
     bad = tmp_path / "biased"
     bad.mkdir()
-    (bad / "config.json").write_text(json.dumps({**config, "attention_bias": True}))
-    with pytest.raises(ValueError, match="attention_bias"):
+    (bad / "config.json").write_text(json.dumps({**config, "mlp_bias": True}))
+    with pytest.raises(ValueError, match="mlp_bias=True: TAPA's decoder has no MLP biases"):
         convert_llama(bad, tmp_path / "out")
     (bad / "config.json").write_text(json.dumps({**config, "model_type": "gpt2"}))
     with pytest.raises(ValueError, match="expected a Llama config"):
@@ -114,8 +114,10 @@ def test_convert_refuses_what_tapa_cannot_represent(llama_dir, tmp_path):
         convert_llama(bad, tmp_path / "out")
 
 
-def test_export_training_run_is_lossless(tmp_path):
-    """Train a few steps, export, reload with transformers: identical logits, a working tokenizer."""
+@pytest.mark.parametrize("layout", [{}, {"attention_bias": True, "qk_norm": True}])
+def test_export_training_run_is_lossless(tmp_path, layout):
+    """Train a few steps, export, reload with transformers: identical logits, a working tokenizer
+    (also with Qwen2's q/k/v biases and Qwen3's QK-norm)."""
     from tapa.data import DataConfig
     from tapa.model import ModelConfig
     from tapa.model.loading import load_model
@@ -126,7 +128,7 @@ def test_export_training_run_is_lossless(tmp_path):
         TrainConfig(name="export", run_dir=str(tmp_path / "run"), seq_len=32, batch_size=4, steps=2,
                     lr=3e-3, warmup_steps=1, eval_every=2, eval_batches=1, save_every=2, log_every=1,
                     progress=False, plot=False, device="cpu"),
-        ModelConfig(dim=32, n_layers=2, n_heads=2, phase_init_scale=0.1, phase_matrix="diagonal"),
+        ModelConfig(dim=32, n_layers=2, n_heads=2, phase_init_scale=0.1, phase_matrix="diagonal", **layout),
         DataConfig(source="builtin", cache_dir=str(tmp_path / "cache"), vocab_size=300,
                    max_train_bytes=200_000))
     out = tmp_path / "hf"

@@ -1,8 +1,10 @@
-"""`tapa convert` to hybrids (issue 38): --layer-pattern, --local-window, --pe; Llama, Mistral, Qwen2."""
+"""`tapa convert` to hybrids (issue 38): --layer-pattern, --local-window, --pe; Llama, Mistral, Qwen2
+(q/k/v biases), Qwen3 (QK-norm)."""
 
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -11,8 +13,11 @@ transformers = pytest.importorskip("transformers")
 from transformers import (AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, MistralConfig,  # noqa: E402
                           MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
+from helpers import rel_rmse  # noqa: E402
+
 from tapa.cli import main as tapa_main  # noqa: E402
-from tapa.hf.convert import convert_llama  # noqa: E402
+from tapa.hf.convert import convert_llama, low_frequency_first  # noqa: E402
+from tapa.ops import split_dims  # noqa: E402
 
 SIZES = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
              num_key_value_heads=2, initializer_range=0.2, tie_word_embeddings=False, eos_token_id=2,
@@ -22,9 +27,17 @@ FAMILIES = {"llama": (LlamaConfig, LlamaForCausalLM), "mistral": (MistralConfig,
 
 
 def save_tiny(family: str, path, **extra):
+    """A tiny random model of the family. Its attention biases and QK-norm weights (zeros and ones
+    at transformers' init) are drawn too, so that a conversion that drops or misplaces them shows."""
     torch.manual_seed(0)
     config_class, model_class = FAMILIES[family]
+    if family == "qwen3":  # transformers' Qwen3Config defaults to head_dim 128
+        extra = {"head_dim": SIZES["hidden_size"] // SIZES["num_attention_heads"], **extra}
     model = model_class(config_class(**SIZES, **extra)).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "self_attn" in name and name.endswith(("_proj.bias", "_norm.weight")):
+                param.copy_(0.5 * torch.randn_like(param) + name.endswith("_norm.weight"))
     model.save_pretrained(path)
     return model
 
@@ -34,14 +47,21 @@ def logits(model, ids):
         return model(ids, use_cache=False).logits.double()
 
 
-@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2"])
-def test_local_layers_are_the_original_model_inside_the_window(family, tmp_path):
-    """All-local conversion, window >= the sequence: the original model's logits (RoPE unchanged)."""
-    source = save_tiny(family, tmp_path / "src")
+WIDE = {"head_dim": 32}  # 4 heads x 32 at hidden 64, as Qwen3-0.6B has 16 x 128 at 1024
+FAMILY_CASES = [("llama", {}), ("mistral", {}), ("qwen2", {}), ("qwen3", {}), ("qwen3", WIDE), ("llama", WIDE)]
+
+
+@pytest.mark.parametrize("family, extra", FAMILY_CASES, ids=["-".join([f, *map(str, e.values())]) for f, e in FAMILY_CASES])
+def test_local_layers_are_the_original_model_inside_the_window(family, extra, tmp_path):
+    """All-local conversion, window >= the sequence: the original model's logits (RoPE unchanged),
+    Qwen2's biases, Qwen3's QK-norm and heads wider than hidden_size / heads included."""
+    source = save_tiny(family, tmp_path / "src", **extra)
     ids = torch.randint(3, 97, (2, 12), generator=torch.Generator().manual_seed(1))
     out = convert_llama(tmp_path / "src", tmp_path / "out", layer_pattern="L", local_window=12)
     model = AutoModelForCausalLM.from_pretrained(out).eval()
     assert model.config.layer_pattern == "L" and model.config.local_window == 12
+    assert (model.config.attention_bias, model.config.qk_norm) == (family == "qwen2", family == "qwen3")
+    assert model.config.head_dim == extra.get("head_dim", SIZES["hidden_size"] // SIZES["num_attention_heads"])
     torch.testing.assert_close(logits(model, ids), logits(source, ids), rtol=1e-4, atol=1e-4)
     # past the window they differ: the check can fail
     longer = torch.randint(3, 97, (1, 30), generator=torch.Generator().manual_seed(2))
@@ -82,21 +102,73 @@ def test_hybrid_keeps_local_weights_exactly_and_splits_globals(pe, tmp_path):
     assert torch.equal(generated, model.generate(ids, max_new_tokens=20, do_sample=False, use_cache=False))
 
 
+@torch.no_grad()
+def without_rotary(source, ids: torch.Tensor, dims: torch.Tensor):
+    """Hand-built reference: the source's layers (q/k/v biases and QK-norm as its own modules
+    compute them), but attention is causal softmax on the given head dims of q and k, scaled by
+    1/sqrt(head_dim), with no rotary embedding."""
+    config = source.config  # Qwen2's has no head_dim
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    x = source.model.embed_tokens(ids)
+    batch, length, _ = x.shape
+    causal = torch.ones(length, length, dtype=torch.bool).tril()
+    for layer in source.model.layers:
+        attn, h = layer.self_attn, layer.input_layernorm(x)
+        q = attn.q_proj(h).view(batch, length, heads, head_dim)
+        k = attn.k_proj(h).view(batch, length, kv_heads, head_dim)
+        v = attn.v_proj(h).view(batch, length, kv_heads, head_dim).repeat_interleave(heads // kv_heads, dim=2)
+        if hasattr(attn, "q_norm"):
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        q, k = q[..., dims], k[..., dims].repeat_interleave(heads // kv_heads, dim=2)
+        scores = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(head_dim)
+        probs = scores.masked_fill(~causal, float("-inf")).softmax(-1)
+        x = x + attn.o_proj(torch.einsum("bhqk,bkhd->bqhd", probs, v).reshape(batch, length, -1))
+        x = x + layer.mlp(layer.post_attention_layernorm(x))
+    return source.lm_head(source.model.norm(x))
+
+
+@pytest.mark.parametrize("family, extra", [("qwen2", {}), ("qwen3", {}), ("qwen3", WIDE)], ids=["qwen2", "qwen3",
+                                                                                                 "qwen3-wide"])
+@pytest.mark.parametrize("theta", [0.5, 0.25])
+def test_tapa_globals_with_phase_off_are_the_source_without_rotary(family, extra, theta, tmp_path):
+    """Qwen2's biases are reordered and rescaled with their rows; under Qwen3's QK-norm the scales
+    move to the norm weights. With the phase off, a TAPA global layer is the source's attention
+    without rotary on the amplitude dims, which only holds when both are done right."""
+    save_tiny(family, tmp_path / "src", **extra)
+    out = convert_llama(tmp_path / "src", tmp_path / "out", theta=theta, phase_init_scale=0.0)
+    model = AutoModelForCausalLM.from_pretrained(out).double().eval()
+    source = FAMILIES[family][1].from_pretrained(tmp_path / "src").double().eval()
+    head_dim = model.config.head_dim
+    amp_dims = low_frequency_first(head_dim)[:split_dims(head_dim, theta)[0]]
+    ids = torch.randint(3, 97, (2, 19), generator=torch.Generator().manual_seed(6))
+    expected = without_rotary(source, ids, amp_dims)
+    actual = logits(model, ids)
+    assert rel_rmse(actual, expected) < 1e-6  # float32 weights rescaled by sqrt(d_A / D)
+    # the check can fail: the amplitude dims in the source's own order give other logits
+    assert rel_rmse(without_rotary(source, ids, torch.arange(len(amp_dims))), expected) > 1e-2
+
+
 def test_refusals_are_one_line_naming_what_is_supported(tmp_path):
     save_tiny("qwen3", tmp_path / "qwen3")
-    with pytest.raises(SystemExit, match=r"^tapa convert: error: Qwen3 cannot be converted: its QK-norm.*"
-                                         r"supported: Llama, Mistral and Qwen2"):
-        tapa_main(["convert", str(tmp_path / "qwen3"), str(tmp_path / "out")])
     config = json.loads((tmp_path / "qwen3" / "config.json").read_text())
     (tmp_path / "qwen3" / "config.json").write_text(json.dumps({**config, "model_type": "gemma"}))
     with pytest.raises(SystemExit, match=r"^tapa convert: error: model_type 'gemma' cannot be converted.*"
-                                         r"supported: Llama, Mistral and Qwen2[^\n]*$"):
+                                         r"supported: Llama, Mistral, Qwen2 and Qwen3[^\n]*$"):
         tapa_main(["convert", str(tmp_path / "qwen3"), str(tmp_path / "out")])
-    qwen2 = save_tiny("qwen2", tmp_path / "qwen2")
+    llama = save_tiny("llama", tmp_path / "llama", attention_bias=True)  # q/k/v kept, o_proj's not
+    with pytest.raises(SystemExit, match=r"o_proj.bias is not zero: TAPA's decoder has no bias there"):
+        tapa_main(["convert", str(tmp_path / "llama"), str(tmp_path / "out")])
     with torch.no_grad():
-        qwen2.model.layers[1].self_attn.k_proj.bias.fill_(0.5)
-    qwen2.save_pretrained(tmp_path / "qwen2")
-    with pytest.raises(SystemExit, match=r"k_proj.bias is not zero: TAPA's decoder has no biases"):
-        tapa_main(["convert", str(tmp_path / "qwen2"), str(tmp_path / "out")])
+        for layer in llama.model.layers:
+            layer.self_attn.o_proj.bias.zero_()
+    llama.save_pretrained(tmp_path / "llama")
+    assert tapa_main(["convert", str(tmp_path / "llama"), str(tmp_path / "out"), "--layer-pattern", "L",
+                      "--local-window", "12"]) == 0  # all-zero o_proj biases are dropped
+    ids = torch.randint(3, 97, (1, 12), generator=torch.Generator().manual_seed(5))
+    converted = AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
+    assert converted.config.attention_bias
+    torch.testing.assert_close(logits(converted, ids), logits(llama, ids), rtol=1e-4, atol=1e-4)
+    save_tiny("qwen2", tmp_path / "qwen2")
     with pytest.raises(SystemExit, match=r"layer_pattern"):
         tapa_main(["convert", str(tmp_path / "qwen2"), str(tmp_path / "out"), "--layer-pattern", "LXG"])

@@ -93,6 +93,33 @@ def test_save_load_round_trip(tmp_path, pe):
         assert torch.equal(loaded(ids).logits, model(ids).logits)
 
 
+@pytest.mark.parametrize("layout", [{}, {"attention_bias": True, "qk_norm": True, "head_dim": 24}])
+def test_a_folder_of_the_layout_before_the_phase_split_loads(tmp_path, layout):
+    """A folder whose TAPA layers hold one wq/wk (and bias) of every row, as written before the
+    phase rows became parameters of their own, loads to the same logits."""
+    model = tiny_model("tapa", phase_init_scale=0.5, **layout)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("bias"):
+                param.normal_()
+    model.save_pretrained(tmp_path)
+    (tmp_path / "tapa_checksums.json").unlink()  # the file is rewritten below
+    path = tmp_path / "model.safetensors"
+    safetensors = pytest.importorskip("safetensors.torch")
+    state = safetensors.load_file(str(path))
+    for name in [n for n in state if "_phase." in n]:
+        main = name.replace("_phase.", ".")
+        heads = model.config.n_heads if ".wq" in name else model.config.n_kv_heads
+        whole = torch.cat([state[main].reshape(heads, -1, *state[main].shape[1:]),
+                           state.pop(name).reshape(heads, -1, *state[main].shape[1:])], 1)
+        state[main] = whole.reshape(-1, *state[main].shape[1:])
+    safetensors.save_file(state, str(path), metadata={"format": "pt"})
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    ids = random_ids([9])[0][None]
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, model(ids).logits)
+
+
 def test_trust_remote_code_without_importing_tapa(tmp_path):
     model = tiny_model()
     model.save_pretrained(tmp_path)

@@ -335,3 +335,54 @@ def test_unpadded_decoding_takes_the_kernel_without_a_length_sync(monkeypatch):
     ids = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(3))
     assert torch.equal(greedy_generate(fast, ids, 5), greedy_generate(exact, ids, 5))
     assert kernel_calls and not synced
+
+
+@pytest.mark.parametrize("pe, pattern, head_dim", [("tapa", "LG", 24), ("nope", "LG", None), ("rope", "G", 8)])
+def test_qkv_biases_and_qk_norm(pe, pattern, head_dim):
+    """Converted Qwen2 / Qwen3 layouts: the q/k/v biases and the per-head QK-norm weights are
+    parameters that learn, a KV cache gives the full forward's logits, a state dict of the layout
+    before the phase split (biases too) loads exactly, and the norm makes q and k scale-free."""
+    torch.manual_seed(6)
+    model = TapaLM(tiny_config(pe=pe, n_layers=2, layer_pattern=pattern, local_window=5,
+                               attention_bias=True, qk_norm=True, norm_eps=1e-12,  # ~scale-free norm
+                               head_dim=head_dim))  # 4 heads of 24 or 8 at dim 64: other than dim / heads
+    ids = torch.randint(0, VOCAB, (2, 23))
+    with torch.no_grad():  # away from the init's zero biases and unit norms
+        for name, param in model.named_parameters():
+            if name.endswith(("bias", "_norm.weight")) and ".attn." in name:
+                param.add_(0.3 * torch.randn_like(param))
+    model.loss(ids[:, :-1], ids[:, 1:]).backward()
+    extra = [(n, p) for n, p in model.named_parameters() if n.endswith(("bias", "q_norm.weight", "k_norm.weight"))]
+    assert len(extra) == 2 * (5 if pe == "tapa" else 3) + 4 - (2 if pe == "tapa" else 0)  # local layer: 3 biases
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for _, p in extra)
+    model.eval()
+    with torch.no_grad():
+        full = model(ids)
+        torch.testing.assert_close(_decode(model, ids, 15), full, atol=2e-5, rtol=1e-4)
+        attn = model.layers[-1].attn
+        for linear in (attn.wq, attn.wk, attn.wq_phase, attn.wk_phase):  # q and k x 3, their biases too
+            if linear is not None:
+                linear.weight.mul_(3.0)
+                linear.bias.mul_(3.0)
+        torch.testing.assert_close(model(ids), full, atol=1e-5, rtol=1e-4)
+        attn.wv.bias.add_(1.0)  # the check can fail: v has no norm
+        assert not torch.allclose(model(ids), full, atol=1e-3)
+        attn.wv.bias.sub_(1.0)
+    if pe != "tapa":
+        return
+    old = {}
+    for name, tensor in model.state_dict().items():
+        if "_phase." in name:
+            continue
+        if name.endswith(("attn.wq.weight", "attn.wk.weight", "attn.wq.bias", "attn.wk.bias")) and \
+                name.startswith("layers.1."):
+            main, kind = name.split(".")[-2:]
+            phase = getattr(attn, main + "_phase").state_dict()[kind]
+            heads = tensor.shape[0] // attn.amp_dim
+            tensor = torch.cat([tensor.reshape(heads, attn.amp_dim, -1), phase.reshape(heads, -1, *tensor.shape[1:2] or (1,))], 1)
+            tensor = tensor.reshape(-1, *tensor.shape[2:]) if kind == "weight" else tensor.reshape(-1)
+        old[name] = tensor.clone()
+    loaded = TapaLM(model.config)
+    loaded.load_state_dict(old)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.eval()(ids), model(ids), atol=0, rtol=0)

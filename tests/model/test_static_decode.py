@@ -1,6 +1,7 @@
 """StaticDecoder / TapaLM.generate: the static-shape decoding step (full cache buffers, positions on
 the device, for CUDA graphs) gives the eager step's logits, for every layer kind, GQA, a local ring
-that wraps, and RoPE scaling; on CUDA the captured graph's tokens equal the eager loop's."""
+that wraps, RoPE scaling, and converted Qwen layouts (biases, QK-norm, heads wider than dim /
+heads); on CUDA the captured graph's tokens equal the eager loop's."""
 
 import importlib.util
 
@@ -16,6 +17,8 @@ CONFIGS = {
     "nope": dict(pe="nope"),
     "hybrid-tapa": dict(pe="tapa", layer_pattern="LLLG", local_window=8),
     "hybrid-rope-gqa": dict(pe="rope", layer_pattern="LG", local_window=5, n_kv_heads=1),
+    "hybrid-tapa-qwen-layout": dict(pe="tapa", layer_pattern="LLLG", local_window=8, attention_bias=True,
+                                    qk_norm=True, head_dim=24),  # 2 heads of 24 at dim 32
 }
 KERNEL_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # where impl="triton" runs
 

@@ -83,10 +83,6 @@ class TapaConfig(PreTrainedConfig):
         kwargs.setdefault("auto_map", dict(AUTO_MAP))
         super().__init__(**kwargs)
 
-    @property
-    def head_dim(self) -> int:
-        return self.dim // self.n_heads
-
     # transformers' caches read these two: a "sliding_attention" layer's cache keeps only the last
     # sliding_window tokens, so a hybrid's local layers stay bounded in generate(). Derived from
     # layer_pattern and local_window, never stored; a value passed in must agree with them.

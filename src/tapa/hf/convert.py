@@ -1,9 +1,9 @@
 """`tapa convert SRC_DIR OUT_DIR`: a RoPE model -> a TAPA (or hybrid) model directory.
 
 The starting point for continual pretraining of an existing model with TAPA attention.
-Supported families (transformers' Llama layout): Llama, Mistral, and Qwen2 when its q/k/v biases
-are all zero (TAPA's decoder has no biases). Qwen3 is refused: its QK-norm (q_norm/k_norm) has no
-counterpart in TAPA's decoder. Any other model_type is refused in one line naming these.
+Supported families (transformers' Llama layout): Llama, Mistral, Qwen2 (its q/k/v biases become
+the decoder's `attention_bias`) and Qwen3 (its per-head q_norm/k_norm become `qk_norm`). Any other
+model_type is refused in one line naming these.
 tapa's own RoPE models convert too (`tapa.hf.rope_source`): a `tapa train --pe rope` run (or one
 of a RoPE rule) whose layers are all global, given as a run, a checkpoint or a `tapa export`
 directory; a TAPA, NoPE or hybrid one is refused in one line. Its tokenizer travels with it: the
@@ -35,13 +35,19 @@ Every weight is kept; in TAPA global layers only the q/k rows are reordered and 
 - Phase. The phase rows of W_q and W_k are multiplied by --phase-init-scale (as the model's own
   init does). At 0 the phase phi is 0 and cos(2 pi f phi) = 1: attention is exactly Llama's
   attention without rotary, on the amplitude dims (this is how the tests check the conversion).
+- Biases (Qwen2) are rows of the projection: reordered and rescaled with them. With QK-norm
+  (Qwen3) the norm's RMS runs over the whole head, which a rescaled row would change, so W_q, W_k
+  and their biases are only reordered, and both scales go on the q_norm/k_norm weights (reordered
+  the same way), which act after the RMS: the same products as without the norm.
 
-Features TAPA's decoder lacks are refused with a ValueError (biases, QK-norm, a head_dim other
-than hidden_size / heads, an activation other than SiLU). Tokenizer and generation files are copied.
+Features TAPA's decoder lacks are refused with a ValueError (an output-projection or MLP bias, an
+activation other than SiLU). A head_dim other than hidden_size / heads (Qwen3-0.6B's) is kept.
+Tokenizer and generation files are copied.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import shutil
@@ -61,9 +67,10 @@ from tapa.model import ModelConfig
 from tapa.ops import PHASES, split_dims
 from tapa.positional.kinds import KINDS, get_kind
 
-SUPPORTED = ("llama", "mistral", "qwen2")  # model_type values of the Llama layout that convert
-SUPPORTED_LINE = ("supported: Llama, Mistral and Qwen2 (model_type 'llama', 'mistral', 'qwen2'); "
-                  f"Qwen3 is refused (QK-norm); and {SUPPORTED_TAPA_LINE}")
+SUPPORTED = ("llama", "mistral", "qwen2", "qwen3")  # model_type values of the Llama layout that convert
+SUPPORTED_LINE = ("supported: Llama, Mistral, Qwen2 and Qwen3 (model_type 'llama', 'mistral', 'qwen2', "
+                  f"'qwen3'); and {SUPPORTED_TAPA_LINE}")
+QK_NORM_TYPES = ("qwen3",)  # families whose attention normalizes each query and key head
 
 CONVERT_MARKER = "tapa_convert.json"
 CONVERT_FILES = (*MODEL_FILES, *TOKENIZER_FILES, CONVERT_MARKER)  # all that a conversion writes
@@ -71,6 +78,11 @@ LAYER_NAMES = {  # Llama name inside model.layers.N -> TapaLM name inside layers
     "self_attn.q_proj.weight": "attn.wq.weight",
     "self_attn.k_proj.weight": "attn.wk.weight",
     "self_attn.v_proj.weight": "attn.wv.weight",
+    "self_attn.q_proj.bias": "attn.wq.bias",
+    "self_attn.k_proj.bias": "attn.wk.bias",
+    "self_attn.v_proj.bias": "attn.wv.bias",
+    "self_attn.q_norm.weight": "attn.q_norm.weight",
+    "self_attn.k_norm.weight": "attn.k_norm.weight",
     "self_attn.o_proj.weight": "attn.wo.weight",
     "mlp.gate_proj.weight": "ffn.w_gate.weight",
     "mlp.up_proj.weight": "ffn.w_up.weight",
@@ -93,22 +105,15 @@ def tapa_config_from_llama(llama: dict, *, pe: str, theta: float, alpha: float, 
                            phase_init_scale: float, layer_pattern: str = "G",
                            local_window: int = 256) -> ModelConfig:
     """The ModelConfig of a converted Llama-layout config (module docstring); ValueError in one
-    line for what TAPA's decoder cannot represent."""
+    line for what TAPA's decoder cannot represent. attention_bias is set from the weights
+    (`has_qkv_bias`)."""
     model_type = llama.get("model_type")
-    if model_type == "qwen3":
-        raise ValueError("Qwen3 cannot be converted: its QK-norm (q_norm/k_norm) has no counterpart in "
-                         f"TAPA's decoder; {SUPPORTED_LINE}")
     if model_type not in SUPPORTED:
         raise ValueError(f"model_type {model_type!r} cannot be converted: expected a Llama config or another "
                          f"Llama-layout family; {SUPPORTED_LINE}")
     heads = llama["num_attention_heads"]
-    head_dim = llama.get("head_dim") or llama["hidden_size"] // heads
-    if head_dim * heads != llama["hidden_size"]:
-        raise ValueError(f"head_dim {head_dim} * heads {heads} != hidden_size {llama['hidden_size']}: "
-                         "TAPA's decoder needs head_dim = hidden_size / heads")
-    for flag in ("attention_bias", "mlp_bias"):
-        if llama.get(flag):
-            raise ValueError(f"{flag}=True: TAPA's decoder has no biases")
+    if llama.get("mlp_bias"):
+        raise ValueError("mlp_bias=True: TAPA's decoder has no MLP biases")
     if llama.get("hidden_act", "silu") != "silu":
         raise ValueError(f"hidden_act {llama['hidden_act']!r}: TAPA's decoder uses SiLU (SwiGLU)")
     rope = llama.get("rope_parameters") or llama.get("rope_scaling") or {}
@@ -118,13 +123,14 @@ def tapa_config_from_llama(llama: dict, *, pe: str, theta: float, alpha: float, 
                       "(rope_theta, no scaling), so they drop it", stacklevel=3)
     return ModelConfig(
         vocab_size=llama["vocab_size"], dim=llama["hidden_size"], n_layers=llama["num_hidden_layers"],
-        n_heads=heads, n_kv_heads=llama.get("num_key_value_heads") or heads,
+        n_heads=heads, n_kv_heads=llama.get("num_key_value_heads") or heads, head_dim=llama.get("head_dim"),
         ffn_dim=llama["intermediate_size"], norm_eps=llama.get("rms_norm_eps", 1e-6),
         tie_embeddings=bool(llama.get("tie_word_embeddings", False)),
         init_std=llama.get("initializer_range", 0.02), pe=pe,
         layer_pattern=layer_pattern, local_window=local_window,
         rope_base=float(rope.get("rope_theta", llama.get("rope_theta", 10000.0))),
         original_seq_len=llama.get("max_position_embeddings", 2048),
+        qk_norm=model_type in QK_NORM_TYPES,
         **(dict(theta=theta, alpha=alpha, distance=distance)
            if get_kind(pe).family == "tapa" and "G" in layer_pattern else {}),
         phase_init_scale=phase_init_scale)
@@ -149,32 +155,48 @@ def read_llama_weights(llama_dir: Path) -> dict[str, torch.Tensor]:
     return weights
 
 
+QK_TENSORS = ("attn.wq.weight", "attn.wk.weight", "attn.wq.bias", "attn.wk.bias",
+              "attn.q_norm.weight", "attn.k_norm.weight")
+
+
+def has_qkv_bias(weights: dict[str, torch.Tensor]) -> bool:
+    """Whether any q/k/v projection bias of a Llama-layout checkpoint is non-zero (all-zero ones,
+    as a Llama saved with attention_bias=True may hold, are dropped)."""
+    return any(name.endswith(("q_proj.bias", "k_proj.bias", "v_proj.bias")) and bool(torch.count_nonzero(t))
+               for name, t in weights.items())
+
+
 def tapa_qk(name: str, tensor: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:
-    """A TapaLM tensor as the converted model holds it: a global TAPA layer's W_q or W_k (rows in
-    the rotate_half RoPE layout) reordered and rescaled (module docstring); any other tensor as it is."""
+    """A TapaLM tensor as the converted model holds it: a global TAPA layer's W_q or W_k, their
+    biases and QK-norm weights (each head's rows in the rotate_half RoPE layout) reordered and,
+    where the scales go (module docstring), rescaled; any other tensor as it is."""
     parts = name.split(".")
-    if not (cfg.family == "tapa" and parts[0] == "layers" and name.endswith(("attn.wq.weight", "attn.wk.weight"))
+    if not (cfg.family == "tapa" and parts[0] == "layers" and name.endswith(QK_TENSORS)
             and cfg.layer_kind(int(parts[1])) == "global"):
         return tensor
-    is_query = name.endswith("wq.weight")
-    heads = cfg.n_heads if is_query else cfg.n_kv_heads
+    is_query = name.endswith(("wq.weight", "wq.bias", "q_norm.weight"))
+    is_norm = name.endswith("norm.weight")
+    heads = 1 if is_norm else cfg.n_heads if is_query else cfg.n_kv_heads
     amp_dim, _ = split_dims(cfg.head_dim, cfg.theta)
-    rows = tensor.view(heads, cfg.head_dim, -1)[:, low_frequency_first(cfg.head_dim)]  # a copy
-    rows[:, amp_dim:] *= cfg.phase_init_scale
-    if is_query:
-        rows[:, :amp_dim] *= math.sqrt(amp_dim / cfg.head_dim)
-    return rows.reshape(heads * cfg.head_dim, -1)
+    rows = tensor.reshape(heads, cfg.head_dim, -1)[:, low_frequency_first(cfg.head_dim)]  # a copy
+    if is_norm == cfg.qk_norm:  # the scales: on the norm weights with QK-norm, else on the rows
+        rows[:, amp_dim:] *= cfg.phase_init_scale
+        if is_query:
+            rows[:, :amp_dim] *= math.sqrt(amp_dim / cfg.head_dim)
+    return rows.reshape(tensor.shape)
 
 
 def llama_to_tapa_state(weights: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
     """Rename every Llama tensor to its TapaLM name; reorder/rescale q and k (module docstring)."""
     state, unused = {}, []
     for name, tensor in weights.items():
-        if name.endswith(("q_norm.weight", "k_norm.weight")):
-            raise ValueError(f"{name}: QK-norm has no counterpart in TAPA's decoder; {SUPPORTED_LINE}")
-        if name.endswith("_proj.bias"):  # Qwen2's q/k/v biases: droppable only when all zero
-            if torch.count_nonzero(tensor):
-                raise ValueError(f"{name} is not zero: TAPA's decoder has no biases, so this checkpoint "
+        if name.endswith(("q_norm.weight", "k_norm.weight")) and not cfg.qk_norm:
+            raise ValueError(f"{name}: QK-norm weights in a checkpoint whose model_type has none; "
+                             f"{SUPPORTED_LINE}")
+        if name.endswith("_proj.bias") and not (cfg.attention_bias and name.endswith(("q_proj.bias", "k_proj.bias",
+                                                                                       "v_proj.bias"))):
+            if torch.count_nonzero(tensor):  # an o_proj or MLP bias: droppable only when all zero
+                raise ValueError(f"{name} is not zero: TAPA's decoder has no bias there, so this checkpoint "
                                  "cannot be converted without changing its outputs")
             continue
         if name in TOP_NAMES:
@@ -247,7 +269,7 @@ def convert_llama(llama_dir: str | Path, out_dir: str | Path, *, theta: float = 
                   distance: str = "power", phase: str = "quadratic", phase_init_scale: float = 1.0,
                   overwrite: bool = False, pe: str = "tapa", layer_pattern: str = "G",
                   local_window: int = 256) -> Path:
-    """Convert a local Llama-layout directory (Llama, Mistral, Qwen2); returns out_dir (loadable by
+    """Convert a local Llama-layout directory (Llama, Mistral, Qwen2, Qwen3); returns out_dir (loadable by
     AutoModelForCausalLM). pe: the global layers' kind ("tapa" takes `phase`; "nope"; a RoPE rule);
     layer_pattern/local_window: a hybrid (module docstring). out_dir follows tapa._paths' rule:
     files of other programs there only with overwrite=True."""
@@ -260,7 +282,10 @@ def convert_llama(llama_dir: str | Path, out_dir: str | Path, *, theta: float = 
     cfg = tapa_config_from_llama(llama, pe=pe, theta=theta, alpha=alpha, distance=distance,
                                  phase_init_scale=phase_init_scale, layer_pattern=layer_pattern,
                                  local_window=local_window)
-    state = llama_to_tapa_state(read_llama_weights(llama_dir), cfg)
+    weights = read_llama_weights(llama_dir)
+    if has_qkv_bias(weights):
+        cfg = dataclasses.replace(cfg, attention_bias=True)
+    state = llama_to_tapa_state(weights, cfg)
     eos, pad = _generation_ids(llama_dir, llama)
     with replacing_outputs(out_dir, CONVERT_FILES) as out_dir:
         write_pretrained(out_dir, cfg, state, eos_token_id=eos, pad_token_id=pad, source=str(llama_dir))
@@ -325,7 +350,7 @@ def convert_model(src_dir: str | Path, out_dir: str | Path, **options) -> Path:
 
 def add_arguments(parser) -> None:
     parser.add_argument("src_dir", metavar="SRC_DIR",
-                        help="a local Llama, Mistral or Qwen2 model directory (safetensors), or a tapa model "
+                        help="a local Llama, Mistral, Qwen2 or Qwen3 model directory (safetensors), or a tapa model "
                              "whose layers are all global RoPE-family layers: a run directory (its latest "
                              "checkpoint), a checkpoint directory, or a tapa export of one")
     parser.add_argument("out_dir", metavar="OUT_DIR", help="TAPA model directory to write")

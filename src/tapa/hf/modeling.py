@@ -75,8 +75,10 @@ def _before_phase_split(info: dict) -> bool:
     W_q/W_k became parameters of their own (one wq/wk holding every row)."""
     missing = set(info.get("missing_keys", ()))
     mismatched = {name for name, _, _ in info.get("mismatched_keys", ())}
-    return bool(missing) and all(name.endswith(("wq_phase.weight", "wk_phase.weight")) for name in missing) \
-        and all(name.endswith(("attn.wq.weight", "attn.wk.weight")) for name in mismatched)
+    return bool(missing) and all(name.endswith(("wq_phase.weight", "wk_phase.weight", "wq_phase.bias",
+                                                "wk_phase.bias")) for name in missing) \
+        and all(name.endswith(("attn.wq.weight", "attn.wk.weight", "attn.wq.bias", "attn.wk.bias"))
+                for name in mismatched)
 
 
 def _load_split_phase_rows(model: "TapaForCausalLM", where) -> bool:

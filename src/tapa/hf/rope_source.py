@@ -57,7 +57,7 @@ def check_convertible(cfg: ModelConfig, path: Path) -> None:
     if cfg.family != "rope" or cfg.is_hybrid:
         raise ValueError(f"{str(path)!r} holds a {cfg.label} model (pe {cfg.pe!r}, layer_pattern "
                          f"{cfg.layer_pattern!r}), which tapa convert does not take; supported: "
-                         f"{SUPPORTED_TAPA_LINE}, and Llama, Mistral or Qwen2 directories")
+                         f"{SUPPORTED_TAPA_LINE}, and Llama, Mistral, Qwen2 or Qwen3 directories")
 
 
 def read_rope_source(path: str | Path) -> RopeSource:

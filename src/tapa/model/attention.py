@@ -30,6 +30,11 @@ chunk with the chunk's global offsets (and, with packed documents, the keys' doc
 In TAPA layers the phase rows of W_q and W_k are parameters of their own (`wq_phase`, `wk_phase`),
 so that training can give them their own learning rate; the forward is the same single projection.
 Checkpoints written before the split (one `wq`/`wk` of all rows) load unchanged.
+
+Two layouts of converted checkpoints: q/k/v biases (`attention_bias`, Qwen2) are part of the
+projection, split into amplitude and phase rows as the weights are; QK-norm (`qk_norm`, Qwen3)
+normalizes each whole query and key head (amplitude and phase rows together) right after the
+projection, before any rotation, phase matrix or temperature.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from torch import nn
 from torch.nn.attention.bias import causal_lower_right
 
 from tapa.model.config import ModelConfig
+from tapa.model.norm import RMSNorm
 from tapa.ops import split_dims, tapa_attention, tapa_attention_varlen, tapa_attention_with_kvcache
 from tapa.ops.local import document_starts, local_attention
 from tapa.ops.tapa.decode import decode_kernel_applies
@@ -57,17 +63,20 @@ def is_phase_parameter(name: str) -> bool:
 
 
 def split_phase_rows(state: dict, prefix: str, cfg: ModelConfig) -> None:
-    """In place: a TAPA layer's wq/wk of the layout before the phase split (every head's amplitude
-    then phase rows in one matrix, as Llama conversion and older checkpoints write them) become
-    wq/wk (amplitude rows) and wq_phase/wk_phase. Anything else is left alone."""
+    """In place: a TAPA layer's wq/wk (weight, and bias if any) of the layout before the phase
+    split (every head's amplitude then phase rows in one tensor, as Llama conversion and older
+    checkpoints write them) become wq/wk (amplitude rows) and wq_phase/wk_phase. Anything else is
+    left alone."""
     amp_dim = split_dims(cfg.head_dim, cfg.theta)[0]
     for main, heads in (("wq", cfg.n_heads), ("wk", cfg.n_kv_heads)):
-        whole = state.get(f"{prefix}{main}.weight")
-        if f"{prefix}{main}_phase.weight" in state or whole is None or whole.shape[0] != heads * cfg.head_dim:
-            continue
-        rows = whole.view(heads, cfg.head_dim, -1)
-        state[f"{prefix}{main}.weight"] = rows[:, :amp_dim].reshape(-1, whole.shape[-1])
-        state[f"{prefix}{main}_phase.weight"] = rows[:, amp_dim:].reshape(-1, whole.shape[-1])
+        for kind in ("weight", "bias"):
+            whole = state.get(f"{prefix}{main}.{kind}")
+            if f"{prefix}{main}_phase.{kind}" in state or whole is None or whole.shape[0] != heads * cfg.head_dim:
+                continue
+            rows = whole.view(heads, cfg.head_dim, -1)
+            tail = whole.shape[1:]
+            state[f"{prefix}{main}.{kind}"] = rows[:, :amp_dim].reshape(-1, *tail)
+            state[f"{prefix}{main}_phase.{kind}"] = rows[:, amp_dim:].reshape(-1, *tail)
 
 
 def upgrade_state_dict(state: dict, cfg: ModelConfig, prefix: str = "") -> dict:
@@ -394,12 +403,16 @@ class Attention(nn.Module):
         hd = cfg.head_dim
         self.amp_dim = split_dims(hd, cfg.theta)[0] if self.family == "tapa" else hd
         phase_dim = hd - self.amp_dim
-        self.wq = nn.Linear(cfg.dim, cfg.n_heads * self.amp_dim, bias=False)
-        self.wk = nn.Linear(cfg.dim, cfg.n_kv_heads * self.amp_dim, bias=False)
-        self.wq_phase = nn.Linear(cfg.dim, cfg.n_heads * phase_dim, bias=False) if phase_dim else None
-        self.wk_phase = nn.Linear(cfg.dim, cfg.n_kv_heads * phase_dim, bias=False) if phase_dim else None
-        self.wv = nn.Linear(cfg.dim, cfg.n_kv_heads * hd, bias=False)
+        bias = cfg.attention_bias
+        self.wq = nn.Linear(cfg.dim, cfg.n_heads * self.amp_dim, bias=bias)
+        self.wk = nn.Linear(cfg.dim, cfg.n_kv_heads * self.amp_dim, bias=bias)
+        self.wq_phase = nn.Linear(cfg.dim, cfg.n_heads * phase_dim, bias=bias) if phase_dim else None
+        self.wk_phase = nn.Linear(cfg.dim, cfg.n_kv_heads * phase_dim, bias=bias) if phase_dim else None
+        self.wv = nn.Linear(cfg.dim, cfg.n_kv_heads * hd, bias=bias)
         self.wo = nn.Linear(cfg.n_heads * hd, cfg.dim, bias=False)
+        # each head's norm weight in this layer's row order (TAPA: amplitude dims, then phase dims)
+        self.q_norm = RMSNorm(hd, cfg.norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(hd, cfg.norm_eps) if cfg.qk_norm else None
         if self.family == "tapa" and cfg.phase_matrix == "diagonal":
             self.phase_matrix = nn.Parameter(torch.ones(phase_dim))
         elif self.family == "tapa" and cfg.phase_matrix == "full":
@@ -417,6 +430,12 @@ class Attention(nn.Module):
             if linear is not None:
                 nn.init.normal_(linear.weight, std=std * phase_init_scale)
         nn.init.normal_(self.wo.weight, std=residual_std)
+        for linear in (self.wq, self.wk, self.wq_phase, self.wk_phase, self.wv):
+            if linear is not None and linear.bias is not None:
+                nn.init.zeros_(linear.bias)
+        for norm in (self.q_norm, self.k_norm):
+            if norm is not None:
+                nn.init.ones_(norm.weight)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         if self.wq_phase is not None:
@@ -433,11 +452,24 @@ class Attention(nn.Module):
         rows = torch.cat([main.weight.view(heads, self.amp_dim, dim), phase.weight.view(heads, -1, dim)], 1)
         return rows.view(-1, dim)
 
+    def projection_bias(self, which: str) -> torch.Tensor | None:
+        """The bias of `projection_weight(which)` (same row order), or None without biases."""
+        main, phase = (self.wq, self.wq_phase) if which == "q" else (self.wk, self.wk_phase)
+        if main.bias is None or phase is None:
+            return main.bias
+        heads = main.bias.shape[0] // self.amp_dim
+        return torch.cat([main.bias.view(heads, self.amp_dim), phase.bias.view(heads, -1)], 1).view(-1)
+
     def project(self, x):
-        """q (B, N, H, D), k and v (B, N, Hk, D) of x (B, N, dim), before any rotation."""
+        """q (B, N, H, D), k and v (B, N, Hk, D) of x (B, N, dim), before any rotation (with
+        qk_norm: each head of q and k normalized)."""
         cfg = self.cfg
-        q = F.linear(x, self.projection_weight("q")).view(*x.shape[:2], cfg.n_heads, cfg.head_dim)
-        k = F.linear(x, self.projection_weight("k")).view(*x.shape[:2], cfg.n_kv_heads, cfg.head_dim)
+        q = F.linear(x, self.projection_weight("q"), self.projection_bias("q"))
+        k = F.linear(x, self.projection_weight("k"), self.projection_bias("k"))
+        q = q.view(*x.shape[:2], cfg.n_heads, cfg.head_dim)
+        k = k.view(*x.shape[:2], cfg.n_kv_heads, cfg.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         v = self.wv(x).view(*x.shape[:2], cfg.n_kv_heads, cfg.head_dim)
         return q, k, v
 

@@ -26,11 +26,19 @@ class ModelConfig:
     vocab_size: int = documented(8192, "Vocabulary size (set from the tokenizer by `tapa train`).")
     dim: int = documented(256, "Model width (residual stream size).")
     n_layers: int = documented(4, "Number of decoder blocks.")
-    n_heads: int = documented(4, "Query heads per layer; head_dim = dim / n_heads.")
+    n_heads: int = documented(4, "Query heads per layer.")
     n_kv_heads: int | None = documented(None, "Key/value heads (GQA); None: same as n_heads.")
+    head_dim: int | None = documented(None, "Size of each query, key and value head; None: dim / "
+                                            "n_heads. Another value is for converted checkpoints "
+                                            "whose heads are wider (Qwen3-0.6B: 16 x 128 at dim 1024).")
     ffn_dim: int | None = documented(None, "SwiGLU hidden size; None: ~8/3 * dim rounded up to a "
                                            "multiple of 64.")
     norm_eps: float = documented(1e-5, "RMSNorm epsilon.")
+    attention_bias: bool = documented(False, "Biases on the query, key and value projections "
+                                             "(Qwen2's layout; `tapa convert` sets it).")
+    qk_norm: bool = documented(False, "RMSNorm of each query and key head, with a weight of its own, "
+                                      "before the positional encoding (Qwen3's layout; `tapa convert` "
+                                      "sets it).")
     tie_embeddings: bool = documented(True, "Share the input embedding and the output head.")
     init_std: float = documented(0.02, "Standard deviation of the normal weight init.")
     pe: str = documented("tapa", "Positional encoding of the global layers (see tapa.positional.kinds).")
@@ -66,6 +74,12 @@ class ModelConfig:
     def __post_init__(self):
         if self.n_kv_heads is None:
             self.n_kv_heads = self.n_heads
+        if self.head_dim is None and isinstance(self.dim, int) and isinstance(self.n_heads, int) \
+                and self.n_heads > 0:  # else validate names the bad field
+            if self.dim % self.n_heads:
+                raise ValueError(f"dim ({self.dim}) must be divisible by n_heads ({self.n_heads}), or "
+                                 "head_dim set")
+            self.head_dim = self.dim // self.n_heads
         if self.ffn_dim is None:
             self.ffn_dim = -(-int(8 * self.dim / 3) // 64) * 64
         self.validate()
@@ -90,14 +104,12 @@ class ModelConfig:
             warnings.warn(f"layer_pattern {self.layer_pattern!r} repeats from layer 0 over n_layers="
                           f"{self.n_layers}: the layers are {layout}, the last ones local; write all "
                           f"{self.n_layers} codes to choose another layout", stacklevel=3)
-        if "L" in self.layer_pattern and self.head_dim % 2:
-            raise ValueError(f"local layers use RoPE, which needs an even head_dim, got {self.head_dim}")
-        for name in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim",
+        for name in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "ffn_dim",
                      "original_seq_len"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be a positive int, got {getattr(self, name)!r}")
-        if self.dim % self.n_heads:
-            raise ValueError(f"dim ({self.dim}) must be divisible by n_heads ({self.n_heads})")
+        if "L" in self.layer_pattern and self.head_dim % 2:
+            raise ValueError(f"local layers use RoPE, which needs an even head_dim, got {self.head_dim}")
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})")
         if self.family == "rope" and self.head_dim % 2:
@@ -120,6 +132,9 @@ class ModelConfig:
                 and 0 <= self.query_temperature_scale < float("inf")):
             raise ValueError(f"query_temperature_scale must be a finite number >= 0, got "
                              f"{self.query_temperature_scale!r}")
+        for name in ("attention_bias", "qk_norm"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if self.attn_impl not in IMPLS:
             raise ValueError(f"attn_impl must be one of {IMPLS}, got {self.attn_impl!r}")
         ignored = self.ignored_settings()
@@ -136,10 +151,6 @@ class ModelConfig:
         defaults = {field.name: field.default for field in dataclasses.fields(self)}
         return [f"{name}={getattr(self, name)!r}" for name in TAPA_SETTINGS
                 if getattr(self, name) != defaults[name]]
-
-    @property
-    def head_dim(self) -> int:
-        return self.dim // self.n_heads
 
     @property
     def kind(self):

@@ -20,18 +20,8 @@ from torch.utils.checkpoint import checkpoint
 from tapa.model.attention import Attention, AttentionContext, Documents
 from tapa.model.cache import KVCache
 from tapa.model.config import ModelConfig
+from tapa.model.norm import RMSNorm
 from tapa.model.static_decode import StaticDecoder
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x):
-        normed = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps)
-        return normed.to(x.dtype) * self.weight
 
 
 class SwiGLU(nn.Module):
