@@ -145,6 +145,8 @@ def test_tapa_globals_with_phase_off_are_the_source_without_rotary(family, extra
     expected = without_rotary(source, ids, amp_dims)
     actual = logits(model, ids)
     assert rel_rmse(actual, expected) < 1e-6  # float32 weights rescaled by sqrt(d_A / D)
+    marker = json.loads((out / "tapa_convert.json").read_text())
+    assert marker["scales_on"] == ("q_norm/k_norm weights" if family == "qwen3" else "q/k rows and their biases")
     # the check can fail: the amplitude dims in the source's own order give other logits
     assert rel_rmse(without_rotary(source, ids, torch.arange(len(amp_dims))), expected) > 1e-2
 

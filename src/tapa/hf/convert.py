@@ -262,7 +262,8 @@ def _record(src_dir: Path, cfg: ModelConfig, model_type: str, *, theta: float, a
         "theta": theta, "alpha": alpha, "distance": distance,
         "phase": phase, "phase_init_scale": phase_init_scale,
         "q_k_row_order": "rotary pairs from lowest to highest frequency",
-        "amplitude_q_scale": "sqrt(d_A / head_dim)"}, indent=2)
+        "amplitude_q_scale": "sqrt(d_A / head_dim)",
+        "scales_on": "q_norm/k_norm weights" if cfg.qk_norm else "q/k rows and their biases"}, indent=2)
 
 
 def convert_llama(llama_dir: str | Path, out_dir: str | Path, *, theta: float = 0.5, alpha: float = 0.1,
