@@ -174,3 +174,35 @@ def test_refusals_are_one_line_naming_what_is_supported(tmp_path):
     save_tiny("qwen2", tmp_path / "qwen2")
     with pytest.raises(SystemExit, match=r"layer_pattern"):
         tapa_main(["convert", str(tmp_path / "qwen2"), str(tmp_path / "out"), "--layer-pattern", "LXG"])
+
+
+REAL_SHAPES = {  # the released models' widths, heads, vocabulary and RoPE base; 2 of their layers
+    "qwen2.5-0.5b": ("qwen2", dict(hidden_size=896, num_attention_heads=14, num_key_value_heads=2,
+                                   intermediate_size=4864)),
+    "qwen3-0.6b": ("qwen3", dict(hidden_size=1024, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+                                 intermediate_size=3072)),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shape", sorted(REAL_SHAPES))
+def test_qwen_shaped_checkpoints_convert(shape, tmp_path):
+    """Random models of Qwen2.5-0.5B's and Qwen3-0.6B's shapes (tied 151,936-token embeddings,
+    head_dim 64 at 14 heads and 128 at 16 heads over width 1024), biases and norm weights drawn:
+    an all-local conversion gives the source's logits."""
+    family, sizes = REAL_SHAPES[shape]
+    config_class, model_class = FAMILIES[family]
+    torch.manual_seed(0)
+    source = model_class(config_class(vocab_size=151936, num_hidden_layers=2, tie_word_embeddings=True,
+                                      rope_theta=1e6, max_position_embeddings=32768, **sizes)).eval()
+    with torch.no_grad():
+        for name, param in source.named_parameters():
+            if "self_attn" in name and name.endswith(("_proj.bias", "_norm.weight")):
+                param.copy_(0.5 * torch.randn_like(param) + name.endswith("_norm.weight"))
+    source.save_pretrained(tmp_path / "src")
+    model = AutoModelForCausalLM.from_pretrained(
+        convert_llama(tmp_path / "src", tmp_path / "out", layer_pattern="L", local_window=64)).eval()
+    assert model.config.head_dim == sizes.get("head_dim", sizes["hidden_size"] // sizes["num_attention_heads"])
+    assert (model.config.attention_bias, model.config.qk_norm) == (family == "qwen2", family == "qwen3")
+    ids = torch.randint(0, 151936, (1, 64), generator=torch.Generator().manual_seed(1))
+    assert rel_rmse(logits(model, ids), logits(source, ids)) < 1e-5
