@@ -110,9 +110,9 @@ def test_a_folder_of_the_layout_before_the_phase_split_loads(tmp_path, layout):
     for name in [n for n in state if "_phase." in n]:
         main = name.replace("_phase.", ".")
         heads = model.config.n_heads if ".wq" in name else model.config.n_kv_heads
-        whole = torch.cat([state[main].reshape(heads, -1, *state[main].shape[1:]),
-                           state.pop(name).reshape(heads, -1, *state[main].shape[1:])], 1)
-        state[main] = whole.reshape(-1, *state[main].shape[1:])
+        rest = state[main].shape[1:]  # (dim,) for a weight, () for a bias
+        whole = torch.cat([state[main].reshape(heads, -1, *rest), state.pop(name).reshape(heads, -1, *rest)], 1)
+        state[main] = whole.reshape(-1, *rest)
     safetensors.save_file(state, str(path), metadata={"format": "pt"})
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
     ids = random_ids([9])[0][None]

@@ -353,7 +353,8 @@ def test_qkv_biases_and_qk_norm(pe, pattern, head_dim):
                 param.add_(0.3 * torch.randn_like(param))
     model.loss(ids[:, :-1], ids[:, 1:]).backward()
     extra = [(n, p) for n, p in model.named_parameters() if n.endswith(("bias", "q_norm.weight", "k_norm.weight"))]
-    assert len(extra) == 2 * (5 if pe == "tapa" else 3) + 4 - (2 if pe == "tapa" else 0)  # local layer: 3 biases
+    biases = 3 + (5 if pe == "tapa" else 3)  # q, k, v per layer; a TAPA layer's q and k in two parts each
+    assert len(extra) == biases + 2 * 2  # and a q and a k norm per layer
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for _, p in extra)
     model.eval()
     with torch.no_grad():
@@ -378,9 +379,9 @@ def test_qkv_biases_and_qk_norm(pe, pattern, head_dim):
                 name.startswith("layers.1."):
             main, kind = name.split(".")[-2:]
             phase = getattr(attn, main + "_phase").state_dict()[kind]
-            heads = tensor.shape[0] // attn.amp_dim
-            tensor = torch.cat([tensor.reshape(heads, attn.amp_dim, -1), phase.reshape(heads, -1, *tensor.shape[1:2] or (1,))], 1)
-            tensor = tensor.reshape(-1, *tensor.shape[2:]) if kind == "weight" else tensor.reshape(-1)
+            heads, rest = tensor.shape[0] // attn.amp_dim, tensor.shape[1:]  # rest: (dim,) or () for a bias
+            whole = torch.cat([tensor.reshape(heads, attn.amp_dim, *rest), phase.reshape(heads, -1, *rest)], 1)
+            tensor = whole.reshape(-1, *rest)
         old[name] = tensor.clone()
     loaded = TapaLM(model.config)
     loaded.load_state_dict(old)
