@@ -157,13 +157,13 @@ def read_llama_weights(llama_dir: Path) -> dict[str, torch.Tensor]:
 
 QK_TENSORS = ("attn.wq.weight", "attn.wk.weight", "attn.wq.bias", "attn.wk.bias",
               "attn.q_norm.weight", "attn.k_norm.weight")
+QKV_BIASES = ("q_proj.bias", "k_proj.bias", "v_proj.bias")  # the source's biases the decoder keeps
 
 
 def has_qkv_bias(weights: dict[str, torch.Tensor]) -> bool:
     """Whether any q/k/v projection bias of a Llama-layout checkpoint is non-zero (all-zero ones,
     as a Llama saved with attention_bias=True may hold, are dropped)."""
-    return any(name.endswith(("q_proj.bias", "k_proj.bias", "v_proj.bias")) and bool(torch.count_nonzero(t))
-               for name, t in weights.items())
+    return any(name.endswith(QKV_BIASES) and bool(torch.count_nonzero(t)) for name, t in weights.items())
 
 
 def tapa_qk(name: str, tensor: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:
@@ -193,8 +193,7 @@ def llama_to_tapa_state(weights: dict[str, torch.Tensor], cfg: ModelConfig) -> d
         if name.endswith(("q_norm.weight", "k_norm.weight")) and not cfg.qk_norm:
             raise ValueError(f"{name}: QK-norm weights in a checkpoint whose model_type has none; "
                              f"{SUPPORTED_LINE}")
-        if name.endswith("_proj.bias") and not (cfg.attention_bias and name.endswith(("q_proj.bias", "k_proj.bias",
-                                                                                       "v_proj.bias"))):
+        if name.endswith("_proj.bias") and not (cfg.attention_bias and name.endswith(QKV_BIASES)):
             if torch.count_nonzero(tensor):  # an o_proj or MLP bias: droppable only when all zero
                 raise ValueError(f"{name} is not zero: TAPA's decoder has no bias there, so this checkpoint "
                                  "cannot be converted without changing its outputs")

@@ -445,20 +445,22 @@ class Attention(nn.Module):
     def projection_weight(self, which: str) -> torch.Tensor:
         """W_q or W_k ("q" / "k") as one (heads * head_dim, dim) matrix: each head's amplitude rows,
         then its phase rows."""
-        main, phase = (self.wq, self.wq_phase) if which == "q" else (self.wk, self.wk_phase)
-        if phase is None:
-            return main.weight
-        heads, dim = main.weight.shape[0] // self.amp_dim, main.weight.shape[1]
-        rows = torch.cat([main.weight.view(heads, self.amp_dim, dim), phase.weight.view(heads, -1, dim)], 1)
-        return rows.view(-1, dim)
+        return self._joined(which, "weight")
 
     def projection_bias(self, which: str) -> torch.Tensor | None:
         """The bias of `projection_weight(which)` (same row order), or None without biases."""
+        return self._joined(which, "bias")
+
+    def _joined(self, which: str, kind: str) -> torch.Tensor | None:
+        """The `kind` ("weight" / "bias") of W_q or W_k over every head's rows, amplitude then phase
+        (the inverse of `split_phase_rows`)."""
         main, phase = (self.wq, self.wq_phase) if which == "q" else (self.wk, self.wk_phase)
-        if main.bias is None or phase is None:
-            return main.bias
-        heads = main.bias.shape[0] // self.amp_dim
-        return torch.cat([main.bias.view(heads, self.amp_dim), phase.bias.view(heads, -1)], 1).view(-1)
+        tensor = getattr(main, kind)
+        if tensor is None or phase is None:
+            return tensor
+        heads, rest = tensor.shape[0] // self.amp_dim, tensor.shape[1:]
+        rows = torch.cat([tensor.view(heads, self.amp_dim, *rest), getattr(phase, kind).view(heads, -1, *rest)], 1)
+        return rows.view(-1, *rest)
 
     def project(self, x):
         """q (B, N, H, D), k and v (B, N, Hk, D) of x (B, N, dim), before any rotation (with
